@@ -1,0 +1,1 @@
+//! whyslow-ingest (to be written).

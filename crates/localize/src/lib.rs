@@ -1,0 +1,1 @@
+//! whyslow-localize (to be written).

@@ -1,0 +1,84 @@
+//! The per-worker fingerprint: PerfTracker §4.2's behavior patterns, EROICA's
+//! "behavior fingerprint". This is the unit that travels from every worker to
+//! the central localizer, so its serialized form is a versioned contract
+//! (documented in `docs/fingerprint.md`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{FunctionKind, Resource};
+
+/// Value of the `format` field of every fingerprint file.
+pub const FINGERPRINT_FORMAT: &str = "whyslow-fingerprint";
+/// Current fingerprint schema version. Readers accept versions ≤ this.
+pub const FINGERPRINT_VERSION: u32 = 1;
+
+/// Where the utilization behind μ and σ came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UtilizationSource {
+    /// Hardware sample series (the samples file, or the sampler).
+    Samples,
+    /// What the trace itself carries (occupancy, bandwidth vs. peak).
+    Trace,
+    /// Nothing: μ = σ = 0.
+    None,
+}
+
+/// P_{f,w} = (β, μ, σ) of one function on one worker (PerfTracker §4.2, Eq. 1–5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionPattern {
+    /// Function identity (for Python the whole stack, outermost first, `;`-joined).
+    pub name: String,
+    /// Its class.
+    pub kind: FunctionKind,
+    /// The resource that governs it.
+    pub resource: Resource,
+    /// β: fraction of the window this function is on the critical path (Eq. 2).
+    pub beta: f64,
+    /// μ: duration-weighted mean utilization over critical execution durations (Eq. 4).
+    pub mu: f64,
+    /// σ: duration-weighted std of utilization over critical execution durations (Eq. 5).
+    pub sigma: f64,
+    /// Where μ and σ came from for this function.
+    pub util_source: UtilizationSource,
+    /// Executions in the window.
+    pub calls: u64,
+    /// Time on the critical path, µs (β × window).
+    pub critical_us: f64,
+    /// Total execution time in the window, µs (on the critical path or not).
+    pub total_us: f64,
+}
+
+/// One worker's fingerprint: its functions' patterns over one profiling window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// Always [`FINGERPRINT_FORMAT`].
+    pub format: String,
+    /// Schema version, [`FINGERPRINT_VERSION`] when written by this build.
+    pub version: u32,
+    /// Global rank of the worker.
+    pub worker: u32,
+    /// Host, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Group of workers expected to behave alike, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Window start on the worker's clock, µs.
+    pub window_start_us: f64,
+    /// Window length |T|, µs.
+    pub window_us: f64,
+    /// Device name, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Where utilization came from overall (samples if any function used samples).
+    pub utilization_source: UtilizationSource,
+    /// The trace or events file summarized.
+    pub source: String,
+    /// Patterns, β descending. Functions below the fingerprint's β floor are
+    /// left out (they read as β = μ = σ = 0 in localization).
+    pub functions: Vec<FunctionPattern>,
+    /// Warnings from ingestion and summarization.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}

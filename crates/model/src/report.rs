@@ -1,0 +1,108 @@
+//! Localization results: abnormal (function, workers) findings (PerfTracker
+//! §4.3, Figure 7; EROICA's output table). The JSON form of [`Report`] is the
+//! contract scripts rely on: `workers`, `missing_workers`, `findings` with
+//! `function`, `kind`, `workers`, `reason`, `beta`/`mu`/`sigma` {`value`, `peers`}.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{FunctionKind, Resource, UtilizationSource};
+
+/// Current report schema version.
+pub const REPORT_VERSION: u32 = 1;
+
+/// Why a function was flagged on its workers (Eq. 11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// D_{f,w} > 0: outside the expected range R_f (a problem common to workers).
+    Unexpected,
+    /// Δ_{f,w} > M_f + k·MAD_f: behaves unlike its peers.
+    PeerOutlier,
+    /// Both.
+    Both,
+}
+
+/// A median over the flagged workers and over the others.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Stat {
+    /// Median over the flagged workers.
+    pub value: f64,
+    /// Median over the other workers of the comparison group (NaN-free: 0 when none).
+    pub peers: f64,
+}
+
+/// One worker's pattern of a flagged function, for plots (Fig. 13, Fig. 15).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct WorkerPoint {
+    /// Rank.
+    pub worker: u32,
+    /// β.
+    pub beta: f64,
+    /// μ.
+    pub mu: f64,
+    /// σ.
+    pub sigma: f64,
+    /// Whether this worker is flagged for the function.
+    pub flagged: bool,
+}
+
+/// One abnormal function and the workers it is abnormal on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// Function identity (for Python the whole stack).
+    pub function: String,
+    /// Its class.
+    pub kind: FunctionKind,
+    /// Flagged ranks, ascending.
+    pub workers: Vec<u32>,
+    /// Why.
+    pub reason: Reason,
+    /// β, flagged vs. peers.
+    pub beta: Stat,
+    /// μ, flagged vs. peers.
+    pub mu: Stat,
+    /// σ, flagged vs. peers.
+    pub sigma: Stat,
+    /// The resource behind μ and σ.
+    pub resource: Resource,
+    /// Where μ and σ came from.
+    pub util_source: UtilizationSource,
+    /// Comparison group, when groups are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Hosts of the flagged workers, when known (sorted, distinct).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    /// Critical-path time per window, flagged vs. peers, µs (medians).
+    pub critical_us: Stat,
+    /// A remediation hint for a known pattern, when one matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    /// For Python functions: the innermost frame's source lines, when readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_excerpt: Option<String>,
+    /// Every worker's pattern of this function in the comparison group, for plots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub points: Vec<WorkerPoint>,
+}
+
+/// The localizer's answer for one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Schema version.
+    pub version: u32,
+    /// Workers analyzed.
+    pub workers: usize,
+    /// Ranks expected (0..max rank, or the declared world size) but absent.
+    pub missing_workers: Vec<u32>,
+    /// Abnormal functions, most critical-path time first. Empty means "no anomaly".
+    pub findings: Vec<Finding>,
+    /// Where utilization came from (samples, trace, none, or mixed).
+    pub utilization_source: String,
+    /// Number of distinct hosts, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<usize>,
+    /// Non-fatal problems (skipped files, guessed ranks).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}

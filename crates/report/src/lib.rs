@@ -1,0 +1,1 @@
+//! whyslow-report (to be written).

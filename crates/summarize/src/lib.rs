@@ -1,0 +1,1 @@
+//! whyslow-summarize (to be written).
