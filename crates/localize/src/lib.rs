@@ -1,1 +1,958 @@
-//! whyslow-localize (to be written).
+//! whyslow's localizer: which function, on which workers, is abnormal
+//! (PerfTracker §4.3, Eq. 6–11). Pure: no I/O.
+//!
+//! For every comparison group (workers with the same [`Fingerprint::group`];
+//! all workers when no group is known) and every function (kind + name) that
+//! appears in any fingerprint of the group, each worker's pattern
+//! P_{f,w} = (β, μ, σ) is judged two ways:
+//!
+//! * **Distance from expectation** D_{f,w} (Eq. 6–7): the Manhattan distance
+//!   from P_{f,w} to the expected box R_f of [`LocalizeConfig::expected`].
+//! * **Differential distance** Δ_{f,w} (Eq. 8–10): patterns are max-normalized
+//!   per dimension over the group's workers, and Δ_{f,w} is the fraction of N =
+//!   min(`max_peers`, |W|) sampled peers at normalized Manhattan distance ≥ δ.
+//!
+//! A worker is abnormal for f iff β > `beta_min` ∧ (D > 0 ∨ Δ > M + k·MAD)
+//! (Eq. 11), M and MAD being the median and median absolute deviation of Δ
+//! over the group's workers. A worker without the function has P = (0, 0, 0).
+//!
+//! # Choices where the paper is silent
+//!
+//! * **Sampling.** W_N is drawn once per (group, function), without
+//!   replacement, from the group's workers in rank order, with a SplitMix64
+//!   generator seeded by [`LocalizeConfig::seed`] and a stable (FNV-1a) hash
+//!   of the group and function names: the same fingerprints and seed give the
+//!   same report whatever the input order. When N = |W| every worker is a
+//!   peer (a worker's distance to itself is 0, so it never counts).
+//! * **Small groups.** The Δ rule needs at least `min_peer_workers` (3)
+//!   workers in the group; smaller groups are judged by D only (a warning says so).
+//! * **Margin.** A peer outlier needs Δ > M + max(k·MAD, `min_margin`)
+//!   (default 0.1): with M = MAD = 0 a worker that merely differs from one
+//!   sampled peer is not an outlier. `min_margin = 0` gives Eq. 11 exactly.
+//! * **Near-zero values.** Values below `zero_floor` (1e-9) count as 0, and a
+//!   dimension whose maximum is 0 stays 0 after normalization.
+//! * **Invalid values.** NaN, infinite or negative β/μ/σ are read as 0 (warned).
+//! * **Duplicate ranks.** The first fingerprint of a rank (in input order) is
+//!   kept, the others are dropped with a warning. A function listed twice in
+//!   one fingerprint: the first pattern is used (warned).
+//! * **Findings.** The flagged workers of one (group, function) form one
+//!   [`Finding`]. Its reason is `unexpected` when only D > 0 held on the flagged
+//!   workers, `peer_outlier` when only the Δ rule held, `both` when each held
+//!   on at least one of them. [`Stat::value`] is the median over the flagged
+//!   workers, [`Stat::peers`] the median over the group's other workers
+//!   (counting those without the function as 0; 0 when there are none).
+//!   Resource and utilization source are the most common among the flagged
+//!   patterns. `points` holds every worker of the group up to `max_points`:
+//!   all flagged ones first (evenly thinned if they alone exceed it), then an
+//!   evenly spaced sample of the others, in rank order. Findings are sorted by
+//!   median flagged β × number of flagged workers, descending.
+//!
+//! # Default expected ranges R_f
+//!
+//! | kind | β | μ | σ | source |
+//! |---|---|---|---|---|
+//! | gpu_kernel | [0, 1] | [0, 1] | [0, 1] | PerfTracker §4.3 (never unexpected) |
+//! | comm | [0, 0.3] | [0, 1] | [0, 1] | PerfTracker §4.3 |
+//! | python | [0, 0.01] | [0, 1] | [0, 1] | PerfTracker §4.3 |
+//! | memory | [0, 0.3] | [0, 1] | [0, 1] | whyslow: copies/allocation, like communication, move data and should overlap compute; a job spending >30% of its critical path in them is transfer-bound (raise it for CPU-offloading jobs) |
+//! | cpu_op | [0, 0.05] | [0, 1] | [0, 1] | whyslow: CPU ops should not bottleneck a GPU job, but kernel-launch overhead legitimately puts a few percent of CPU ops on the critical path of healthy jobs, so 5% rather than Python's 1%. CPU-only jobs, where everything is a CPU op, override it |
+//!
+//! # Configuration file (TOML)
+//!
+//! Every key is optional; a key left out keeps its default. Unknown keys are
+//! errors.
+//!
+//! ```
+//! let cfg = whyslow_localize::LocalizeConfig::from_toml_str(r#"
+//! delta = 0.4            # δ, Eq. 10
+//! k = 5.0                # k, Eq. 11
+//! max_peers = 100        # N = min(max_peers, |W|), Eq. 9
+//! beta_min = 0.01        # β threshold, Eq. 11
+//! seed = 42              # peer sampling seed
+//! min_margin = 0.1       # Δ > M + max(k·MAD, min_margin)
+//! min_peer_workers = 3   # smallest group for the Δ rule
+//! max_points = 5000      # plot points kept per finding
+//! zero_floor = 1e-9      # values below are 0 for Δ
+//!
+//! [expected.cpu_op]      # R_f per kind: gpu_kernel, memory, comm, python, cpu_op
+//! beta = [0.0, 1.0]      # e.g. a CPU-only job
+//!
+//! [expected.comm]
+//! beta = [0.0, 0.5]
+//! mu = [0.0, 1.0]
+//! sigma = [0.0, 1.0]
+//!
+//! [[override]]           # per function: first match (name substring, optional kind) wins
+//! contains = "SendRecv"
+//! kind = "comm"
+//! beta = [0.0, 0.6]      # dimensions left out keep the kind's range
+//! "#).unwrap();
+//! assert_eq!(cfg.seed, 42);
+//! assert_eq!(cfg.expected.cpu_op.beta, (0.0, 1.0));
+//! ```
+#![deny(missing_docs)]
+
+mod config;
+mod hint;
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+pub use config::{ExpectedRange, ExpectedRanges, LocalizeConfig, RangeOverride};
+pub use hint::hint;
+use whyslow_model::{
+    Finding, Fingerprint, FunctionKind, Reason, Report, Resource, Stat, UtilizationSource,
+    WorkerPoint, REPORT_VERSION,
+};
+
+/// Errors of the localizer's configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalizeError {
+    /// The configuration is not valid TOML or has unknown keys / wrong types.
+    #[error("invalid localize configuration: {0}")]
+    Toml(String),
+    /// A value is out of range.
+    #[error("invalid localize configuration: {0}")]
+    Invalid(String),
+}
+
+/// Most warnings of one kind listed individually; the rest are counted.
+const MAX_LISTED_WARNINGS: usize = 10;
+/// Most missing ranks listed in a report.
+const MAX_MISSING_LISTED: usize = 1 << 22;
+
+// ---------------------------------------------------------------- hashing / rng
+
+/// FxHash (rustc's): fast, non-cryptographic, for interning names.
+#[derive(Default, Clone, Copy)]
+struct FxHasher {
+    hash: u64,
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(c);
+            self.add(u64::from_le_bytes(a));
+        }
+        let rem = chunks.remainder();
+        if !rem.is_empty() {
+            let mut a = [0u8; 8];
+            a[..rem.len()].copy_from_slice(rem);
+            self.add(u64::from_le_bytes(a) ^ ((rem.len() as u64) << 59));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
+
+type FxBuild = BuildHasherDefault<FxHasher>;
+
+/// FNV-1a: a stable hash (same on every platform and version) for seeds.
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// SplitMix64.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in 0..=bound (inclusive), bound < 2^32 in practice.
+    fn below_incl(&mut self, bound: usize) -> usize {
+        let n = bound as u128 + 1;
+        ((u128::from(self.next_u64()) * n) >> 64) as usize
+    }
+}
+
+/// N distinct indices of 0..n, ascending (Floyd's algorithm).
+fn sample_indices(n: usize, count: usize, rng: &mut SplitMix64, out: &mut Vec<u32>) {
+    out.clear();
+    if count >= n {
+        out.extend(0..n as u32);
+        return;
+    }
+    for j in (n - count)..n {
+        let t = rng.below_incl(j) as u32;
+        match out.binary_search(&t) {
+            Ok(_) => {
+                // t already chosen: take j (never chosen before, as j grows).
+                let pos = out.binary_search(&(j as u32)).unwrap_or_else(|p| p);
+                out.insert(pos, j as u32);
+            }
+            Err(pos) => out.insert(pos, t),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- statistics
+
+/// Median (mean of the two middle values for even counts); 0 when empty.
+fn median(v: &mut [f64]) -> f64 {
+    let n = v.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let mid = n / 2;
+    let (_, &mut hi, _) = v.select_nth_unstable_by(mid, f64::total_cmp);
+    if n % 2 == 1 {
+        hi
+    } else {
+        let lo = v[..mid].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo + hi) / 2.0
+    }
+}
+
+/// The k-th smallest (0-based) value of a histogram of small integers.
+fn hist_kth(hist: &[u64], k: u64) -> usize {
+    let mut acc = 0u64;
+    for (v, &c) in hist.iter().enumerate() {
+        acc += c;
+        if acc > k {
+            return v;
+        }
+    }
+    hist.len().saturating_sub(1)
+}
+
+/// Median and MAD of Δ (Eq. 11) from the histogram of peer-difference counts
+/// (Δ = count / N), in units of Δ.
+fn median_mad(hist: &[u64], total: u64, n_peers: usize, dev_hist: &mut Vec<u64>) -> (f64, f64) {
+    if total == 0 || n_peers == 0 {
+        return (0.0, 0.0);
+    }
+    // Median in half-count units (an integer): c_lo + c_hi.
+    let lo = hist_kth(hist, (total - 1) / 2);
+    let hi = hist_kth(hist, total / 2);
+    let med2 = (lo + hi) as i64;
+    dev_hist.clear();
+    dev_hist.resize(2 * n_peers + 1, 0);
+    for (c, &cnt) in hist.iter().enumerate() {
+        if cnt > 0 {
+            let d = (2 * c as i64 - med2).unsigned_abs() as usize;
+            if let Some(slot) = dev_hist.get_mut(d) {
+                *slot += cnt;
+            }
+        }
+    }
+    let dlo = hist_kth(dev_hist, (total - 1) / 2);
+    let dhi = hist_kth(dev_hist, total / 2);
+    let scale = 2.0 * n_peers as f64;
+    (med2 as f64 / scale, (dlo + dhi) as f64 / 2.0 / scale)
+}
+
+// ---------------------------------------------------------------- interning
+
+struct Interner<'a> {
+    map: HashMap<(FunctionKind, &'a str), u32, FxBuild>,
+    names: Vec<&'a str>,
+    kinds: Vec<FunctionKind>,
+    ranges: Vec<ExpectedRange>,
+}
+
+impl<'a> Interner<'a> {
+    fn intern(&mut self, kind: FunctionKind, name: &'a str, cfg: &LocalizeConfig) -> u32 {
+        if let Some(&id) = self.map.get(&(kind, name)) {
+            return id;
+        }
+        let id = self.names.len() as u32;
+        self.map.insert((kind, name), id);
+        self.names.push(name);
+        self.kinds.push(kind);
+        self.ranges.push(cfg.range_for(kind, name));
+        id
+    }
+}
+
+// ---------------------------------------------------------------- localize
+
+/// Flag bits per (function, worker) entry.
+const CANDIDATE: u8 = 1; // β > beta_min
+const OUTSIDE: u8 = 2; // D > 0
+
+/// Columnar patterns of one comparison group: per function bucket, entries
+/// sorted by member index.
+struct GroupColumns {
+    offsets: Vec<usize>,
+    fids: Vec<u32>,
+    beta: Vec<f32>,
+    mu: Vec<f32>,
+    sigma: Vec<f32>,
+    member: Vec<u32>,
+    pat: Vec<u32>,
+    flags: Vec<u8>,
+}
+
+struct Ctx<'a, 'c> {
+    fps: &'a [Fingerprint],
+    cfg: &'c LocalizeConfig,
+    interner: Interner<'a>,
+    invalid_values: u64,
+    duplicate_functions: u64,
+    // scratch
+    local_of: Vec<u32>,
+    ent_bucket: Vec<u32>,
+    pos_cache: Vec<u32>,
+}
+
+fn sanitize(x: f64, floor: f64, invalid: &mut u64) -> f32 {
+    if !x.is_finite() || x < 0.0 {
+        *invalid += 1;
+        0.0
+    } else if x < floor {
+        0.0
+    } else {
+        x as f32
+    }
+}
+
+impl<'a> Ctx<'a, '_> {
+    /// Builds the columnar representation of a group (two counting passes).
+    fn columns(&mut self, members: &[u32]) -> GroupColumns {
+        let fps = self.fps;
+        let cfg = self.cfg;
+        let mut touched: Vec<u32> = Vec::new();
+        let mut counts: Vec<usize> = Vec::new();
+        let mut last_member: Vec<u32> = Vec::new();
+        self.ent_bucket.clear();
+        for (mi, &fi) in members.iter().enumerate() {
+            let fp = &fps[fi as usize];
+            for (pi, p) in fp.functions.iter().enumerate() {
+                // Workers usually list functions in the same order: try the
+                // function seen at this position on the previous worker first.
+                let cached = self.pos_cache.get(pi).copied().filter(|&id| {
+                    let id = id as usize;
+                    self.interner.kinds.get(id) == Some(&p.kind)
+                        && self.interner.names.get(id).is_some_and(|n| *n == p.name)
+                });
+                let fid = match cached {
+                    Some(id) => id,
+                    None => {
+                        let id = self.interner.intern(p.kind, p.name.as_str(), cfg);
+                        if pi < self.pos_cache.len() {
+                            self.pos_cache[pi] = id;
+                        } else {
+                            self.pos_cache.resize(pi, u32::MAX);
+                            self.pos_cache.push(id);
+                        }
+                        id
+                    }
+                };
+                let fid_us = fid as usize;
+                if fid_us >= self.local_of.len() {
+                    self.local_of.resize(fid_us + 1, u32::MAX);
+                }
+                let mut lb = self.local_of[fid_us];
+                if lb == u32::MAX {
+                    lb = touched.len() as u32;
+                    self.local_of[fid_us] = lb;
+                    touched.push(fid);
+                    counts.push(0);
+                    last_member.push(u32::MAX);
+                }
+                let lbu = lb as usize;
+                if last_member[lbu] == mi as u32 {
+                    self.duplicate_functions += 1;
+                    self.ent_bucket.push(u32::MAX);
+                } else {
+                    last_member[lbu] = mi as u32;
+                    counts[lbu] += 1;
+                    self.ent_bucket.push(lb);
+                }
+            }
+        }
+        for &fid in &touched {
+            self.local_of[fid as usize] = u32::MAX;
+        }
+        let mut offsets = Vec::with_capacity(counts.len() + 1);
+        let mut acc = 0usize;
+        offsets.push(0);
+        for &c in &counts {
+            acc += c;
+            offsets.push(acc);
+        }
+        let total = acc;
+        let mut cur: Vec<usize> = offsets[..offsets.len() - 1].to_vec();
+        let mut beta = vec![0f32; total];
+        let mut mu = vec![0f32; total];
+        let mut sigma = vec![0f32; total];
+        let mut member = vec![0u32; total];
+        let mut pat = vec![0u32; total];
+        let mut flags = vec![0u8; total];
+        let floor = cfg.zero_floor;
+        let mut e = 0usize;
+        for (mi, &fi) in members.iter().enumerate() {
+            for (pi, p) in fps[fi as usize].functions.iter().enumerate() {
+                let lb = self.ent_bucket[e];
+                e += 1;
+                if lb == u32::MAX {
+                    continue;
+                }
+                let slot = cur[lb as usize];
+                cur[lb as usize] += 1;
+                let b = sanitize(p.beta, floor, &mut self.invalid_values);
+                let m = sanitize(p.mu, floor, &mut self.invalid_values);
+                let s = sanitize(p.sigma, floor, &mut self.invalid_values);
+                beta[slot] = b;
+                mu[slot] = m;
+                sigma[slot] = s;
+                member[slot] = mi as u32;
+                pat[slot] = pi as u32;
+                let (rb, rm, rs) = (clean(p.beta), clean(p.mu), clean(p.sigma));
+                let mut fl = 0u8;
+                if rb > cfg.beta_min {
+                    fl |= CANDIDATE;
+                    let range = &self.interner.ranges[touched[lb as usize] as usize];
+                    if range.distance(rb, rm, rs) > 0.0 {
+                        fl |= OUTSIDE;
+                    }
+                }
+                flags[slot] = fl;
+            }
+        }
+        GroupColumns {
+            offsets,
+            fids: touched,
+            beta,
+            mu,
+            sigma,
+            member,
+            pat,
+            flags,
+        }
+    }
+}
+
+/// A value as localization reads it: non-finite or negative → 0.
+fn clean(x: f64) -> f64 {
+    if x.is_finite() && x >= 0.0 {
+        x
+    } else {
+        0.0
+    }
+}
+
+/// Bresenham selection: is item `t` of `total` among the `keep` evenly spaced ones?
+fn keep_evenly(t: usize, keep: usize, total: usize) -> bool {
+    if keep >= total {
+        return true;
+    }
+    let (t, keep, total) = (t as u128, keep as u128, total as u128);
+    ((t + 1) * keep) / total > (t * keep) / total
+}
+
+struct Scratch {
+    sample: Vec<u32>,
+    sb: Vec<f32>,
+    sm: Vec<f32>,
+    ss: Vec<f32>,
+    counts: Vec<u32>,
+    hist: Vec<u64>,
+    dev_hist: Vec<u64>,
+}
+
+/// Analyzes one (group, function) bucket; returns its finding when any worker is abnormal.
+#[allow(clippy::too_many_arguments)]
+fn analyze_bucket(
+    ctx: &Ctx<'_, '_>,
+    members: &[u32],
+    group: Option<&str>,
+    cols: &mut GroupColumns,
+    bucket: usize,
+    scratch: &mut Scratch,
+) -> Option<Finding> {
+    let cfg = ctx.cfg;
+    let (lo, hi) = (cols.offsets[bucket], cols.offsets[bucket + 1]);
+    let flags = &cols.flags[lo..hi];
+    if !flags.iter().any(|&f| f & CANDIDATE != 0) {
+        return None; // Eq. 11 needs β > beta_min somewhere.
+    }
+    let fid = cols.fids[bucket] as usize;
+    let kind = ctx.interner.kinds[fid];
+    let name = ctx.interner.names[fid];
+    let g = members.len();
+    let n = hi - lo;
+    let mem = &cols.member[lo..hi];
+
+    // Δ rule (Eq. 8–11), only for groups large enough.
+    let peer_ok = g >= cfg.min_peer_workers.max(1);
+    let mut threshold = f64::INFINITY;
+    let n_peers = cfg.max_peers.min(g).max(1);
+    scratch.counts.clear();
+    if peer_ok {
+        // Eq. 8: max normalization (absent workers contribute 0).
+        let b = &mut cols.beta[lo..hi];
+        let m = &mut cols.mu[lo..hi];
+        let s = &mut cols.sigma[lo..hi];
+        for dim in [&mut *b, &mut *m, &mut *s] {
+            let mx = dim.iter().copied().fold(0f32, f32::max);
+            if mx > 0.0 && (mx as f64) >= cfg.zero_floor {
+                let inv = 1.0 / mx;
+                dim.iter_mut().for_each(|x| *x *= inv);
+            } else {
+                dim.iter_mut().for_each(|x| *x = 0.0);
+            }
+        }
+        // W_N, sampled once per (group, function).
+        let mut seed = fnv1a(0xcbf2_9ce4_8422_2325 ^ cfg.seed, group.unwrap_or("").as_bytes());
+        seed = fnv1a(seed, &[0xff, kind.priority()]);
+        seed = fnv1a(seed, name.as_bytes());
+        let mut rng = SplitMix64(seed);
+        sample_indices(g, n_peers, &mut rng, &mut scratch.sample);
+        scratch.sb.clear();
+        scratch.sm.clear();
+        scratch.ss.clear();
+        for &wi in &scratch.sample {
+            match mem.binary_search(&wi) {
+                Ok(i) => {
+                    scratch.sb.push(b[i]);
+                    scratch.sm.push(m[i]);
+                    scratch.ss.push(s[i]);
+                }
+                Err(_) => {
+                    scratch.sb.push(0.0);
+                    scratch.sm.push(0.0);
+                    scratch.ss.push(0.0);
+                }
+            }
+        }
+        let delta = cfg.delta as f32;
+        let (sb, sm, ss) = (&scratch.sb[..], &scratch.sm[..], &scratch.ss[..]);
+        let count_far = |x: f32, y: f32, z: f32| -> u32 {
+            let mut c = 0u32;
+            for ((&pb, &pm), &ps) in sb.iter().zip(sm).zip(ss) {
+                let d = (x - pb).abs() + (y - pm).abs() + (z - ps).abs();
+                c += u32::from(d >= delta);
+            }
+            c
+        };
+        // Eq. 9–10 for every worker having the function …
+        for i in 0..n {
+            scratch.counts.push(count_far(b[i], m[i], s[i]));
+        }
+        // … and once for all workers without it (pattern (0,0,0)).
+        scratch.hist.clear();
+        scratch.hist.resize(n_peers + 1, 0);
+        for &c in &scratch.counts {
+            scratch.hist[(c as usize).min(n_peers)] += 1;
+        }
+        if n < g {
+            let c0 = count_far(0.0, 0.0, 0.0) as usize;
+            scratch.hist[c0.min(n_peers)] += (g - n) as u64;
+        }
+        let (med, mad) = median_mad(&scratch.hist, g as u64, n_peers, &mut scratch.dev_hist);
+        threshold = med + (cfg.k * mad).max(cfg.min_margin);
+    }
+
+    // Eq. 11.
+    let mut flagged: Vec<usize> = Vec::new();
+    let (mut any_outside, mut any_peer) = (false, false);
+    for (i, &f) in flags.iter().enumerate() {
+        if f & CANDIDATE == 0 {
+            continue;
+        }
+        let outside = f & OUTSIDE != 0;
+        let peer = peer_ok && (scratch.counts[i] as f64 / n_peers as f64) > threshold + 1e-12;
+        if outside || peer {
+            flagged.push(i);
+            any_outside |= outside;
+            any_peer |= peer;
+        }
+    }
+    if flagged.is_empty() {
+        return None;
+    }
+    let reason = match (any_outside, any_peer) {
+        (true, true) => Reason::Both,
+        (true, false) => Reason::Unexpected,
+        _ => Reason::PeerOutlier,
+    };
+    Some(build_finding(
+        ctx, members, group, cols, lo, hi, &flagged, kind, name, reason,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_finding(
+    ctx: &Ctx<'_, '_>,
+    members: &[u32],
+    group: Option<&str>,
+    cols: &GroupColumns,
+    lo: usize,
+    hi: usize,
+    flagged: &[usize],
+    kind: FunctionKind,
+    name: &str,
+    reason: Reason,
+) -> Finding {
+    let fps = ctx.fps;
+    let cfg = ctx.cfg;
+    let g = members.len();
+    let n = hi - lo;
+    let mem = &cols.member[lo..hi];
+    let pat = &cols.pat[lo..hi];
+    let pattern = |i: usize| &fps[members[mem[i] as usize] as usize].functions[pat[i] as usize];
+    let mut is_flagged = vec![false; n];
+    for &i in flagged {
+        is_flagged[i] = true;
+    }
+
+    let workers: Vec<u32> = flagged
+        .iter()
+        .map(|&i| fps[members[mem[i] as usize] as usize].worker)
+        .collect();
+    let hosts: Vec<String> = flagged
+        .iter()
+        .filter_map(|&i| fps[members[mem[i] as usize] as usize].host.as_deref())
+        .collect::<BTreeSet<&str>>()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+
+    let others_absent = g - n;
+    let stat = |get: &dyn Fn(usize) -> f64| -> Stat {
+        let mut fv: Vec<f64> = flagged.iter().map(|&i| get(i)).collect();
+        let mut ov: Vec<f64> = (0..n).filter(|&i| !is_flagged[i]).map(get).collect();
+        ov.resize(ov.len() + others_absent, 0.0);
+        Stat {
+            value: median(&mut fv),
+            peers: median(&mut ov),
+        }
+    };
+    let beta = stat(&|i| clean(pattern(i).beta));
+    let mu = stat(&|i| clean(pattern(i).mu));
+    let sigma = stat(&|i| clean(pattern(i).sigma));
+    let critical_us = stat(&|i| clean(pattern(i).critical_us));
+
+    // Most common resource / utilization source among the flagged patterns.
+    let mut res_count = [0usize; Resource::ALL.len()];
+    let mut src_count = [0usize; 3];
+    for &i in flagged {
+        let p = pattern(i);
+        if let Some(r) = Resource::ALL.iter().position(|r| *r == p.resource) {
+            res_count[r] += 1;
+        }
+        src_count[match p.util_source {
+            UtilizationSource::Samples => 0,
+            UtilizationSource::Trace => 1,
+            UtilizationSource::None => 2,
+        }] += 1;
+    }
+    let argmax = |c: &[usize]| {
+        c.iter()
+            .enumerate()
+            .fold((0, 0), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
+            .0
+    };
+    let resource = Resource::ALL[argmax(&res_count)];
+    let util_source = [
+        UtilizationSource::Samples,
+        UtilizationSource::Trace,
+        UtilizationSource::None,
+    ][argmax(&src_count)];
+
+    // Points: all flagged (thinned evenly past max_points), then an even sample of the rest.
+    let cap = cfg.max_points;
+    let nf = flagged.len();
+    let keep_flagged = nf.min(cap);
+    let keep_others = (cap - keep_flagged).min(g - nf);
+    let mut points = Vec::with_capacity(keep_flagged + keep_others);
+    let (mut e, mut tf, mut to) = (0usize, 0usize, 0usize);
+    for (mi, &fi) in members.iter().enumerate() {
+        let worker = fps[fi as usize].worker;
+        let present = e < n && mem[e] as usize == mi;
+        let (point, flag) = if present {
+            let p = pattern(e);
+            let f = is_flagged[e];
+            e += 1;
+            ((clean(p.beta), clean(p.mu), clean(p.sigma)), f)
+        } else {
+            ((0.0, 0.0, 0.0), false)
+        };
+        let keep = if flag {
+            tf += 1;
+            keep_evenly(tf - 1, keep_flagged, nf)
+        } else {
+            to += 1;
+            keep_evenly(to - 1, keep_others, g - nf)
+        };
+        if keep {
+            points.push(WorkerPoint {
+                worker,
+                beta: point.0,
+                mu: point.1,
+                sigma: point.2,
+                flagged: flag,
+            });
+        }
+    }
+
+    let mut finding = Finding {
+        function: name.to_string(),
+        kind,
+        workers,
+        reason,
+        beta,
+        mu,
+        sigma,
+        resource,
+        util_source,
+        group: group.map(str::to_string),
+        group_workers: g,
+        hosts,
+        critical_us,
+        hint: None,
+        source_excerpt: None,
+        points,
+    };
+    finding.hint = hint(&finding);
+    finding
+}
+
+/// Localizes abnormal (function, workers) in a job from its workers'
+/// fingerprints (PerfTracker §4.3, Eq. 6–11; see the crate docs for the rules).
+///
+/// `world_size`, when known, defines the expected ranks 0..world_size;
+/// otherwise 0..=max rank seen. Never panics; problems go to
+/// [`Report::warnings`].
+pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u32>) -> Report {
+    let mut warnings: Vec<String> = Vec::new();
+
+    // Ranks: order by rank, keep the first fingerprint of each rank.
+    let mut order: Vec<u32> = (0..fps.len() as u32).collect();
+    order.sort_unstable_by_key(|&i| (fps[i as usize].worker, i));
+    let mut kept: Vec<u32> = Vec::with_capacity(order.len());
+    let mut dups = 0usize;
+    for i in order {
+        let fp = &fps[i as usize];
+        if let Some(&last) = kept.last() {
+            let prev = &fps[last as usize];
+            if prev.worker == fp.worker {
+                dups += 1;
+                if dups <= MAX_LISTED_WARNINGS {
+                    warnings.push(format!(
+                        "duplicate fingerprint for worker {} ({}): kept the first one ({})",
+                        fp.worker, fp.source, prev.source
+                    ));
+                }
+                continue;
+            }
+        }
+        kept.push(i);
+    }
+    if dups > MAX_LISTED_WARNINGS {
+        warnings.push(format!(
+            "… and {} more duplicate fingerprints dropped",
+            dups - MAX_LISTED_WARNINGS
+        ));
+    }
+
+    // Missing ranks.
+    let expected_end: u64 = match world_size {
+        Some(ws) => u64::from(ws),
+        None => kept
+            .last()
+            .map(|&i| u64::from(fps[i as usize].worker) + 1)
+            .unwrap_or(0),
+    };
+    let mut missing = Vec::new();
+    let mut n_missing = 0u64;
+    {
+        let mut next = 0u64;
+        let mut push_range = |from: u64, to: u64, missing: &mut Vec<u32>| {
+            n_missing += to.saturating_sub(from);
+            let mut r = from;
+            while r < to && missing.len() < MAX_MISSING_LISTED {
+                missing.push(r as u32);
+                r += 1;
+            }
+        };
+        for &i in &kept {
+            let r = u64::from(fps[i as usize].worker);
+            if r >= expected_end {
+                break;
+            }
+            push_range(next, r, &mut missing);
+            next = r + 1;
+        }
+        push_range(next, expected_end, &mut missing);
+    }
+    if n_missing > missing.len() as u64 {
+        warnings.push(format!(
+            "{} missing ranks; only the first {} are listed",
+            n_missing,
+            missing.len()
+        ));
+    }
+    if let Some(ws) = world_size {
+        let outside = kept
+            .iter()
+            .filter(|&&i| fps[i as usize].worker >= ws)
+            .count();
+        if outside > 0 {
+            warnings.push(format!(
+                "{outside} fingerprint(s) have a rank >= the world size {ws}"
+            ));
+        }
+    }
+
+    // Utilization source and hosts.
+    let (mut s_samples, mut s_trace, mut s_none) = (false, false, false);
+    let mut hosts: BTreeSet<&str> = BTreeSet::new();
+    for &i in &kept {
+        let fp = &fps[i as usize];
+        match fp.utilization_source {
+            UtilizationSource::Samples => s_samples = true,
+            UtilizationSource::Trace => s_trace = true,
+            UtilizationSource::None => s_none = true,
+        }
+        if let Some(h) = fp.host.as_deref() {
+            hosts.insert(h);
+        }
+    }
+    let utilization_source = match (s_samples, s_trace, s_none) {
+        (true, false, false) => "samples",
+        (false, true, false) => "trace",
+        (false, false, _) => "none",
+        _ => "mixed",
+    }
+    .to_string();
+
+    // Comparison groups, by name (None first), members in rank order.
+    let mut group_index: HashMap<Option<&str>, usize> = HashMap::new();
+    let mut groups: Vec<(Option<&str>, Vec<u32>)> = Vec::new();
+    for &i in &kept {
+        let gname = fps[i as usize].group.as_deref();
+        let gi = *group_index.entry(gname).or_insert_with(|| {
+            groups.push((gname, Vec::new()));
+            groups.len() - 1
+        });
+        groups[gi].1.push(i);
+    }
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
+    if groups.len() > 1 {
+        if let Some((None, m)) = groups.first() {
+            warnings.push(format!(
+                "{} worker(s) have no group while others do: they are compared among themselves",
+                m.len()
+            ));
+        }
+    }
+    let mut small = 0usize;
+    for (gname, m) in &groups {
+        if m.len() < cfg.min_peer_workers {
+            small += 1;
+            if small <= MAX_LISTED_WARNINGS {
+                warnings.push(format!(
+                    "{} has {} worker(s): too few to compare with peers (Δ rule needs {}), only expected ranges apply",
+                    gname.map_or_else(|| "the job".to_string(), |g| format!("group {g:?}")),
+                    m.len(),
+                    cfg.min_peer_workers
+                ));
+            }
+        }
+    }
+
+    let mut ctx = Ctx {
+        fps,
+        cfg,
+        interner: Interner {
+            map: HashMap::default(),
+            names: Vec::new(),
+            kinds: Vec::new(),
+            ranges: Vec::new(),
+        },
+        invalid_values: 0,
+        duplicate_functions: 0,
+        local_of: Vec::new(),
+        ent_bucket: Vec::new(),
+        pos_cache: Vec::new(),
+    };
+    let mut scratch = Scratch {
+        sample: Vec::new(),
+        sb: Vec::new(),
+        sm: Vec::new(),
+        ss: Vec::new(),
+        counts: Vec::new(),
+        hist: Vec::new(),
+        dev_hist: Vec::new(),
+    };
+    let mut findings = Vec::new();
+    for (gname, members) in &groups {
+        let mut cols = ctx.columns(members);
+        for bucket in 0..cols.fids.len() {
+            if let Some(f) =
+                analyze_bucket(&ctx, members, *gname, &mut cols, bucket, &mut scratch)
+            {
+                findings.push(f);
+            }
+        }
+    }
+    if ctx.invalid_values > 0 {
+        warnings.push(format!(
+            "{} NaN, infinite or negative β/μ/σ value(s) read as 0",
+            ctx.invalid_values
+        ));
+    }
+    if ctx.duplicate_functions > 0 {
+        warnings.push(format!(
+            "{} function(s) listed twice in one fingerprint: the first pattern was used",
+            ctx.duplicate_functions
+        ));
+    }
+
+    findings.sort_by(|a, b| {
+        let ka = a.beta.value * a.workers.len() as f64;
+        let kb = b.beta.value * b.workers.len() as f64;
+        kb.total_cmp(&ka)
+            .then_with(|| a.function.cmp(&b.function))
+            .then_with(|| a.group.cmp(&b.group))
+    });
+
+    Report {
+        version: REPORT_VERSION,
+        workers: kept.len(),
+        missing_workers: missing,
+        findings,
+        utilization_source,
+        hosts: if hosts.is_empty() {
+            None
+        } else {
+            Some(hosts.len())
+        },
+        warnings,
+    }
+}
+
+#[cfg(test)]
+mod tests;

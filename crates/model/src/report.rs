@@ -70,6 +70,11 @@ pub struct Finding {
     /// Comparison group, when groups are known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// Number of workers in the comparison group (flagged or not), so that
+    /// outputs can say "all" when every worker of the group is flagged.
+    /// 0 when unknown (reports written before this field existed).
+    #[serde(default)]
+    pub group_workers: usize,
     /// Hosts of the flagged workers, when known (sorted, distinct).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,

@@ -1,0 +1,235 @@
+//! Remediation hints for known patterns (PerfTracker §6 cases, EROICA's
+//! production cases). A hint is a pure function of a [`Finding`].
+
+use whyslow_model::{Finding, FunctionKind, Reason, Resource};
+
+/// True when every worker of the comparison group is flagged (or, for reports
+/// without `group_workers`, when the peers' β is ~0 and no point is unflagged).
+fn on_all_workers(f: &Finding) -> bool {
+    if f.group_workers > 0 {
+        f.workers.len() >= f.group_workers
+    } else {
+        !f.points.is_empty() && f.points.iter().all(|p| p.flagged)
+    }
+}
+
+/// True when only part of the group is flagged, at most `frac` of it.
+fn on_subset(f: &Finding, frac: f64) -> bool {
+    let total = if f.group_workers > 0 {
+        f.group_workers
+    } else {
+        f.points.len()
+    };
+    total > 0 && f.workers.len() < total && (f.workers.len() as f64) <= frac * total as f64
+}
+
+fn is_peer(f: &Finding) -> bool {
+    matches!(f.reason, Reason::PeerOutlier | Reason::Both)
+}
+
+/// μ of the flagged workers is clearly below their peers' (at most 85% of it).
+fn low_mu(f: &Finding) -> bool {
+    f.mu.peers > 0.0 && f.mu.value <= 0.85 * f.mu.peers
+}
+
+/// μ of the flagged workers is clearly above their peers' (at least 115% of it).
+fn high_mu(f: &Finding) -> bool {
+    f.mu.value > 0.0 && f.mu.value >= 1.15 * f.mu.peers
+}
+
+/// σ of the flagged workers is clearly below their peers' (at most 60% of it).
+fn low_sigma(f: &Finding) -> bool {
+    f.sigma.peers > 0.0 && f.sigma.value <= 0.6 * f.sigma.peers
+}
+
+/// The frames of a Python stack (outermost first, `;`-joined), lower-cased.
+fn lower_frames(name: &str) -> Vec<String> {
+    name.split(';').map(|s| s.trim().to_lowercase()).collect()
+}
+
+/// The function name of a frame `file.py(123): name`, or the whole frame.
+fn frame_fn(frame: &str) -> &str {
+    match frame.rfind("): ") {
+        Some(i) => frame[i + 3..].trim(),
+        None => frame.trim(),
+    }
+}
+
+fn is_data_loading(frames: &[String]) -> bool {
+    frames.iter().any(|fr| {
+        let func = frame_fn(fr);
+        fr.contains("recv_into")
+            || func == "_recv"
+            || func.ends_with("._recv")
+            || func.contains("_recv_bytes")
+            || (fr.contains("socket") && (func.contains("read") || func.contains("recv")))
+            || func == "_next_data"
+            || func.ends_with("._next_data")
+            || (fr.contains("dataloader") && func.contains("__next__"))
+    })
+}
+
+fn is_gc(frames: &[String]) -> bool {
+    frames.iter().any(|fr| {
+        let func = frame_fn(fr);
+        fr.contains("gc.collect")
+            || func == "collect"
+            || func.ends_with("gc.collect")
+            || func.contains("method collect of")
+            || func == "gc"
+            || fr.starts_with("gc.py")
+            || fr.contains("/gc.py")
+    })
+}
+
+/// A remediation hint for a finding that matches a known pattern (PerfTracker
+/// §6 and EROICA's cases), or `None`:
+///
+/// * Python stack through socket `recv_into`/`_recv`/`read` or a DataLoader's
+///   `__next__`/`_next_data` → slow data loading from storage (§6.2 P1).
+/// * Python `gc`/`collect`, or a Python function with high β on a random
+///   subset of workers → garbage-collection pauses (§6.2 P3).
+/// * Other Python function with high β on all workers → CPU-bound code (§6.2 P2).
+/// * GPU kernel, peer outlier with lower μ on a subset → GPU throttling (§6.1 P1).
+/// * Intra-host communication (NVLink) with low μ, or communication over PCIe
+///   with high μ, on a subset → NVLink degraded/down (§6.1 P2).
+/// * Inter-host communication (NIC) on a few workers with low μ and low σ →
+///   slow NIC or link (§3's ring example).
+/// * Communication with high β on all workers → not overlapped / network-bound.
+/// * Memory operations or CPU ops above their expected range on all workers →
+///   host↔device copies or synchronization on the critical path.
+pub fn hint(f: &Finding) -> Option<String> {
+    let all = on_all_workers(f);
+    match f.kind {
+        FunctionKind::Python => {
+            let frames = lower_frames(&f.function);
+            if is_data_loading(&frames) {
+                return Some(
+                    "Data loading is on the critical path (socket receive / DataLoader next): \
+                     input is read slowly from storage. Use more DataLoader workers with \
+                     prefetching and pin_memory, cache or pre-shard the data locally, or \
+                     read from a faster (parallel) file system."
+                        .into(),
+                );
+            }
+            if is_gc(&frames) || (!all && on_subset(f, 0.5) && f.beta.peers < f.beta.value * 0.5)
+            {
+                return Some(
+                    "High β on a random subset of workers in a function that is not \
+                     CPU-heavy is the signature of Python garbage-collection pauses: every \
+                     other worker waits for the one collecting. Call gc.freeze() after \
+                     setup and gc.disable(), then run gc.collect() on all ranks at the same \
+                     step boundary (e.g. every 100-200 steps)."
+                        .into(),
+                );
+            }
+            if all {
+                return Some(
+                    "This Python function keeps the GPUs waiting on every worker: the job \
+                     is bound by CPU work in it. Profile it (py-spy, torch.profiler with \
+                     stacks), move the work to the GPU or out of the step loop, or reduce \
+                     kernel-launch overhead (torch.compile, CUDA graphs)."
+                        .into(),
+                );
+            }
+            None
+        }
+        FunctionKind::GpuKernel => {
+            if is_peer(f) && !all && low_mu(f) {
+                Some(
+                    "This kernel runs slower with lower SM activity on these workers than \
+                     on their peers: likely GPU throttling (power/thermal) or a degraded GPU. \
+                     Check `nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE,POWER` on their \
+                     hosts (clock throttle reasons, HW slowdown) and the DCGM/XID logs."
+                        .into(),
+                )
+            } else if is_peer(f) && !all {
+                Some(
+                    "This kernel takes a larger share of the critical path on these workers \
+                     than on their peers: check for uneven work (data/sequence-length \
+                     imbalance) or slower GPUs (`nvidia-smi -q -d PERFORMANCE`)."
+                        .into(),
+                )
+            } else {
+                None
+            }
+        }
+        FunctionKind::Comm => {
+            if is_peer(f) && !all {
+                if (f.resource == Resource::Nvlink && low_mu(f))
+                    || (f.resource == Resource::Pcie && high_mu(f))
+                {
+                    return Some(
+                        "Intra-host communication on these workers uses the link differently \
+                         from their peers: NVLink is likely degraded or down and traffic falls \
+                         back to PCIe. Check `nvidia-smi nvlink -s` and `nvidia-smi topo -m` \
+                         on their hosts."
+                            .into(),
+                    );
+                }
+                if f.resource == Resource::Nic && low_mu(f) && low_sigma(f) && on_subset(f, 0.25)
+                {
+                    return Some(
+                        "Steady low NIC throughput on these workers while their peers \
+                         fluctuate (waiting for them): a slow NIC or network link on their \
+                         hosts. Check `ibstat` / `ethtool <dev>` (speed, errors), the bond, \
+                         and the switch port or optics they connect to."
+                            .into(),
+                    );
+                }
+                if low_mu(f) {
+                    return Some(
+                        "Communication is slower with lower link utilization on these workers \
+                         than on their peers: check their links (`nvidia-smi nvlink -s`, \
+                         `ibstat`, `ethtool`) and the switch ports they use."
+                            .into(),
+                    );
+                }
+                None
+            } else if all || matches!(f.reason, Reason::Unexpected) {
+                Some(
+                    "Communication takes a large share of the critical path on all workers: \
+                     it is not overlapped with computation, or the job is network-bound. \
+                     Enable overlap (DDP bucket sizes, FSDP prefetch, async tensor \
+                     parallelism), reduce communication volume, or check the cluster's \
+                     network bandwidth (nccl-tests)."
+                        .into(),
+                )
+            } else {
+                None
+            }
+        }
+        FunctionKind::Memory => {
+            if all || matches!(f.reason, Reason::Unexpected) {
+                Some(
+                    "Memory operations (copies/allocation) are on the critical path: \
+                     frequent host-device transfers or allocations. Use pinned memory with \
+                     non_blocking copies, keep tensors on the GPU, avoid `.item()`/`.cpu()` \
+                     in the step loop, and check allocator churn (torch.cuda.memory_stats)."
+                        .into(),
+                )
+            } else {
+                None
+            }
+        }
+        FunctionKind::CpuOp => {
+            if f.function.to_lowercase().contains("synchronize") {
+                Some(
+                    "The GPUs idle while the CPU synchronizes: excessive synchronization \
+                     (`.item()`, `.cpu()`, `torch.cuda.synchronize()`, host-side checks). \
+                     Remove syncs from the step loop."
+                        .into(),
+                )
+            } else if all || matches!(f.reason, Reason::Unexpected) {
+                Some(
+                    "A CPU operator keeps the GPUs waiting: the job is CPU/launch-bound. \
+                     Check CPU affinity and contention, and reduce launch overhead \
+                     (torch.compile, CUDA graphs, larger batches)."
+                        .into(),
+                )
+            } else {
+                None
+            }
+        }
+    }
+}

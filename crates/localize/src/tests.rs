@@ -1,0 +1,484 @@
+//! Tests of the localizer (PerfTracker §4.3).
+
+use super::*;
+use whyslow_model::{FunctionPattern, FINGERPRINT_FORMAT, FINGERPRINT_VERSION};
+
+/// Deterministic jitter in [-1, 1].
+fn jitter(seed: u64) -> f64 {
+    let mut r = SplitMix64(seed);
+    (r.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+}
+
+fn pat(kind: FunctionKind, name: &str, beta: f64, mu: f64, sigma: f64) -> FunctionPattern {
+    let resource = match kind {
+        FunctionKind::GpuKernel => Resource::Sm,
+        FunctionKind::Memory => Resource::Pcie,
+        FunctionKind::Comm => Resource::Nic,
+        FunctionKind::Python | FunctionKind::CpuOp => Resource::Cpu,
+    };
+    FunctionPattern {
+        name: name.to_string(),
+        kind,
+        resource,
+        beta,
+        mu,
+        sigma,
+        util_source: UtilizationSource::Samples,
+        calls: 10,
+        critical_us: beta * 1e6,
+        total_us: beta * 1.2e6,
+    }
+}
+
+fn fp(worker: u32, functions: Vec<FunctionPattern>) -> Fingerprint {
+    Fingerprint {
+        format: FINGERPRINT_FORMAT.into(),
+        version: FINGERPRINT_VERSION,
+        worker,
+        host: Some(format!("host{:02}", worker / 8)),
+        group: None,
+        window_start_us: 0.0,
+        window_us: 1e6,
+        device: None,
+        utilization_source: UtilizationSource::Samples,
+        source: format!("rank{worker}.json"),
+        functions,
+        warnings: vec![],
+    }
+}
+
+/// A healthy worker: 6 kernels, 2 collectives, 1 memcpy, 2 small Python
+/// functions, all with ±`jit` relative jitter.
+fn healthy(worker: u32, jit: f64) -> Fingerprint {
+    let j = |i: u64, x: f64| x * (1.0 + jit * jitter(u64::from(worker) * 1000 + i));
+    let mut fs = Vec::new();
+    for k in 0..6 {
+        fs.push(pat(
+            FunctionKind::GpuKernel,
+            &format!("sm90_xmma_gemm_{k}"),
+            j(k, 0.08),
+            j(k + 10, 0.7),
+            j(k + 20, 0.1),
+        ));
+    }
+    fs.push(pat(
+        FunctionKind::Comm,
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+        j(30, 0.12),
+        j(31, 0.55),
+        j(32, 0.3),
+    ));
+    fs.push(pat(
+        FunctionKind::Comm,
+        "ncclDevKernel_AllGather_RING_LL",
+        j(33, 0.08),
+        j(34, 0.5),
+        j(35, 0.28),
+    ));
+    fs.push(pat(
+        FunctionKind::Memory,
+        "Memcpy HtoD (Pinned -> Device)",
+        j(36, 0.02),
+        j(37, 0.4),
+        j(38, 0.1),
+    ));
+    fs.push(pat(
+        FunctionKind::Python,
+        "train.py(10): main;model.py(55): forward",
+        j(39, 0.006),
+        j(40, 0.9),
+        j(41, 0.05),
+    ));
+    fs.push(pat(
+        FunctionKind::Python,
+        "train.py(10): main;optim.py(80): step",
+        j(42, 0.004),
+        j(43, 0.9),
+        j(44, 0.05),
+    ));
+    fp(worker, fs)
+}
+
+fn healthy_job(n: u32, jit: f64) -> Vec<Fingerprint> {
+    (0..n).map(|w| healthy(w, jit)).collect()
+}
+
+fn find<'r>(r: &'r Report, name: &str) -> Option<&'r Finding> {
+    r.findings.iter().find(|f| f.function == name)
+}
+
+#[test]
+fn healthy_job_with_jitter_has_no_findings() {
+    // PerfTracker §4.3: consistent workers ⇒ no abnormal function executions.
+    for n in [1, 2, 3, 4, 8, 64, 333] {
+        let fps = healthy_job(n, 0.05);
+        let r = localize(&fps, &LocalizeConfig::default(), Some(n));
+        assert!(r.findings.is_empty(), "n={n}: {:#?}", r.findings);
+        assert_eq!(r.workers, n as usize);
+        assert!(r.missing_workers.is_empty());
+    }
+}
+
+#[test]
+fn identical_workers_have_no_findings() {
+    let fps = healthy_job(50, 0.0);
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert!(r.findings.is_empty());
+}
+
+#[test]
+fn near_zero_values_are_not_amplified_by_normalization() {
+    // Max-normalization of a dimension that is ~0 everywhere must not turn
+    // 1e-12 noise into differences (PerfTracker §4.3 Eq. 8, zero_floor).
+    let fps: Vec<_> = (0..40)
+        .map(|w| {
+            let mut f = healthy(w, 0.02);
+            let p = &mut f.functions[0];
+            p.mu = 1e-12 * (1.0 + jitter(u64::from(w)));
+            p.sigma = if w % 3 == 0 { 0.0 } else { 1e-13 };
+            f
+        })
+        .collect();
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert!(r.findings.is_empty(), "{:#?}", r.findings);
+}
+
+#[test]
+fn one_worker_with_3x_beta_on_a_kernel_is_found() {
+    // PerfTracker §4.3 (differential distance) and §6.1 P1 (Fig. 13a).
+    let mut fps = healthy_job(64, 0.03);
+    fps[17].functions[2].beta *= 3.0;
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert_eq!(r.findings.len(), 1, "{:#?}", r.findings);
+    let f = &r.findings[0];
+    assert_eq!(f.function, "sm90_xmma_gemm_2");
+    assert_eq!(f.workers, vec![17]);
+    assert_eq!(f.reason, Reason::PeerOutlier);
+    assert!(f.beta.value > 2.5 * f.beta.peers);
+    assert_eq!(f.hosts, vec!["host02".to_string()]);
+    assert_eq!(f.group_workers, 64);
+    assert_eq!(f.points.len(), 64);
+    assert_eq!(f.points.iter().filter(|p| p.flagged).count(), 1);
+}
+
+#[test]
+fn throttled_gpus_low_mu_are_found_with_hint() {
+    // PerfTracker §6.1 P1: larger β and smaller μ on a subset of workers.
+    let mut fps = healthy_job(64, 0.03);
+    for w in [0usize, 1, 2, 3] {
+        fps[w].functions[0].beta *= 1.8;
+        fps[w].functions[0].mu *= 0.45;
+    }
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    let f = find(&r, "sm90_xmma_gemm_0").expect("gemm flagged");
+    assert_eq!(f.workers, vec![0, 1, 2, 3]);
+    assert!(f.hint.as_deref().unwrap().contains("throttling"));
+    assert_eq!(r.findings.len(), 1);
+}
+
+#[test]
+fn python_function_high_beta_on_all_workers_is_unexpected() {
+    // PerfTracker §4.3 (R_f of Python is [0,0.01]) and §6.2 P1 (Fig. 15a).
+    let name = "train.py(10): main;dataloader.py(631): __next__;socket.py(704): recv_into";
+    let fps: Vec<_> = (0..64)
+        .map(|w| {
+            let mut f = healthy(w, 0.03);
+            f.functions.push(pat(
+                FunctionKind::Python,
+                name,
+                0.3 * (1.0 + 0.03 * jitter(u64::from(w) + 99)),
+                0.98,
+                0.01,
+            ));
+            f
+        })
+        .collect();
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert_eq!(r.findings.len(), 1, "{:#?}", r.findings);
+    let f = &r.findings[0];
+    assert_eq!(f.function, name);
+    assert_eq!(f.reason, Reason::Unexpected);
+    assert_eq!(f.workers, (0..64).collect::<Vec<_>>());
+    assert_eq!(f.beta.peers, 0.0);
+    assert!(f.hint.as_deref().unwrap().contains("Data loading"));
+}
+
+#[test]
+fn function_on_three_random_workers_is_found_gc_like() {
+    // PerfTracker §6.2 P3: large β on a random subset (asynchronous GC).
+    let name = "train.py(10): main;gradmode.py(80): __init__";
+    let chosen = [5u32, 29, 50];
+    let fps: Vec<_> = (0..64)
+        .map(|w| {
+            let mut f = healthy(w, 0.03);
+            if chosen.contains(&w) {
+                f.functions
+                    .push(pat(FunctionKind::Python, name, 0.05, 0.3, 0.1));
+            }
+            f
+        })
+        .collect();
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert_eq!(r.findings.len(), 1, "{:#?}", r.findings);
+    let f = &r.findings[0];
+    assert_eq!(f.workers, chosen.to_vec());
+    assert_eq!(f.reason, Reason::Both);
+    assert_eq!(f.beta.value, 0.05);
+    assert_eq!(f.beta.peers, 0.0);
+    assert!(f.hint.as_deref().unwrap().contains("garbage"));
+}
+
+#[test]
+fn steady_low_comm_worker_among_fluctuating_peers_is_found() {
+    // PerfTracker §3 ring example: the slow link's worker has low μ and low σ;
+    // its peers wait for it, fluctuating between 0 and full speed.
+    let mut fps = healthy_job(32, 0.03);
+    let p = &mut fps[7].functions[6];
+    p.mu = 0.25;
+    p.sigma = 0.03;
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert_eq!(r.findings.len(), 1, "{:#?}", r.findings);
+    let f = &r.findings[0];
+    assert_eq!(f.function, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL");
+    assert_eq!(f.workers, vec![7]);
+    assert_eq!(f.reason, Reason::PeerOutlier);
+    assert_eq!(f.resource, Resource::Nic);
+    assert!(f.hint.as_deref().unwrap().contains("NIC"));
+}
+
+#[test]
+fn comm_above_range_on_all_workers_is_unexpected() {
+    // PerfTracker §4.3: R_f of communication is [0,0.3] × [0,1] × [0,1].
+    let fps: Vec<_> = (0..16)
+        .map(|w| {
+            let mut f = healthy(w, 0.03);
+            f.functions[6].beta = 0.45 + 0.01 * jitter(u64::from(w));
+            f
+        })
+        .collect();
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert_eq!(r.findings.len(), 1);
+    assert_eq!(r.findings[0].reason, Reason::Unexpected);
+    assert_eq!(r.findings[0].workers.len(), 16);
+    assert!(r.findings[0].hint.as_deref().unwrap().contains("overlapped"));
+}
+
+/// Two pipeline stages: the last one has an extra send/recv and a bigger
+/// kernel share (PerfTracker Appendix: workers of the same stage are alike).
+fn pipeline_job(with_groups: bool) -> Vec<Fingerprint> {
+    (0..64)
+        .map(|w| {
+            let mut f = healthy(w, 0.03);
+            let stage = if w % 4 == 3 { "stage1" } else { "stage0" };
+            if stage == "stage1" {
+                f.functions[0].beta *= 2.5;
+                f.functions.push(pat(
+                    FunctionKind::Comm,
+                    "ncclDevKernel_SendRecv",
+                    0.1 * (1.0 + 0.03 * jitter(u64::from(w) + 7)),
+                    0.4,
+                    0.2,
+                ));
+            }
+            if with_groups {
+                f.group = Some(stage.into());
+            }
+            f
+        })
+        .collect()
+}
+
+#[test]
+fn groups_are_respected() {
+    // PerfTracker §4.3 compares workers expected to behave alike.
+    let r = localize(&pipeline_job(true), &LocalizeConfig::default(), None);
+    assert!(r.findings.is_empty(), "{:#?}", r.findings);
+    // Without groups, the minority stage differs from its peers.
+    let r = localize(&pipeline_job(false), &LocalizeConfig::default(), None);
+    assert!(!r.findings.is_empty());
+    for f in &r.findings {
+        assert!(f.workers.iter().all(|w| w % 4 == 3), "{f:#?}");
+    }
+}
+
+#[test]
+fn missing_workers_are_reported() {
+    let fps: Vec<_> = healthy_job(10, 0.02)
+        .into_iter()
+        .filter(|f| f.worker != 3 && f.worker != 7)
+        .collect();
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert_eq!(r.missing_workers, vec![3, 7]);
+    assert_eq!(r.workers, 8);
+    let r = localize(&fps, &LocalizeConfig::default(), Some(12));
+    assert_eq!(r.missing_workers, vec![3, 7, 10, 11]);
+    let r = localize(&fps, &LocalizeConfig::default(), Some(5));
+    assert_eq!(r.missing_workers, vec![3]);
+    assert!(r.warnings.iter().any(|w| w.contains("world size")));
+}
+
+#[test]
+fn duplicate_ranks_keep_the_first_and_warn() {
+    let mut fps = healthy_job(8, 0.02);
+    let mut dup = healthy(3, 0.02);
+    dup.source = "other.json".into();
+    dup.functions[0].beta = 0.9;
+    fps.push(dup);
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert_eq!(r.workers, 8);
+    assert!(r.findings.is_empty());
+    assert!(r.warnings.iter().any(|w| w.contains("duplicate")));
+}
+
+#[test]
+fn same_seed_same_report_whatever_the_order() {
+    // PerfTracker §4.3 samples W_N at random; whyslow seeds it.
+    let mut fps = healthy_job(500, 0.05);
+    for w in [10usize, 200, 333] {
+        fps[w].functions[1].beta *= 3.0;
+    }
+    let cfg = LocalizeConfig::default();
+    let a = localize(&fps, &cfg, None);
+    let b = localize(&fps, &cfg, None);
+    assert_eq!(a, b);
+    let mut rev = fps.clone();
+    rev.reverse();
+    assert_eq!(localize(&rev, &cfg, None), a);
+    assert_eq!(a.findings.len(), 1);
+    assert_eq!(a.findings[0].workers, vec![10, 200, 333]);
+    let other = LocalizeConfig {
+        seed: 7,
+        ..LocalizeConfig::default()
+    };
+    assert_eq!(localize(&fps, &other, None).findings[0].workers, vec![10, 200, 333]);
+}
+
+#[test]
+fn tiny_groups_use_expected_ranges_only() {
+    let mut fps = healthy_job(2, 0.0);
+    fps[1].functions[0].beta = 0.5;
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert!(r.findings.is_empty());
+    assert!(r.warnings.iter().any(|w| w.contains("too few")));
+    fps[1].functions[9].beta = 0.2; // Python above its range
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert_eq!(r.findings.len(), 1);
+    assert_eq!(r.findings[0].workers, vec![1]);
+}
+
+#[test]
+fn empty_and_garbage_input_do_not_panic() {
+    let r = localize(&[], &LocalizeConfig::default(), None);
+    assert_eq!(r.workers, 0);
+    assert!(r.findings.is_empty());
+    assert_eq!(r.utilization_source, "none");
+    let mut fps = healthy_job(5, 0.0);
+    fps[0].functions[0].beta = f64::NAN;
+    fps[1].functions[0].mu = f64::INFINITY;
+    fps[2].functions[0].sigma = -1.0;
+    let first = fps[3].functions[0].clone();
+    fps[3].functions.push(first);
+    fps[4].functions.clear();
+    let r = localize(&fps, &LocalizeConfig::default(), Some(0));
+    assert!(r.warnings.iter().any(|w| w.contains("NaN")));
+    assert!(r.warnings.iter().any(|w| w.contains("twice")));
+    let cfg = LocalizeConfig {
+        max_points: 0,
+        max_peers: 1,
+        min_peer_workers: 0,
+        ..LocalizeConfig::default()
+    };
+    let _ = localize(&fps, &cfg, Some(u32::MAX));
+}
+
+#[test]
+fn points_are_capped_keeping_flagged() {
+    let mut fps = healthy_job(300, 0.02);
+    fps[123].functions[3].beta *= 4.0;
+    let cfg = LocalizeConfig {
+        max_points: 50,
+        ..LocalizeConfig::default()
+    };
+    let r = localize(&fps, &cfg, None);
+    let f = &r.findings[0];
+    assert_eq!(f.points.len(), 50);
+    assert!(f.points.iter().any(|p| p.flagged && p.worker == 123));
+    assert!(f.points.windows(2).all(|w| w[0].worker < w[1].worker));
+}
+
+#[test]
+fn utilization_source_and_hosts() {
+    let mut fps = healthy_job(16, 0.0);
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert_eq!(r.utilization_source, "samples");
+    assert_eq!(r.hosts, Some(2));
+    fps[0].utilization_source = UtilizationSource::Trace;
+    assert_eq!(
+        localize(&fps, &LocalizeConfig::default(), None).utilization_source,
+        "mixed"
+    );
+}
+
+#[test]
+fn sampling_is_distinct_and_sorted() {
+    let mut rng = SplitMix64(1);
+    let mut out = Vec::new();
+    for (n, k) in [(10, 3), (100, 100), (1000, 100), (5, 10), (101, 100)] {
+        sample_indices(n, k, &mut rng, &mut out);
+        assert_eq!(out.len(), k.min(n));
+        assert!(out.windows(2).all(|w| w[0] < w[1]));
+        assert!(out.iter().all(|&x| (x as usize) < n));
+    }
+}
+
+#[test]
+fn median_mad_matches_naive() {
+    let n_peers = 10;
+    for seed in 0..50u64 {
+        let mut rng = SplitMix64(seed);
+        let len = 1 + rng.below_incl(30);
+        let counts: Vec<usize> = (0..len).map(|_| rng.below_incl(n_peers)).collect();
+        let mut hist = vec![0u64; n_peers + 1];
+        for &c in &counts {
+            hist[c] += 1;
+        }
+        let mut dev = Vec::new();
+        let (m, mad) = median_mad(&hist, len as u64, n_peers, &mut dev);
+        let mut v: Vec<f64> = counts.iter().map(|&c| c as f64 / n_peers as f64).collect();
+        let nm = median(&mut v);
+        let mut d: Vec<f64> = v.iter().map(|x| (x - nm).abs()).collect();
+        let nmad = median(&mut d);
+        assert!((m - nm).abs() < 1e-12 && (mad - nmad).abs() < 1e-12);
+    }
+}
+
+#[test]
+fn config_from_toml() {
+    let cfg = LocalizeConfig::from_toml_str("").unwrap();
+    assert_eq!(cfg, LocalizeConfig::default());
+    let cfg = LocalizeConfig::from_toml_str(
+        "k = 3\n[expected.python]\nbeta = [0.0, 0.05]\n[[override]]\ncontains = \"SendRecv\"\nbeta = [0.0, 0.6]\n",
+    )
+    .unwrap();
+    assert_eq!(cfg.k, 3.0);
+    assert_eq!(cfg.expected.python.beta, (0.0, 0.05));
+    assert_eq!(cfg.expected.python.mu, (0.0, 1.0));
+    let r = cfg.range_for(FunctionKind::Comm, "ncclDevKernel_SendRecv");
+    assert_eq!(r.beta, (0.0, 0.6));
+    assert_eq!(cfg.range_for(FunctionKind::Comm, "AllReduce").beta, (0.0, 0.3));
+    assert!(LocalizeConfig::from_toml_str("detla = 0.3").is_err());
+    assert!(LocalizeConfig::from_toml_str("[expected.comm]\nbeta = [0.5, 0.1]").is_err());
+    assert!(LocalizeConfig::from_toml_str("delta = -1").is_err());
+    assert!(LocalizeConfig::from_toml_str("[[override]]\ncontains = \"x\"\nkind = \"gpu\"").is_err());
+    assert!(LocalizeConfig::from_toml_str("max_peers = 0").is_err());
+}
+
+#[test]
+fn default_ranges() {
+    let e = ExpectedRanges::default();
+    assert_eq!(e.gpu_kernel, ExpectedRange::UNIT);
+    assert_eq!(e.python.beta, (0.0, 0.01));
+    assert_eq!(e.comm.beta, (0.0, 0.3));
+    assert_eq!(e.python.distance(0.3, 0.5, 0.5), 0.3 - 0.01);
+    assert_eq!(ExpectedRange::UNIT.distance(0.9, 0.1, 0.1), 0.0);
+}
