@@ -639,20 +639,33 @@ fn build_finding(
         .map(str::to_string)
         .collect();
 
+    // (β, μ, σ, critical µs) of every entry, read once from the fingerprints.
+    let vals: Vec<[f64; 4]> = (0..n)
+        .map(|i| {
+            let p = pattern(i);
+            [
+                clean(p.beta),
+                clean(p.mu),
+                clean(p.sigma),
+                clean(p.critical_us),
+            ]
+        })
+        .collect();
     let others_absent = g - n;
-    let stat = |get: &dyn Fn(usize) -> f64| -> Stat {
-        let mut fv: Vec<f64> = flagged.iter().map(|&i| get(i)).collect();
-        let mut ov: Vec<f64> = (0..n).filter(|&i| !is_flagged[i]).map(get).collect();
+    let stat = |d: usize| -> Stat {
+        let mut fv: Vec<f64> = flagged.iter().map(|&i| vals[i][d]).collect();
+        let mut ov: Vec<f64> = Vec::with_capacity(g - flagged.len());
+        ov.extend((0..n).filter(|&i| !is_flagged[i]).map(|i| vals[i][d]));
         ov.resize(ov.len() + others_absent, 0.0);
         Stat {
             value: median(&mut fv),
             peers: median(&mut ov),
         }
     };
-    let beta = stat(&|i| clean(pattern(i).beta));
-    let mu = stat(&|i| clean(pattern(i).mu));
-    let sigma = stat(&|i| clean(pattern(i).sigma));
-    let critical_us = stat(&|i| clean(pattern(i).critical_us));
+    let beta = stat(0);
+    let mu = stat(1);
+    let sigma = stat(2);
+    let critical_us = stat(3);
 
     // Most common resource / utilization source among the flagged patterns.
     let mut res_count = [0usize; Resource::ALL.len()];
@@ -692,10 +705,10 @@ fn build_finding(
         let worker = fps[fi as usize].worker;
         let present = e < n && mem[e] as usize == mi;
         let (point, flag) = if present {
-            let p = pattern(e);
+            let v = vals[e];
             let f = is_flagged[e];
             e += 1;
-            ((clean(p.beta), clean(p.mu), clean(p.sigma)), f)
+            ((v[0], v[1], v[2]), f)
         } else {
             ((0.0, 0.0, 0.0), false)
         };

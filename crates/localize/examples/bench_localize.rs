@@ -1,0 +1,219 @@
+//! Synthetic benchmark of `localize` (PerfTracker §4.3 at scale).
+//!
+//! Generates W workers × F functions in memory (3% jitter), injects a few
+//! outliers, times `localize` and checks that exactly the injected outliers
+//! are found.
+//!
+//! ```text
+//! cargo run --release -p whyslow-localize --example bench_localize -- [workers] [functions] [repeats]
+//! ```
+//!
+//! `repeats = 0` only generates the input (to measure its memory alone).
+//!
+//! ```text
+//! ```
+use std::time::Instant;
+
+use whyslow_localize::{localize, LocalizeConfig};
+use whyslow_model::{
+    Fingerprint, FunctionKind, FunctionPattern, Resource, UtilizationSource, FINGERPRINT_FORMAT,
+    FINGERPRINT_VERSION,
+};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1].
+    fn sym(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    }
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.replace('_', "").parse().ok())
+        .collect();
+    let workers = args.first().copied().unwrap_or(1_000_000).max(10);
+    let nfun = args.get(1).copied().unwrap_or(20).max(4);
+    let repeats = args.get(2).copied().unwrap_or(1); // 0: only generate (to measure the input's memory)
+
+    // Base functions: kernels, collectives, a memcpy, Python.
+    let mut base: Vec<(FunctionKind, Resource, String, f64, f64, f64)> = Vec::new();
+    for i in 0..nfun {
+        let b = match i % 10 {
+            0..=5 => (
+                FunctionKind::GpuKernel,
+                Resource::Sm,
+                format!("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_{i}"),
+                0.6 / nfun as f64 * 2.0,
+                0.7,
+                0.1,
+            ),
+            6 | 7 => (
+                FunctionKind::Comm,
+                Resource::Nic,
+                format!("ncclDevKernel_AllReduce_Sum_bf16_RING_LL_{i}"),
+                0.1,
+                0.55,
+                0.3,
+            ),
+            8 => (
+                FunctionKind::Memory,
+                Resource::Pcie,
+                format!("Memcpy HtoD (Pinned -> Device) {i}"),
+                0.02,
+                0.4,
+                0.1,
+            ),
+            _ => (
+                FunctionKind::Python,
+                Resource::Cpu,
+                format!("train.py(120): main;engine.py(88): train_step;model.py({i}): forward"),
+                0.005,
+                0.9,
+                0.05,
+            ),
+        };
+        base.push(b);
+    }
+    let gemm = 3usize;
+    let comm = 6usize;
+    let gemm_outlier = (workers as u32) / 8 + 1;
+    let comm_outliers: Vec<u32> = (0..5).map(|i| (workers as u32) / 2 + i).collect();
+    let mut rng = Rng(42);
+    let gc_workers: Vec<u32> = {
+        let mut v: Vec<u32> = (0..3).map(|_| (rng.next() % workers as u64) as u32).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let gc_name = "train.py(120): main;gradmode.py(80): __init__";
+
+    let t0 = Instant::now();
+    let mut fps = Vec::with_capacity(workers);
+    for w in 0..workers as u32 {
+        let mut functions = Vec::with_capacity(nfun + 1);
+        for (i, (kind, resource, name, b, m, s)) in base.iter().enumerate() {
+            let mut beta = b * (1.0 + 0.03 * rng.sym());
+            let mut mu = m * (1.0 + 0.03 * rng.sym());
+            let mut sigma = s * (1.0 + 0.03 * rng.sym());
+            if i == gemm && w == gemm_outlier {
+                beta *= 3.0;
+            }
+            if i == comm && comm_outliers.contains(&w) {
+                mu = 0.25;
+                sigma = 0.03;
+            }
+            if !beta.is_finite() {
+                beta = 0.0;
+            }
+            functions.push(FunctionPattern {
+                name: name.clone(),
+                kind: *kind,
+                resource: *resource,
+                beta,
+                mu,
+                sigma,
+                util_source: UtilizationSource::Samples,
+                calls: 100,
+                critical_us: beta * 20e6,
+                total_us: beta * 25e6,
+            });
+        }
+        if gc_workers.contains(&w) {
+            functions.push(FunctionPattern {
+                name: gc_name.to_string(),
+                kind: FunctionKind::Python,
+                resource: Resource::Cpu,
+                beta: 0.05,
+                mu: 0.3,
+                sigma: 0.1,
+                util_source: UtilizationSource::Samples,
+                calls: 1,
+                critical_us: 1e6,
+                total_us: 1e6,
+            });
+        }
+        fps.push(Fingerprint {
+            format: FINGERPRINT_FORMAT.into(),
+            version: FINGERPRINT_VERSION,
+            worker: w,
+            host: Some(format!("node{:06}", w / 8)),
+            group: None,
+            window_start_us: 0.0,
+            window_us: 20e6,
+            device: None,
+            utilization_source: UtilizationSource::Samples,
+            source: String::new(),
+            functions,
+            warnings: Vec::new(),
+        });
+    }
+    eprintln!(
+        "generated {workers} workers x {nfun} functions in {:.2?}",
+        t0.elapsed()
+    );
+
+    if repeats == 0 {
+        return;
+    }
+    let cfg = LocalizeConfig::default();
+    let mut best = f64::INFINITY;
+    let mut report = None;
+    for _ in 0..repeats {
+        let t = Instant::now();
+        let r = localize(&fps, &cfg, Some(workers as u32));
+        let dt = t.elapsed().as_secs_f64();
+        best = best.min(dt);
+        report = Some(r);
+    }
+    let Some(report) = report else { return };
+    println!(
+        "localize: {workers} workers x {nfun} functions: best {:.1} ms over {repeats} run(s)",
+        best * 1e3
+    );
+    for f in &report.findings {
+        let shown: Vec<u32> = f.workers.iter().copied().take(8).collect();
+        println!(
+            "  finding: {} [{:?}] workers {:?}{} β {:.3} vs {:.3}",
+            f.function,
+            f.reason,
+            shown,
+            if f.workers.len() > 8 { " …" } else { "" },
+            f.beta.value,
+            f.beta.peers
+        );
+    }
+    let expect = [
+        (base[gemm].2.as_str(), vec![gemm_outlier]),
+        (base[comm].2.as_str(), comm_outliers.clone()),
+        (gc_name, gc_workers.clone()),
+    ];
+    let mut ok = report.findings.len() == expect.len();
+    for (name, ws) in &expect {
+        match report.findings.iter().find(|f| f.function == *name) {
+            Some(f) if &f.workers == ws => {}
+            other => {
+                ok = false;
+                eprintln!(
+                    "MISMATCH for {name}: expected {ws:?}, got {:?}",
+                    other.map(|f| &f.workers)
+                );
+            }
+        }
+    }
+    println!(
+        "injected outliers found exactly: {}",
+        if ok { "yes" } else { "NO" }
+    );
+    if !ok {
+        std::process::exit(1);
+    }
+}
