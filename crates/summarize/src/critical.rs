@@ -4,15 +4,12 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
-use whyslow_model::{Execution, FunctionKind, WorkerTrace};
+use whyslow_model::{FunctionKind, WorkerTrace};
 
-/// Number of critical-path tiers of the sweep (see [`critical_path`]).
+/// Number of critical-path tiers of the sweep (see [`critical_path`]): kernel
+/// (0), memory op (1), comm op (2), training-thread Python (3),
+/// training-thread CPU op (4), CPU op on another thread (5).
 const TIERS: usize = 6;
-/// Tier of a kernel (0), memory op (1), comm op (2), training-thread Python
-/// (3), training-thread CPU op (4), CPU op on another thread (5).
-const NOT_CRITICAL: u8 = u8::MAX;
-/// `thread` value of executions that take no part in CPU-side nesting.
-const NO_STACK: u32 = u32::MAX;
 /// `pos` value of an execution that is not a candidate now.
 const ABSENT: u32 = u32::MAX;
 
@@ -150,60 +147,68 @@ enum Sink<'a> {
     PerFunction(&'a mut [f64]),
 }
 
+/// Bits of a start event's payload below the tier: the stack lane.
+const LANE_BITS: u32 = 29;
+const LANE_MASK: u32 = (1 << LANE_BITS) - 1;
+/// Lane of executions that take no part in CPU-side nesting.
+const NO_STACK: u32 = LANE_MASK;
+/// Tier value of executions that are never critical (Python off the training
+/// thread); fits the 3 bits above the lane.
+const NOT_CRITICAL: u8 = 7;
+/// Flag bit: the execution has ended (for the lazy per-thread stacks).
+const ENDED: u8 = 0x80;
+
 /// The candidates of every tier and the lazy accounting of their time.
+///
+/// Executions are handled by *rank* (position in start order), so that the
+/// per-execution state is read and written almost sequentially.
 ///
 /// `acc[c]` is ∫ 1/k_c dt over the time tier c was the top tier (k_c its
 /// candidate count). An execution that is a candidate from time a to time b is
-/// credited `acc[c](b) − acc[c](a)`: O(1) per transition, however many
-/// candidates share the time.
-struct Candidates<'a> {
+/// credited `acc[c](b) − acc[c](a)`: `credit[r]` gets −acc on entry and +acc on
+/// exit, O(1) per transition however many candidates share the time.
+struct Candidates {
     acc: [f64; TIERS],
     sets: [Vec<u32>; TIERS],
     pos: Vec<u32>,
-    snap: Vec<f64>,
-    tier: Vec<u8>,
-    execs: &'a [Execution],
-    sink: Sink<'a>,
+    credit: Vec<f64>,
+    /// Tier (low 3 bits) and [`ENDED`], per rank.
+    flags: Vec<u8>,
 }
 
-impl Candidates<'_> {
+impl Candidates {
     #[inline]
-    fn add(&mut self, e: u32) {
-        let c = self.tier[e as usize];
+    fn add(&mut self, r: u32) {
+        let c = self.flags[r as usize] & 7;
         if c == NOT_CRITICAL {
             return;
         }
         let set = &mut self.sets[c as usize];
-        self.pos[e as usize] = set.len() as u32;
-        set.push(e);
-        self.snap[e as usize] = self.acc[c as usize];
+        self.pos[r as usize] = set.len() as u32;
+        set.push(r);
+        self.credit[r as usize] -= self.acc[c as usize];
     }
 
     #[inline]
-    fn remove(&mut self, e: u32) {
-        let p = self.pos[e as usize];
+    fn remove(&mut self, r: u32) {
+        let p = self.pos[r as usize];
         if p == ABSENT {
             return;
         }
-        let c = self.tier[e as usize] as usize;
-        let credit = self.acc[c] - self.snap[e as usize];
-        match &mut self.sink {
-            Sink::PerExecution(out) => out[e as usize] += credit,
-            Sink::PerFunction(out) => out[self.execs[e as usize].function.0 as usize] += credit,
-        }
+        let c = (self.flags[r as usize] & 7) as usize;
+        self.credit[r as usize] += self.acc[c];
         let set = &mut self.sets[c];
         set.swap_remove(p as usize);
         if let Some(&moved) = set.get(p as usize) {
             self.pos[moved as usize] = p;
         }
-        self.pos[e as usize] = ABSENT;
+        self.pos[r as usize] = ABSENT;
     }
 }
 
 fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) -> Swept {
     let (w0, w1) = window;
     let execs = &trace.executions;
-    let n = execs.len();
     let n_fn = trace.functions.len();
 
     // Per function: kind, and whether it is a `_bootstrap`-rooted Python stack.
@@ -227,10 +232,9 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
         None => !bootstrap_threads.contains(&thread),
     };
 
-    // Start events, sorted by (start, longest first, index); the stack lane
-    // (dense thread index) rides along.
-    let mut tier = vec![NOT_CRITICAL; n];
-    let mut starts: Vec<(i64, Reverse<i64>, u32, u32)> = Vec::with_capacity(n);
+    // Start events sorted by (start, longest first, index), carrying
+    // tier << LANE_BITS | lane (lane: dense CPU thread index, or NO_STACK).
+    let mut starts: Vec<(i64, Reverse<i64>, u32, u32)> = Vec::with_capacity(execs.len());
     let mut lanes: HashMap<u32, u32> = HashMap::new();
     let mut cache: Option<(u32, u32, bool)> = None;
     let mut ignored = 0usize;
@@ -248,7 +252,7 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
         if e <= s {
             continue;
         }
-        let (t, lane) = match kind {
+        let (tier, lane) = match kind {
             FunctionKind::GpuKernel => (0, NO_STACK),
             FunctionKind::Memory => (1, NO_STACK),
             FunctionKind::Comm => (2, NO_STACK),
@@ -256,41 +260,40 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
                 let (lane, training) = match cache {
                     Some((th, lane, tr)) if th == x.thread => (lane, tr),
                     _ => {
-                        let next = lanes.len() as u32;
+                        // More than 2^29 - 1 threads cannot happen in practice;
+                        // if it did, the extra threads would share one lane.
+                        let next = (lanes.len() as u32).min(NO_STACK - 1);
                         let lane = *lanes.entry(x.thread).or_insert(next);
                         let tr = is_training(x.thread);
                         cache = Some((x.thread, lane, tr));
                         (lane, tr)
                     }
                 };
-                let t = match (kind, training) {
+                let tier = match (kind, training) {
                     (FunctionKind::Python, true) => 3,
                     (FunctionKind::Python, false) => NOT_CRITICAL,
                     (_, true) => 4,
                     (_, false) => 5,
                 };
-                (t, lane)
+                (tier, lane)
             }
         };
-        tier[i] = t;
-        starts.push((s, Reverse(e), i as u32, lane));
+        starts.push((s, Reverse(e), i as u32, (tier as u32) << LANE_BITS | lane));
     }
     starts.sort_unstable();
-    let in_window = starts.len();
+    let m = starts.len();
 
     let mut cands = Candidates {
         acc: [0.0; TIERS],
         sets: Default::default(),
-        pos: vec![ABSENT; n],
-        snap: vec![0.0; n],
-        tier,
-        execs,
-        sink,
+        pos: vec![ABSENT; m],
+        credit: vec![0.0; m],
+        flags: starts.iter().map(|x| (x.3 >> LANE_BITS) as u8).collect(),
     };
     let mut stacks: Vec<Vec<u32>> = vec![Vec::new(); lanes.len()];
-    let mut ended = vec![false; if lanes.is_empty() { 0 } else { n }];
     let mut segments: Vec<CriticalSegment> = Vec::new();
-    let mut last_seg: Vec<u32> = if record { vec![ABSENT; n] } else { Vec::new() };
+    let mut last_seg: Vec<u32> = if record { vec![ABSENT; m] } else { Vec::new() };
+    // Running executions by end: (end, rank, lane).
     let mut running: BinaryHeap<Reverse<(i64, u32, u32)>> = BinaryHeap::new();
     let mut covered = 0.0f64;
     let mut t_prev = w0;
@@ -313,18 +316,18 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
                 cands.acc[c] += dt / k as f64;
                 covered += dt;
                 if record {
-                    for &e in &cands.sets[c] {
-                        let ls = last_seg[e as usize];
+                    for &r in &cands.sets[c] {
+                        let ls = last_seg[r as usize];
                         match segments.get_mut(ls as usize) {
                             Some(seg) if seg.end_ns == t_prev && seg.share == k as u32 => {
                                 seg.end_ns = t;
                             }
                             _ => {
-                                last_seg[e as usize] = segments.len() as u32;
+                                last_seg[r as usize] = segments.len() as u32;
                                 segments.push(CriticalSegment {
                                     start_ns: t_prev,
                                     end_ns: t,
-                                    execution: e,
+                                    execution: starts[r as usize].2,
                                     share: k as u32,
                                 });
                             }
@@ -335,20 +338,23 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
             t_prev = t;
         }
         // Ends at t, then starts at t (abutting executions do not overlap).
-        while let Some(&Reverse((te, e, lane))) = running.peek() {
+        while let Some(&Reverse((te, r, lane))) = running.peek() {
             if te != t {
                 break;
             }
             running.pop();
             if lane == NO_STACK {
-                cands.remove(e);
+                cands.remove(r);
                 continue;
             }
-            ended[e as usize] = true;
+            cands.flags[r as usize] |= ENDED;
             let stack = &mut stacks[lane as usize];
-            if stack.last() == Some(&e) {
-                cands.remove(e);
-                while stack.last().is_some_and(|&x| ended[x as usize]) {
+            if stack.last() == Some(&r) {
+                cands.remove(r);
+                while stack
+                    .last()
+                    .is_some_and(|&x| cands.flags[x as usize] & ENDED != 0)
+                {
                     stack.pop();
                 }
                 if let Some(&x) = stack.last() {
@@ -356,27 +362,42 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
                 }
             }
         }
-        while let Some(&(s, Reverse(te), e, lane)) = starts.get(i) {
+        while let Some(&(s, Reverse(te), _, payload)) = starts.get(i) {
             if s != t {
                 break;
             }
+            let r = i as u32;
             i += 1;
-            running.push(Reverse((te, e, lane)));
+            let lane = payload & LANE_MASK;
+            running.push(Reverse((te, r, lane)));
             if lane != NO_STACK {
                 let stack = &mut stacks[lane as usize];
                 if let Some(&parent) = stack.last() {
                     cands.remove(parent);
                 }
-                stack.push(e);
+                stack.push(r);
             }
-            cands.add(e);
+            cands.add(r);
+        }
+    }
+
+    match sink {
+        Sink::PerExecution(out) => {
+            for (x, &c) in starts.iter().zip(&cands.credit) {
+                out[x.2 as usize] = c;
+            }
+        }
+        Sink::PerFunction(out) => {
+            for (x, &c) in starts.iter().zip(&cands.credit) {
+                out[execs[x.2 as usize].function.0 as usize] += c;
+            }
         }
     }
 
     Swept {
         segments,
         covered_ns: covered,
-        in_window,
+        in_window: m,
         ignored,
     }
 }
