@@ -92,7 +92,13 @@ fn synthetic(target: usize) -> WorkerTrace {
     let block_ns = window_ns / blocks.max(1) as i64;
     for b in 0..blocks as i64 {
         let t0 = b * block_ns;
-        push(&mut t, py[rng.below(200) as usize], t0, t0 + block_ns - 10, 1);
+        push(
+            &mut t,
+            py[rng.below(200) as usize],
+            t0,
+            t0 + block_ns - 10,
+            1,
+        );
         let sub = (block_ns - 20) / 3;
         for j in 0..3 {
             let s = t0 + 5 + j * sub;
@@ -106,7 +112,13 @@ fn synthetic(target: usize) -> WorkerTrace {
         for k in 0..16 {
             let ks = t0 + (k * block_ns) / 16 + rng.below(50) as i64;
             let len = (block_ns / 20) + rng.below((block_ns / 10) as u64 + 1) as i64;
-            push(&mut t, kernels[rng.below(100) as usize], ks, ks + len, 7 + (k % 2) as u32);
+            push(
+                &mut t,
+                kernels[rng.below(100) as usize],
+                ks,
+                ks + len,
+                7 + (k % 2) as u32,
+            );
         }
         push(&mut t, nccl, t0 + block_ns / 3, t0 + block_ns, 20);
         push(&mut t, memcpy, t0, t0 + block_ns / 10, 21);

@@ -2,7 +2,7 @@
 //! executions' boundaries.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 
 use whyslow_model::{FunctionKind, WorkerTrace};
 
@@ -63,6 +63,37 @@ impl CriticalPath {
         out
     }
 }
+
+/// `b − a` in ns as f64 (0 when `b ≤ a`), without overflow for any i64s.
+#[inline]
+pub(crate) fn span_ns(a: i64, b: i64) -> f64 {
+    if b > a {
+        // b − a < 2^64, so the wrapped difference read as u64 is exact.
+        b.wrapping_sub(a) as u64 as f64
+    } else {
+        0.0
+    }
+}
+
+/// A hasher for u32 thread ids (std's SipHash is needlessly slow here).
+#[derive(Default)]
+struct ThreadHasher(u64);
+
+impl std::hash::Hasher for ThreadHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.0 = (self.0 ^ i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type ThreadMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<ThreadHasher>>;
 
 /// True when a Python call stack (outermost frame first, `;`-joined) is rooted
 /// in `threading`'s `_bootstrap`, i.e. runs on a thread that Python started,
@@ -219,23 +250,23 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
         bootstrap_fn.push(f.kind == FunctionKind::Python && is_bootstrap_stack(&f.name));
     }
     // Threads Python started (only needed when the training thread is unknown).
-    let mut bootstrap_threads = HashSet::new();
+    let mut bootstrap_threads: ThreadMap<()> = ThreadMap::default();
     if trace.training_thread.is_none() && bootstrap_fn.iter().any(|&b| b) {
         for x in execs {
             if bootstrap_fn.get(x.function.0 as usize) == Some(&true) {
-                bootstrap_threads.insert(x.thread);
+                bootstrap_threads.insert(x.thread, ());
             }
         }
     }
     let is_training = |thread: u32| match trace.training_thread {
         Some(t) => thread == t,
-        None => !bootstrap_threads.contains(&thread),
+        None => !bootstrap_threads.contains_key(&thread),
     };
 
     // Start events sorted by (start, longest first, index), carrying
     // tier << LANE_BITS | lane (lane: dense CPU thread index, or NO_STACK).
     let mut starts: Vec<(i64, Reverse<i64>, u32, u32)> = Vec::with_capacity(execs.len());
-    let mut lanes: HashMap<u32, u32> = HashMap::new();
+    let mut lanes: ThreadMap<u32> = ThreadMap::default();
     let mut cache: Option<(u32, u32, bool)> = None;
     let mut ignored = 0usize;
     for (i, x) in execs.iter().enumerate() {
@@ -311,7 +342,7 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
         if t > t_prev {
             // Credit [t_prev, t) to the top tier.
             if let Some(c) = (0..TIERS).find(|&c| !cands.sets[c].is_empty()) {
-                let dt = (t as i128 - t_prev as i128) as f64;
+                let dt = span_ns(t_prev, t);
                 let k = cands.sets[c].len();
                 cands.acc[c] += dt / k as f64;
                 covered += dt;

@@ -60,7 +60,7 @@ pub fn critical_execution_duration(u: &[f32]) -> Option<(usize, usize)> {
             });
         }
     }
-    if !(total > 0.0) || !total.is_finite() {
+    if total <= 0.0 || !total.is_finite() {
         return None;
     }
     let need = CRITICAL_MASS_FRACTION * total;

@@ -118,7 +118,7 @@ pub fn summarize(
         },
     };
     let (w0, w1) = win.unwrap_or((trace.span.0, trace.span.0));
-    let window_ns = (w1 as i128 - w0 as i128).max(0) as f64;
+    let window_ns = critical::span_ns(w0, w1);
 
     let mut fp = Fingerprint {
         format: FINGERPRINT_FORMAT.to_string(),
@@ -170,7 +170,7 @@ pub fn summarize(
         let e = x.end_ns.min(w1);
         if e > s || (x.start_ns == x.end_ns && x.start_ns >= w0 && x.start_ns < w1) {
             calls[f] += 1;
-            total_ns[f] += (e as i128 - s as i128).max(0) as f64;
+            total_ns[f] += critical::span_ns(s, e);
         }
     }
     if calls.iter().all(|&c| c == 0) {
@@ -217,7 +217,9 @@ pub fn summarize(
     // 4. μ, σ (Eq. 4, 5) for the kept functions.
     let mut series: BTreeMap<Resource, Series> = BTreeMap::new();
     for (&r, s) in samples {
-        let needed = kept.iter().any(|&f| trace.functions.get(id(f)).resource == r);
+        let needed = kept
+            .iter()
+            .any(|&f| trace.functions.get(id(f)).resource == r);
         if needed {
             series.insert(r, Series::new(r, s, &mut warnings));
         }
@@ -244,7 +246,7 @@ pub fn summarize(
             acc.add_samples(ser, s, e);
         }
         if x.trace_util.is_finite() {
-            let w = (e as i128 - s as i128).max(1) as f64;
+            let w = critical::span_ns(s, e).max(1.0);
             let u = x.trace_util.clamp(0.0, 1.0) as f64;
             acc.t_w += w;
             acc.t_u += w * u;
@@ -259,7 +261,11 @@ pub fn summarize(
         let a = &util[k];
         let (mu, sigma, src) = if a.had_samples {
             if a.l_total > 0.0 {
-                (a.l_avg / a.l_total, a.l_std / a.l_total, UtilizationSource::Samples)
+                (
+                    a.l_avg / a.l_total,
+                    a.l_std / a.l_total,
+                    UtilizationSource::Samples,
+                )
             } else {
                 (0.0, 0.0, UtilizationSource::Samples)
             }
@@ -335,7 +341,9 @@ impl Series {
             ));
         }
         if !pairs.windows(2).all(|w| w[0].0 <= w[1].0) {
-            warnings.push(format!("samples for {r}: timestamps not ascending; sorted them"));
+            warnings.push(format!(
+                "samples for {r}: timestamps not ascending; sorted them"
+            ));
             pairs.sort_by_key(|p| p.0);
         }
         Series {

@@ -13,7 +13,13 @@ fn brute(u: &[f32]) -> Option<(usize, usize)> {
     let n = u.len();
     let m: Vec<f64> = u
         .iter()
-        .map(|&v| if v.is_finite() && v > 0.0 { v as f64 } else { 0.0 })
+        .map(|&v| {
+            if v.is_finite() && v > 0.0 {
+                v as f64
+            } else {
+                0.0
+            }
+        })
         .collect();
     let s: f64 = m.iter().sum();
     if s <= 0.0 {
@@ -23,9 +29,9 @@ fn brute(u: &[f32]) -> Option<(usize, usize)> {
     let mut ivs = Vec::new();
     for l in 0..n {
         let (mut mass, mut run, mut longest) = (0.0f64, 0usize, 0usize);
-        for r in l..n {
-            mass += m[r];
-            if m[r] == 0.0 {
+        for (r, &v) in m.iter().enumerate().skip(l) {
+            mass += v;
+            if v == 0.0 {
                 run += 1;
                 longest = longest.max(run);
             } else {
@@ -108,7 +114,13 @@ fn perftracker_4_2_algorithm1_invariants_on_long_noisy_series() {
                 _ => (rng.below(1000) as f32) / 999.0,
             })
             .collect();
-        let m = |v: f32| if v.is_finite() && v > 0.0 { v as f64 } else { 0.0 };
+        let m = |v: f32| {
+            if v.is_finite() && v > 0.0 {
+                v as f64
+            } else {
+                0.0
+            }
+        };
         let s: f64 = u.iter().map(|&v| m(v)).sum();
         match critical_execution_duration(&u) {
             None => assert_eq!(s, 0.0),

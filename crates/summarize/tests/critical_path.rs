@@ -355,6 +355,9 @@ fn sweep_matches_brute_force_on_random_traces() {
         for (a, b) in from_segs.iter().zip(&cp.critical_ns) {
             assert!((a - b).abs() < 1e-6, "case {case}");
         }
-        assert!(cp.segments.windows(2).all(|p| p[0].start_ns <= p[1].start_ns));
+        assert!(cp
+            .segments
+            .windows(2)
+            .all(|p| p[0].start_ns <= p[1].start_ns));
     }
 }

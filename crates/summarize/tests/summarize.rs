@@ -80,7 +80,11 @@ fn perftracker_4_2_mu_sigma_weighted_by_critical_duration() {
     let want_mu = (10.0 * 0.5 + 5.0 * mean2) / 15.0;
     let want_sigma = (10.0 * 0.0 + 5.0 * std2.sqrt()) / 15.0;
     assert!((p.mu - want_mu).abs() < 1e-6, "{} vs {want_mu}", p.mu);
-    assert!((p.sigma - want_sigma).abs() < 1e-6, "{} vs {want_sigma}", p.sigma);
+    assert!(
+        (p.sigma - want_sigma).abs() < 1e-6,
+        "{} vs {want_sigma}",
+        p.sigma
+    );
     assert_eq!(p.calls, 2);
     assert_eq!(p.total_us, 3.0);
 }
@@ -250,7 +254,11 @@ fn degenerate_inputs() {
         max_functions: 0,
         steps: Some((3, 1)),
     };
-    let fp = summarize(&b.trace, &BTreeMap::from([(Resource::Sm, s.clone())]), &opts);
+    let fp = summarize(
+        &b.trace,
+        &BTreeMap::from([(Resource::Sm, s.clone())]),
+        &opts,
+    );
     assert!(fp.functions.is_empty());
     let fp = summarize(&b.trace, &BTreeMap::from([(Resource::Sm, s)]), &all());
     let p = &fp.functions[0];
@@ -291,7 +299,13 @@ fn perftracker_4_2_fingerprint_with_long_stacks_is_under_30kb() {
         }
         stack.truncate(1000);
         let f = b.f(Python, &stack);
-        b.xu(f, i * 1_000_000_000, i * 1_000_000_000 + 333_333_333, 1, 0.123_456);
+        b.xu(
+            f,
+            i * 1_000_000_000,
+            i * 1_000_000_000 + 333_333_333,
+            1,
+            0.123_456,
+        );
     }
     let fp = summarize(&b.trace, &BTreeMap::new(), &SummarizeOptions::default());
     assert_eq!(fp.functions.len(), 20);
