@@ -11,6 +11,23 @@
 //! 3. [`critical_execution_duration`]: Algorithm 1, the critical execution
 //!    duration L(e) inside one execution's utilization samples (Figure 10).
 //! 4. [`summarize`]: β (Eq. 2), μ (Eq. 4) and σ (Eq. 5) per function.
+//!
+//! # Choices where the paper is silent
+//!
+//! * CPU ops are a fifth tier below Python; CPU ops on threads other than the
+//!   training thread are a sixth, critical only when nothing else runs.
+//! * With no known training thread, every thread is one unless some Python
+//!   stack on it is rooted in `_bootstrap`.
+//! * On a CPU thread the running execution is the active one that started
+//!   last; this is the innermost for nested events and a consistent rule for
+//!   overlapping ones. Memory and comm ops do not nest (they outrank Python).
+//! * Concurrent executions of the top tier share time equally (Σβ ≤ 1).
+//! * Algorithm 1 returns, for the smallest feasible g, the heaviest then
+//!   shortest interval (unique: the qualifying piece without edge zeros).
+//! * μ/σ use every execution of the function in the window, not only its
+//!   critical part; |L(e)| counts samples; executions without samples or with
+//!   only zeros add nothing; with no usable samples μ/σ fall back to the
+//!   trace's per-execution utilization.
 #![deny(missing_docs)]
 
 mod critical;
