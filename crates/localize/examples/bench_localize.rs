@@ -89,7 +89,9 @@ fn main() {
     let comm_outliers: Vec<u32> = (0..5).map(|i| (workers as u32) / 2 + i).collect();
     let mut rng = Rng(42);
     let gc_workers: Vec<u32> = {
-        let mut v: Vec<u32> = (0..3).map(|_| (rng.next() % workers as u64) as u32).collect();
+        let mut v: Vec<u32> = (0..3)
+            .map(|_| (rng.next() % workers as u64) as u32)
+            .collect();
         v.sort_unstable();
         v.dedup();
         v

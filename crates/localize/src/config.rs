@@ -325,11 +325,9 @@ impl LocalizeConfig {
     /// R_f of one function: the first matching override applied to its kind's range.
     pub fn range_for(&self, kind: FunctionKind, name: &str) -> ExpectedRange {
         let mut r = self.expected.get(kind);
-        if let Some(o) = self
-            .overrides
-            .iter()
-            .find(|o| (o.kind.is_none() || o.kind == Some(kind)) && name.contains(o.contains.as_str()))
-        {
+        if let Some(o) = self.overrides.iter().find(|o| {
+            (o.kind.is_none() || o.kind == Some(kind)) && name.contains(o.contains.as_str())
+        }) {
             if let Some(p) = o.beta {
                 r.beta = p;
             }

@@ -112,8 +112,7 @@ pub fn hint(f: &Finding) -> Option<String> {
                         .into(),
                 );
             }
-            if is_gc(&frames) || (!all && on_subset(f, 0.5) && f.beta.peers < f.beta.value * 0.5)
-            {
+            if is_gc(&frames) || (!all && on_subset(f, 0.5) && f.beta.peers < f.beta.value * 0.5) {
                 return Some(
                     "High β on a random subset of workers in a function that is not \
                      CPU-heavy is the signature of Python garbage-collection pauses: every \
@@ -167,8 +166,7 @@ pub fn hint(f: &Finding) -> Option<String> {
                             .into(),
                     );
                 }
-                if f.resource == Resource::Nic && low_mu(f) && low_sigma(f) && on_subset(f, 0.25)
-                {
+                if f.resource == Resource::Nic && low_mu(f) && low_sigma(f) && on_subset(f, 0.25) {
                     return Some(
                         "Steady low NIC throughput on these workers while their peers \
                          fluctuate (waiting for them): a slow NIC or network link on their \

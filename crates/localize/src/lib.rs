@@ -524,7 +524,10 @@ fn analyze_bucket(
             }
         }
         // W_N, sampled once per (group, function).
-        let mut seed = fnv1a(0xcbf2_9ce4_8422_2325 ^ cfg.seed, group.unwrap_or("").as_bytes());
+        let mut seed = fnv1a(
+            0xcbf2_9ce4_8422_2325 ^ cfg.seed,
+            group.unwrap_or("").as_bytes(),
+        );
         seed = fnv1a(seed, &[0xff, kind.priority()]);
         seed = fnv1a(seed, name.as_bytes());
         let mut rng = SplitMix64(seed);
@@ -684,7 +687,10 @@ fn build_finding(
     let argmax = |c: &[usize]| {
         c.iter()
             .enumerate()
-            .fold((0, 0), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
+            .fold(
+                (0, 0),
+                |best, (i, &v)| if v > best.1 { (i, v) } else { best },
+            )
             .0
     };
     let resource = Resource::ALL[argmax(&res_count)];
@@ -924,8 +930,7 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
     for (gname, members) in &groups {
         let mut cols = ctx.columns(members);
         for bucket in 0..cols.fids.len() {
-            if let Some(f) =
-                analyze_bucket(&ctx, members, *gname, &mut cols, bucket, &mut scratch)
+            if let Some(f) = analyze_bucket(&ctx, members, *gname, &mut cols, bucket, &mut scratch)
             {
                 findings.push(f);
             }

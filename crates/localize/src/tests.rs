@@ -260,7 +260,11 @@ fn comm_above_range_on_all_workers_is_unexpected() {
     assert_eq!(r.findings.len(), 1);
     assert_eq!(r.findings[0].reason, Reason::Unexpected);
     assert_eq!(r.findings[0].workers.len(), 16);
-    assert!(r.findings[0].hint.as_deref().unwrap().contains("overlapped"));
+    assert!(r.findings[0]
+        .hint
+        .as_deref()
+        .unwrap()
+        .contains("overlapped"));
 }
 
 /// Two pipeline stages: the last one has an extra send/recv and a bigger
@@ -350,7 +354,10 @@ fn same_seed_same_report_whatever_the_order() {
         seed: 7,
         ..LocalizeConfig::default()
     };
-    assert_eq!(localize(&fps, &other, None).findings[0].workers, vec![10, 200, 333]);
+    assert_eq!(
+        localize(&fps, &other, None).findings[0].workers,
+        vec![10, 200, 333]
+    );
 }
 
 #[test]
@@ -465,11 +472,16 @@ fn config_from_toml() {
     assert_eq!(cfg.expected.python.mu, (0.0, 1.0));
     let r = cfg.range_for(FunctionKind::Comm, "ncclDevKernel_SendRecv");
     assert_eq!(r.beta, (0.0, 0.6));
-    assert_eq!(cfg.range_for(FunctionKind::Comm, "AllReduce").beta, (0.0, 0.3));
+    assert_eq!(
+        cfg.range_for(FunctionKind::Comm, "AllReduce").beta,
+        (0.0, 0.3)
+    );
     assert!(LocalizeConfig::from_toml_str("detla = 0.3").is_err());
     assert!(LocalizeConfig::from_toml_str("[expected.comm]\nbeta = [0.5, 0.1]").is_err());
     assert!(LocalizeConfig::from_toml_str("delta = -1").is_err());
-    assert!(LocalizeConfig::from_toml_str("[[override]]\ncontains = \"x\"\nkind = \"gpu\"").is_err());
+    assert!(
+        LocalizeConfig::from_toml_str("[[override]]\ncontains = \"x\"\nkind = \"gpu\"").is_err()
+    );
     assert!(LocalizeConfig::from_toml_str("max_peers = 0").is_err());
 }
 

@@ -1,1 +1,36 @@
-//! whyslow-report (to be written).
+//! whyslow's outputs: a terminal table (PerfTracker Figure 7, EROICA's output
+//! table), JSON (the report contract) and a self-contained HTML page with the
+//! per-worker scatter plots of PerfTracker Figure 13 and the β CDFs of
+//! Figure 15. Source excerpts for Python findings follow EROICA's "the
+//! relevant code is here".
+//!
+//! Nothing here panics on any [`Report`]; all text from the inputs (function
+//! names, hosts, groups) is escaped in HTML and stripped of control
+//! characters in the terminal.
+#![deny(missing_docs)]
+
+mod format;
+mod html;
+mod source;
+mod table;
+
+pub use format::compact_ranks;
+pub use html::{escape as escape_html, render_html};
+pub use source::attach_source_excerpts;
+pub use table::render_table;
+
+use whyslow_model::Report;
+
+/// Renders the report as pretty JSON (the contract of `whyslow_model::Report`:
+/// `workers`, `missing_workers`, `findings` with `function`, `kind`,
+/// `workers`, `reason`, `beta`/`mu`/`sigma` {`value`, `peers`}, …).
+/// Non-finite numbers are written as `null`.
+pub fn render_json(report: &Report) -> String {
+    match serde_json::to_string_pretty(report) {
+        Ok(s) => s,
+        Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,229 @@
+//! Formatting helpers shared by the terminal and HTML outputs.
+
+use whyslow_model::{Finding, FunctionKind, Reason};
+
+/// Compact rank list: `{0-15,32}`. At most `max_chars` characters of ranges
+/// are written; the rest is elided as `,…`.
+pub fn compact_ranks(ranks: &[u32], max_chars: usize) -> String {
+    let mut sorted: Vec<u32> = ranks.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        let mut end = start;
+        while i + 1 < sorted.len() && sorted[i + 1] == end.wrapping_add(1) && end != u32::MAX {
+            i += 1;
+            end = sorted[i];
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    let mut out = String::from("{");
+    let mut len = 0usize;
+    for (k, p) in parts.iter().enumerate() {
+        let extra = p.len() + usize::from(k > 0);
+        if len + extra > max_chars && k > 0 {
+            out.push_str(",…");
+            break;
+        }
+        if k > 0 {
+            out.push(',');
+        }
+        out.push_str(p);
+        len += extra;
+    }
+    out.push('}');
+    out
+}
+
+/// The workers of a finding in words: `all 64 workers`, `worker 7`,
+/// `workers {0-3}`, `workers {0-15,32,…} (300 workers on 40 hosts)`.
+pub fn workers_phrase(f: &Finding) -> String {
+    let n = f.workers.len();
+    let hosts = f.hosts.len();
+    let on_hosts = if hosts > 1 {
+        format!(" on {hosts} hosts")
+    } else if hosts == 1 {
+        format!(" on host {}", f.hosts[0])
+    } else {
+        String::new()
+    };
+    if f.group_workers > 0 && n >= f.group_workers {
+        let scope = if f.group.is_some() {
+            " of the group"
+        } else {
+            ""
+        };
+        return if n == 1 {
+            format!("all (1 worker{scope}){on_hosts}")
+        } else {
+            format!("all {n} workers{scope}{on_hosts}")
+        };
+    }
+    match n {
+        0 => "no worker".to_string(),
+        1 => format!("worker {}{on_hosts}", f.workers[0]),
+        _ => {
+            let list = compact_ranks(&f.workers, 48);
+            if n > 8 || hosts > 1 {
+                format!("workers {list} ({n} workers{on_hosts})")
+            } else {
+                format!("workers {list}")
+            }
+        }
+    }
+}
+
+/// Why, in words (Eq. 11).
+pub fn reason_phrase(r: Reason) -> &'static str {
+    match r {
+        Reason::Unexpected => "unexpected (outside its expected range)",
+        Reason::PeerOutlier => "differs from peers",
+        Reason::Both => "unexpected and differs from peers",
+    }
+}
+
+/// A fraction as a percentage: `31.2%`.
+pub fn pct(x: f64) -> String {
+    if !x.is_finite() {
+        return "n/a".into();
+    }
+    let p = x * 100.0;
+    if p != 0.0 && p.abs() < 0.1 {
+        format!("{p:.2}%")
+    } else {
+        format!("{p:.1}%")
+    }
+}
+
+/// Direction of value vs peers: ↑, ↓ or = (within 0.05 percentage point or 2%).
+pub fn arrow(value: f64, peers: f64) -> &'static str {
+    let d = value - peers;
+    if d.abs() < 0.0005 || d.abs() <= 0.02 * peers.abs().max(value.abs()) {
+        "="
+    } else if d > 0.0 {
+        "↑"
+    } else {
+        "↓"
+    }
+}
+
+/// Signed difference in percentage points: `+30.1pp`.
+pub fn pp(value: f64, peers: f64) -> String {
+    let d = (value - peers) * 100.0;
+    if !d.is_finite() {
+        return "n/a".into();
+    }
+    format!("{}{:.1}pp", if d >= 0.0 { "+" } else { "-" }, d.abs())
+}
+
+/// A duration in µs for people: `850 µs`, `312.0 ms`, `1.20 s`.
+pub fn duration_us(us: f64) -> String {
+    if !us.is_finite() {
+        return "n/a".into();
+    }
+    let a = us.abs();
+    if a < 1000.0 {
+        format!("{us:.0} µs")
+    } else if a < 1e6 {
+        format!("{:.1} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+/// The frames of a Python stack, outermost first.
+pub fn frames(name: &str) -> Vec<&str> {
+    name.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// A frame `path/to/file.py(123): name` as (path, line, name).
+pub fn parse_frame(frame: &str) -> Option<(&str, u32, &str)> {
+    let close = frame.rfind("): ")?;
+    let head = &frame[..close];
+    let open = head.rfind('(')?;
+    let line: u32 = head[open + 1..].trim().parse().ok()?;
+    let path = head[..open].trim();
+    if path.is_empty() {
+        return None;
+    }
+    Some((path, line, frame[close + 3..].trim()))
+}
+
+/// A frame with its file shortened to the base name: `socket.py(704): recv_into`.
+pub fn short_frame(frame: &str) -> String {
+    match parse_frame(frame) {
+        Some((path, line, name)) => {
+            let base = path.rsplit(['/', '\\']).next().unwrap_or(path);
+            format!("{base}({line}): {name}")
+        }
+        None => frame.to_string(),
+    }
+}
+
+/// Title of a finding's function: innermost frame for Python, the name
+/// (truncated to `max` characters) otherwise.
+pub fn function_title(f: &Finding, max: usize) -> String {
+    if f.kind == FunctionKind::Python {
+        let fr = frames(&f.function);
+        if let Some(last) = fr.last() {
+            return truncate_end(&short_frame(last), max);
+        }
+    }
+    truncate_end(&f.function, max)
+}
+
+/// The Python stack outermost → innermost, keeping its innermost end within
+/// `max` characters. `None` for non-Python functions or one-frame stacks.
+pub fn stack_line(f: &Finding, max: usize) -> Option<String> {
+    if f.kind != FunctionKind::Python {
+        return None;
+    }
+    let fr = frames(&f.function);
+    if fr.len() < 2 {
+        return None;
+    }
+    let s = fr
+        .iter()
+        .map(|x| short_frame(x))
+        .collect::<Vec<_>>()
+        .join(" › ");
+    Some(truncate_start(&s, max))
+}
+
+/// Keeps the first `max` characters, with `…` when cut.
+pub fn truncate_end(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// Keeps the last `max` characters, with `…` when cut.
+pub fn truncate_start(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_string();
+    }
+    let mut out = String::from("…");
+    out.extend(s.chars().skip(n - max.saturating_sub(1)));
+    out
+}
+
+/// Replaces control characters (terminal escape injection) by `?`.
+pub fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() && c != '\n' { '?' } else { c })
+        .collect()
+}

@@ -1,0 +1,397 @@
+//! The self-contained HTML report: summary table, per-finding scatter plots
+//! (PerfTracker Figure 13) and β CDFs (Figure 15), as inline SVG.
+
+use std::fmt::Write;
+
+use whyslow_model::{Finding, Report, UtilizationSource, WorkerPoint};
+
+use crate::format::*;
+
+/// Escapes text for HTML/SVG element content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c if c.is_control() && c != '\n' && c != '\t' => out.push('?'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const W: f64 = 380.0;
+const H: f64 = 280.0;
+const ML: f64 = 56.0;
+const MR: f64 = 16.0;
+const MT: f64 = 16.0;
+const MB: f64 = 44.0;
+/// Flagged workers labeled by rank in a plot, at most.
+const MAX_LABELS: usize = 24;
+
+fn fmt_tick(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 10.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.1}")
+    } else if v.abs() >= 0.01 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.1e}")
+    }
+}
+
+struct Axes {
+    xmax: f64,
+    ymax: f64,
+}
+
+impl Axes {
+    fn new(xmax: f64, ymax: f64) -> Axes {
+        let nice = |m: f64| {
+            if m.is_finite() && m > 0.0 {
+                m * 1.08
+            } else {
+                1.0
+            }
+        };
+        Axes {
+            xmax: nice(xmax),
+            ymax: nice(ymax),
+        }
+    }
+    fn x(&self, v: f64) -> f64 {
+        ML + (v / self.xmax).clamp(0.0, 1.0) * (W - ML - MR)
+    }
+    fn y(&self, v: f64) -> f64 {
+        H - MB - (v / self.ymax).clamp(0.0, 1.0) * (H - MT - MB)
+    }
+    fn frame(&self, out: &mut String, xlabel: &str, ylabel: &str) {
+        let _ = write!(
+            out,
+            r##"<rect x="{ML}" y="{MT}" width="{}" height="{}" fill="#fff" stroke="#999"/>"##,
+            W - ML - MR,
+            H - MT - MB
+        );
+        for i in 0..=4 {
+            let fx = self.xmax * f64::from(i) / 4.0;
+            let fy = self.ymax * f64::from(i) / 4.0;
+            let (px, py) = (self.x(fx), self.y(fy));
+            let _ = write!(
+                out,
+                r##"<line x1="{px:.1}" y1="{MT}" x2="{px:.1}" y2="{:.1}" stroke="#eee"/><text x="{px:.1}" y="{:.1}" text-anchor="middle" class="tick">{}</text>"##,
+                H - MB,
+                H - MB + 14.0,
+                fmt_tick(fx)
+            );
+            let _ = write!(
+                out,
+                r##"<line x1="{ML}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end" class="tick">{}</text>"##,
+                W - MR,
+                ML - 4.0,
+                py + 4.0,
+                fmt_tick(fy)
+            );
+        }
+        let _ = write!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" class="axis">{}</text><text transform="translate(14 {:.1}) rotate(-90)" text-anchor="middle" class="axis">{}</text>"#,
+            (ML + W - MR) / 2.0,
+            H - 8.0,
+            escape(xlabel),
+            (MT + H - MB) / 2.0,
+            escape(ylabel)
+        );
+    }
+}
+
+fn svg_open(out: &mut String, title: &str) {
+    let _ = write!(
+        out,
+        r#"<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img"><title>{}</title>"#,
+        escape(title)
+    );
+}
+
+/// Scatter of the workers' patterns, flagged ones red and labeled (Fig. 13).
+fn scatter(
+    f: &Finding,
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    get: fn(&WorkerPoint) -> (f64, f64),
+) -> String {
+    let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
+    let pts: Vec<(f64, f64, &WorkerPoint)> = f
+        .points
+        .iter()
+        .map(|p| {
+            let (x, y) = get(p);
+            (finite(x), finite(y), p)
+        })
+        .collect();
+    let ax = Axes::new(
+        pts.iter().map(|p| p.0).fold(0.0, f64::max),
+        pts.iter().map(|p| p.1).fold(0.0, f64::max),
+    );
+    let mut out = String::new();
+    svg_open(&mut out, title);
+    ax.frame(&mut out, xlabel, ylabel);
+    for (x, y, p) in &pts {
+        if !p.flagged {
+            let _ = write!(
+                out,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" class="ok"><title>worker {}</title></circle>"#,
+                ax.x(*x),
+                ax.y(*y),
+                p.worker
+            );
+        }
+    }
+    let mut labeled = 0usize;
+    for (x, y, p) in &pts {
+        if p.flagged {
+            let (cx, cy) = (ax.x(*x), ax.y(*y));
+            let _ = write!(
+                out,
+                r#"<circle cx="{cx:.1}" cy="{cy:.1}" r="3.5" class="bad"><title>worker {}</title></circle>"#,
+                p.worker
+            );
+            if labeled < MAX_LABELS {
+                labeled += 1;
+                let _ = write!(
+                    out,
+                    r#"<text x="{:.1}" y="{:.1}" class="lbl">{}</text>"#,
+                    cx + 5.0,
+                    cy - 4.0,
+                    p.worker
+                );
+            }
+        }
+    }
+    out.push_str("</svg>");
+    out
+}
+
+/// CDF of β across the workers, flagged workers marked (Fig. 15).
+fn cdf(f: &Finding) -> String {
+    let mut betas: Vec<(f64, bool)> = f
+        .points
+        .iter()
+        .map(|p| (if p.beta.is_finite() { p.beta } else { 0.0 }, p.flagged))
+        .collect();
+    betas.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let ax = Axes::new(betas.last().map_or(0.0, |b| b.0), 1.0 / 1.08);
+    let mut out = String::new();
+    svg_open(&mut out, "CDF of β across workers");
+    ax.frame(&mut out, "β (critical-path share)", "fraction of workers");
+    let n = betas.len();
+    if n > 0 {
+        let mut d = format!("M{:.1} {:.1}", ax.x(0.0), ax.y(0.0));
+        for (i, (b, _)) in betas.iter().enumerate() {
+            let x = ax.x(*b);
+            let _ = write!(
+                d,
+                " L{x:.1} {:.1} L{x:.1} {:.1}",
+                ax.y(i as f64 / n as f64),
+                ax.y((i + 1) as f64 / n as f64)
+            );
+        }
+        let _ = write!(
+            out,
+            r##"<path d="{d}" fill="none" stroke="#2563eb" stroke-width="1.5"/>"##
+        );
+        for (i, (b, flagged)) in betas.iter().enumerate() {
+            if *flagged {
+                let _ = write!(
+                    out,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" class="bad"/>"#,
+                    ax.x(*b),
+                    ax.y((i + 1) as f64 / n as f64)
+                );
+            }
+        }
+    }
+    out.push_str("</svg>");
+    out
+}
+
+const CSS: &str = r#"
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1f2328;background:#f6f8fa}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:0 0 6px;word-break:break-all}
+.meta{color:#57606a;margin-bottom:16px}
+table{border-collapse:collapse;background:#fff;width:100%;margin-bottom:20px}
+th,td{border:1px solid #d0d7de;padding:6px 8px;text-align:left;vertical-align:top}
+th{background:#eaeef2} td.fn{word-break:break-all;max-width:420px}
+.up{color:#cf222e;font-weight:600} .card{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:14px;margin-bottom:18px}
+.stack{color:#57606a;font-family:ui-monospace,monospace;font-size:12px;word-break:break-all}
+.hint{background:#fff8c5;border:1px solid #d4a72c;border-radius:4px;padding:8px;margin:8px 0}
+pre{background:#f6f8fa;border:1px solid #d0d7de;padding:8px;overflow:auto;font-size:12px}
+.plots{display:flex;flex-wrap:wrap;gap:12px}
+svg .tick{font-size:10px;fill:#57606a} svg .axis{font-size:11px;fill:#1f2328} svg .lbl{font-size:10px;fill:#cf222e}
+svg .ok{fill:#8c959f;fill-opacity:.6} svg .bad{fill:#cf222e}
+.ok-msg{font-size:16px;color:#1a7f37;font-weight:600}
+.warn{color:#9a6700}
+"#;
+
+fn stat_cell(value: f64, peers: f64, label: &str) -> String {
+    let a = arrow(value, peers);
+    if a == "=" {
+        format!("{}{label} = peers", pct(value))
+    } else {
+        format!(
+            r#"<span class="up">{}{label} {a} {}</span> vs {}"#,
+            pct(value),
+            pp(value, peers),
+            pct(peers)
+        )
+    }
+}
+
+/// Renders a self-contained HTML page (inline CSS and SVG, no scripts or
+/// external assets): a summary table of the findings, then per finding the
+/// scatter plots (β, μ) and (μ, σ) of its workers with the flagged ones red
+/// and labeled (PerfTracker Figure 13) and the CDF of β across workers
+/// (Figure 15), with the hint and the source excerpt. All text is escaped.
+pub fn render_html(report: &Report) -> String {
+    let mut out = String::new();
+    out.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>whyslow report</title><style>");
+    out.push_str(CSS);
+    out.push_str("</style></head><body>\n<h1>whyslow: why is this training job slow?</h1>\n");
+    let missing = if report.missing_workers.is_empty() {
+        "none".to_string()
+    } else {
+        format!(
+            "{} {}",
+            report.missing_workers.len(),
+            compact_ranks(&report.missing_workers, 80)
+        )
+    };
+    let _ = writeln!(
+        out,
+        r#"<div class="meta">{} workers analyzed · missing: {} · utilization: {}{}</div>"#,
+        report.workers,
+        escape(&missing),
+        escape(&report.utilization_source),
+        report
+            .hosts
+            .map(|h| format!(" · {h} hosts"))
+            .unwrap_or_default()
+    );
+    if report.findings.is_empty() {
+        let _ = writeln!(
+            out,
+            r#"<p class="ok-msg">No anomaly found in {} workers.</p>"#,
+            report.workers
+        );
+    } else {
+        out.push_str("<table><tr><th>#</th><th>Abnormal function execution</th><th>Workers</th><th>Critical path β</th><th>Avg resource util. μ</th><th>Util. std σ</th><th>Why</th></tr>\n");
+        for (i, f) in report.findings.iter().enumerate() {
+            let util = f.util_source != UtilizationSource::None;
+            let _ = writeln!(
+                out,
+                r##"<tr><td><a href="#f{n}">{n}</a></td><td class="fn"><b>{}</b> <small>[{}]</small></td><td>{}</td><td>{} <small>({} vs {})</small></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
+                escape(&function_title(f, 200)),
+                f.kind,
+                escape(&workers_phrase(f)),
+                stat_cell(f.beta.value, f.beta.peers, ""),
+                escape(&duration_us(f.critical_us.value)),
+                escape(&duration_us(f.critical_us.peers)),
+                if util {
+                    stat_cell(f.mu.value, f.mu.peers, &format!(" {}", f.resource.label()))
+                } else {
+                    "n/a".into()
+                },
+                if util {
+                    stat_cell(f.sigma.value, f.sigma.peers, "")
+                } else {
+                    "n/a".into()
+                },
+                reason_phrase(f.reason),
+                n = i + 1
+            );
+        }
+        out.push_str("</table>\n");
+        for (i, f) in report.findings.iter().enumerate() {
+            let _ = write!(
+                out,
+                r#"<div class="card" id="f{}"><h2>#{} {}</h2>"#,
+                i + 1,
+                i + 1,
+                escape(&function_title(f, 300))
+            );
+            if let Some(stack) = stack_line(f, 2000) {
+                let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&stack));
+            } else if f.function.chars().count() > 300 {
+                let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&f.function));
+            }
+            let group = f
+                .group
+                .as_deref()
+                .map(|g| format!(" · group {}", escape(g)))
+                .unwrap_or_default();
+            let _ = write!(
+                out,
+                "<p>{} on {} — {}{group}. Flagged: {}</p>",
+                f.kind,
+                escape(&workers_phrase(f)),
+                reason_phrase(f.reason),
+                escape(&compact_ranks(&f.workers, 400))
+            );
+            if let Some(h) = &f.hint {
+                let _ = write!(out, r#"<div class="hint"><b>Hint:</b> {}</div>"#, escape(h));
+            }
+            if let Some(src) = &f.source_excerpt {
+                let _ = write!(
+                    out,
+                    "<p>The relevant code is here:</p><pre>{}</pre>",
+                    escape(src)
+                );
+            }
+            if !f.points.is_empty() {
+                if f.group_workers > f.points.len() {
+                    let _ = write!(
+                        out,
+                        "<p><small>Plots show {} of the {} workers (all flagged ones first).</small></p>",
+                        f.points.len(),
+                        f.group_workers
+                    );
+                }
+                let mu_label = format!("μ ({})", f.resource.label());
+                out.push_str(r#"<div class="plots">"#);
+                out.push_str(&scatter(
+                    f,
+                    "β vs μ",
+                    "β (critical-path share)",
+                    &mu_label,
+                    |p| (p.beta, p.mu),
+                ));
+                out.push_str(&scatter(
+                    f,
+                    "μ vs σ",
+                    &mu_label,
+                    &format!("σ ({})", f.resource.label()),
+                    |p| (p.mu, p.sigma),
+                ));
+                out.push_str(&cdf(f));
+                out.push_str("</div>");
+            }
+            out.push_str("</div>\n");
+        }
+    }
+    if !report.warnings.is_empty() {
+        out.push_str(r#"<h2 class="warn">Warnings</h2><ul>"#);
+        for w in &report.warnings {
+            let _ = write!(out, "<li>{}</li>", escape(w));
+        }
+        out.push_str("</ul>\n");
+    }
+    out.push_str("<p class=\"meta\">Method: PerfTracker §4.3 (expected ranges and differential distance over runtime behavior patterns β, μ, σ).</p>\n</body></html>\n");
+    out
+}

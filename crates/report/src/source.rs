@@ -1,0 +1,96 @@
+//! Source excerpts for Python findings (EROICA: "the relevant code is here").
+
+use std::path::{Component, Path, PathBuf};
+
+use whyslow_model::{FunctionKind, Report};
+
+use crate::format::{frames, parse_frame};
+
+/// Lines shown on each side of the frame's line.
+const CONTEXT: u32 = 2;
+/// Files larger than this are not read.
+const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// Finds the file of a frame: the path itself when absolute (or relative to
+/// the working directory) and present, else relative to one of `roots`, else
+/// its longest suffix that exists under one of `roots`.
+fn resolve(path: &str, roots: &[PathBuf]) -> Option<PathBuf> {
+    let p = Path::new(path);
+    if p.is_file() && (p.is_absolute() || roots.is_empty()) {
+        return Some(p.to_path_buf());
+    }
+    let comps: Vec<&str> = p
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => s.to_str(),
+            _ => None,
+        })
+        .collect();
+    for start in 0..comps.len() {
+        let suffix: PathBuf = comps[start..].iter().collect();
+        for root in roots {
+            let cand = root.join(&suffix);
+            if cand.is_file() {
+                return Some(cand);
+            }
+        }
+    }
+    if p.is_file() {
+        return Some(p.to_path_buf());
+    }
+    None
+}
+
+/// ~5 lines around `line` (1-based), numbered, the line itself marked `>`.
+fn excerpt(file: &Path, line: u32) -> Option<String> {
+    let meta = std::fs::metadata(file).ok()?;
+    if meta.len() > MAX_FILE_BYTES || line == 0 {
+        return None;
+    }
+    let bytes = std::fs::read(file).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let idx = usize::try_from(line).ok()?.checked_sub(1)?;
+    if idx >= lines.len() {
+        return None;
+    }
+    let from = idx.saturating_sub(CONTEXT as usize);
+    let to = (idx + CONTEXT as usize).min(lines.len() - 1);
+    let width = (to + 1).to_string().len();
+    let mut out = format!("{}:{line}\n", file.display());
+    for (i, l) in lines.iter().enumerate().take(to + 1).skip(from) {
+        let marker = if i == idx { '>' } else { ' ' };
+        out.push_str(&format!(
+            "{marker} {:>width$} | {}\n",
+            i + 1,
+            l.trim_end_matches('\r')
+        ));
+    }
+    Some(out)
+}
+
+/// For every Python finding, reads the innermost frame `path/file.py(123):
+/// name` (the innermost one that names a file) and puts ~5 lines around line 123 (numbered, the line marked `>`,
+/// preceded by `path:line`) into [`whyslow_model::Finding::source_excerpt`]
+/// (EROICA: "the relevant code is here"). The file is the frame's path when
+/// it exists, else that path relative to one of `roots`, else its longest
+/// suffix found under one of `roots` (e.g. a site-packages path matched in a
+/// source checkout). Unreadable or missing files are skipped silently.
+pub fn attach_source_excerpts(report: &mut Report, roots: &[PathBuf]) {
+    for f in &mut report.findings {
+        if f.kind != FunctionKind::Python {
+            continue;
+        }
+        // The innermost frame that names a file (built-ins such as
+        // `<built-in method recv_into …>` have none).
+        let Some((path, line, _)) = frames(&f.function).into_iter().rev().find_map(parse_frame)
+        else {
+            continue;
+        };
+        if let Some(file) = resolve(path, roots) {
+            if let Some(x) = excerpt(&file, line) {
+                f.source_excerpt = Some(x);
+            }
+        }
+    }
+}

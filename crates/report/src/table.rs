@@ -1,0 +1,190 @@
+//! The terminal table (PerfTracker Figure 7, EROICA's output table).
+
+use std::fmt::Write;
+
+use whyslow_model::{Finding, Report, UtilizationSource};
+
+use crate::format::*;
+
+struct Style {
+    on: bool,
+}
+
+impl Style {
+    fn wrap(&self, code: &str, s: &str) -> String {
+        if self.on {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+    fn bold(&self, s: &str) -> String {
+        self.wrap("1", s)
+    }
+    fn red(&self, s: &str) -> String {
+        self.wrap("1;31", s)
+    }
+    fn green(&self, s: &str) -> String {
+        self.wrap("32", s)
+    }
+    fn yellow(&self, s: &str) -> String {
+        self.wrap("33", s)
+    }
+    fn dim(&self, s: &str) -> String {
+        self.wrap("2", s)
+    }
+    fn cyan(&self, s: &str) -> String {
+        self.wrap("36", s)
+    }
+}
+
+/// "31.2% ↑ +30.1pp vs 1.1%", red when it goes the abnormal way.
+fn versus(st: &Style, value: f64, peers: f64, label: &str) -> String {
+    let a = arrow(value, peers);
+    let v = format!("{}{label}", pct(value));
+    if a == "=" {
+        format!("{v} = peers {}", pct(peers))
+    } else {
+        format!(
+            "{} vs {}",
+            st.red(&format!("{v} {a} {}", pp(value, peers))),
+            pct(peers)
+        )
+    }
+}
+
+fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding) {
+    let title = printable(&function_title(f, 100));
+    let group = f
+        .group
+        .as_deref()
+        .map(|g| format!(" · group {}", printable(g)))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "{} {}  {}",
+        st.bold(&format!("#{idx}")),
+        st.bold(&title),
+        st.dim(&format!("[{}{group}]", f.kind))
+    );
+    if let Some(stack) = stack_line(f, 160) {
+        let _ = writeln!(
+            out,
+            "    {}",
+            st.dim(&format!("stack: {}", printable(&stack)))
+        );
+    }
+    let _ = writeln!(
+        out,
+        "    on {} — {}",
+        st.cyan(&workers_phrase(f)),
+        reason_phrase(f.reason)
+    );
+    let _ = writeln!(
+        out,
+        "    critical path: β {} ({} vs {} per window)",
+        versus(st, f.beta.value, f.beta.peers, ""),
+        duration_us(f.critical_us.value),
+        duration_us(f.critical_us.peers)
+    );
+    if f.util_source == UtilizationSource::None {
+        let _ = writeln!(
+            out,
+            "    utilization: n/a ({} not measured)",
+            f.resource.label()
+        );
+    } else {
+        let label = format!(" {}", f.resource.label());
+        let _ = writeln!(
+            out,
+            "    μ {}   σ {}",
+            versus(st, f.mu.value, f.mu.peers, &label),
+            versus(st, f.sigma.value, f.sigma.peers, "")
+        );
+    }
+    if let Some(h) = &f.hint {
+        let _ = writeln!(out, "    {} {}", st.yellow("hint:"), printable(h));
+    }
+    if let Some(src) = &f.source_excerpt {
+        let _ = writeln!(out, "    {}", st.dim("the relevant code is here:"));
+        for line in src.lines() {
+            let _ = writeln!(out, "      {}", printable(line));
+        }
+    }
+}
+
+/// Renders a report for a terminal: a header line (workers analyzed, missing
+/// workers, utilization source), then one block per finding in the spirit of
+/// PerfTracker's Figure 7 and EROICA's output table: function (Python: the
+/// innermost frame, then the stack), its workers (`all`, `{0-15,32}`, hosts),
+/// β vs peers with the critical-path time, μ and σ with the resource and the
+/// difference to peers, the reason, the hint and the source excerpt. A
+/// healthy report prints "No anomaly found in N workers.". `color` adds
+/// plain ANSI codes (use `false` for pipes).
+pub fn render_table(report: &Report, color: bool) -> String {
+    let st = Style { on: color };
+    let mut out = String::new();
+    let missing = if report.missing_workers.is_empty() {
+        "none".to_string()
+    } else {
+        format!(
+            "{} {}",
+            report.missing_workers.len(),
+            compact_ranks(&report.missing_workers, 60)
+        )
+    };
+    let hosts = report
+        .hosts
+        .map(|h| format!(" · {h} hosts"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "{} {} workers analyzed · missing: {} · utilization: {}{hosts}",
+        st.bold("whyslow:"),
+        report.workers,
+        if report.missing_workers.is_empty() {
+            missing
+        } else {
+            st.red(&missing)
+        },
+        printable(&report.utilization_source),
+    );
+    if report.utilization_source == "none" && report.workers > 0 {
+        let _ = writeln!(
+            out,
+            "{}",
+            st.dim("(no utilization data: μ and σ are 0; only β is compared)")
+        );
+    }
+    out.push('\n');
+    if report.findings.is_empty() {
+        let _ = writeln!(
+            out,
+            "{}",
+            st.green(&format!("No anomaly found in {} workers.", report.workers))
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "{}\n",
+            st.bold(&format!(
+                "{} abnormal function execution(s), most critical-path time first:",
+                report.findings.len()
+            ))
+        );
+        for (i, f) in report.findings.iter().enumerate() {
+            finding_block(&mut out, &st, i + 1, f);
+            out.push('\n');
+        }
+    }
+    if !report.warnings.is_empty() {
+        let _ = writeln!(out, "{}", st.yellow("warnings:"));
+        for w in report.warnings.iter().take(20) {
+            let _ = writeln!(out, "  - {}", printable(w));
+        }
+        if report.warnings.len() > 20 {
+            let _ = writeln!(out, "  … and {} more", report.warnings.len() - 20);
+        }
+    }
+    out
+}

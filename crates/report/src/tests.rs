@@ -1,0 +1,255 @@
+//! Tests of the outputs.
+
+use std::path::PathBuf;
+
+use super::*;
+use whyslow_model::{
+    Finding, FunctionKind, Reason, Resource, Stat, UtilizationSource, WorkerPoint, REPORT_VERSION,
+};
+
+fn st(value: f64, peers: f64) -> Stat {
+    Stat { value, peers }
+}
+
+fn finding(function: &str, kind: FunctionKind, workers: Vec<u32>, group_workers: usize) -> Finding {
+    let points = (0..group_workers as u32)
+        .map(|w| WorkerPoint {
+            worker: w,
+            beta: if workers.contains(&w) { 0.3 } else { 0.01 },
+            mu: 0.5,
+            sigma: 0.1,
+            flagged: workers.contains(&w),
+        })
+        .collect();
+    Finding {
+        function: function.into(),
+        kind,
+        workers,
+        reason: Reason::PeerOutlier,
+        beta: st(0.312, 0.011),
+        mu: st(0.33, 0.99),
+        sigma: st(0.05, 0.05),
+        resource: Resource::Sm,
+        util_source: UtilizationSource::Samples,
+        group: None,
+        group_workers,
+        hosts: vec![],
+        critical_us: st(312_000.0, 11_000.0),
+        hint: Some("check <clocks> & power".into()),
+        source_excerpt: None,
+        points,
+    }
+}
+
+fn report(findings: Vec<Finding>) -> Report {
+    Report {
+        version: REPORT_VERSION,
+        workers: 64,
+        missing_workers: vec![],
+        findings,
+        utilization_source: "samples".into(),
+        hosts: Some(8),
+        warnings: vec![],
+    }
+}
+
+#[test]
+fn compact_rank_formatting() {
+    assert_eq!(compact_ranks(&[], 100), "{}");
+    assert_eq!(compact_ranks(&[7], 100), "{7}");
+    assert_eq!(compact_ranks(&[0, 1, 2, 3], 100), "{0-3}");
+    let mut v: Vec<u32> = (0..16).collect();
+    v.push(32);
+    assert_eq!(compact_ranks(&v, 100), "{0-15,32}");
+    assert_eq!(compact_ranks(&[5, 3, 4, 9, 9, 1], 100), "{1,3-5,9}");
+    assert_eq!(
+        compact_ranks(&[u32::MAX - 1, u32::MAX], 100),
+        "{4294967294-4294967295}"
+    );
+    let many: Vec<u32> = (0..100).map(|i| i * 2).collect();
+    let s = compact_ranks(&many, 20);
+    assert!(s.ends_with(",…}") && s.len() < 40, "{s}");
+}
+
+#[test]
+fn workers_in_words() {
+    let f = finding("gemm", FunctionKind::GpuKernel, (0..64).collect(), 64);
+    assert!(format::workers_phrase(&f).starts_with("all 64 workers"));
+    let f = finding("gemm", FunctionKind::GpuKernel, vec![0, 1, 2, 3], 64);
+    assert_eq!(format::workers_phrase(&f), "workers {0-3}");
+    let mut f = finding("gemm", FunctionKind::GpuKernel, (0..20).collect(), 64);
+    f.hosts = vec!["a".into(), "b".into(), "c".into()];
+    assert_eq!(
+        format::workers_phrase(&f),
+        "workers {0-19} (20 workers on 3 hosts)"
+    );
+    let f = finding("ring", FunctionKind::Comm, vec![7], 64);
+    assert_eq!(format::workers_phrase(&f), "worker 7");
+}
+
+#[test]
+fn healthy_report_message() {
+    let r = report(vec![]);
+    let t = render_table(&r, false);
+    assert!(t.contains("No anomaly found in 64 workers."), "{t}");
+    assert!(t.contains("64 workers analyzed"));
+    assert!(t.contains("missing: none"));
+    assert!(t.contains("utilization: samples"));
+    assert!(render_html(&r).contains("No anomaly found in 64 workers."));
+}
+
+#[test]
+fn table_rows_like_figure_7() {
+    let py = finding(
+        "train.py(10): main;/usr/lib/python3.11/socket.py(704): recv_into",
+        FunctionKind::Python,
+        (0..64).collect(),
+        64,
+    );
+    let mut r = report(vec![
+        py,
+        finding("gemm", FunctionKind::GpuKernel, vec![0, 1, 2, 3], 64),
+    ]);
+    r.missing_workers = vec![64, 65, 66, 70];
+    let t = render_table(&r, false);
+    assert!(!t.contains('\x1b'));
+    assert!(t.contains("socket.py(704): recv_into"), "{t}");
+    assert!(t.contains("stack: train.py(10): main › socket.py(704): recv_into"));
+    assert!(t.contains("on all 64 workers"));
+    assert!(t.contains("β 31.2% ↑ +30.1pp vs 1.1%"), "{t}");
+    assert!(t.contains("312.0 ms vs 11.0 ms"));
+    assert!(t.contains("μ 33.0% SM activity ↓ -66.0pp vs 99.0%"), "{t}");
+    assert!(t.contains("differs from peers"));
+    assert!(t.contains("hint: check <clocks> & power"));
+    assert!(t.contains("missing: 4 {64-66,70}"));
+    let c = render_table(&r, true);
+    assert!(c.contains("\x1b[1m") && c.contains("\x1b[0m"));
+}
+
+#[test]
+fn control_characters_are_not_printed() {
+    let f = finding("evil\x1b[2Jname", FunctionKind::CpuOp, vec![1], 64);
+    let t = render_table(&report(vec![f]), false);
+    assert!(!t.contains('\x1b'));
+}
+
+#[test]
+fn html_escapes_and_is_self_contained() {
+    let mut f = finding(
+        "void at::native::<lambda>&(float*) \"q\" 'x'",
+        FunctionKind::GpuKernel,
+        vec![3],
+        10,
+    );
+    f.group = Some("<script>alert(1)</script>".into());
+    let mut r = report(vec![f]);
+    r.warnings.push("a < b & c".into());
+    let h = render_html(&r);
+    assert!(h.contains("void at::native::&lt;lambda&gt;&amp;(float*) &quot;q&quot; &#39;x&#39;"));
+    assert!(!h.contains("<script>"));
+    assert!(h.contains("&lt;script&gt;"));
+    assert!(h.contains("a &lt; b &amp; c"));
+    assert!(!h.contains("http://") && !h.contains("https://") && !h.contains(" src="));
+    assert_eq!(h.matches("<svg").count(), 3);
+    assert!(h.contains(r#"class="bad""#));
+    assert!(h.contains(r#"<text x="#));
+    assert_eq!(
+        escape_html("<a href='x'>&</a>"),
+        "&lt;a href=&#39;x&#39;&gt;&amp;&lt;/a&gt;"
+    );
+}
+
+#[test]
+fn html_survives_degenerate_values() {
+    let mut f = finding("k", FunctionKind::GpuKernel, vec![0], 1);
+    f.points[0].beta = f64::NAN;
+    f.mu = st(f64::INFINITY, f64::NAN);
+    f.points.push(WorkerPoint {
+        worker: 1,
+        beta: 0.0,
+        mu: 0.0,
+        sigma: 0.0,
+        flagged: false,
+    });
+    let h = render_html(&report(vec![f.clone()]));
+    assert!(!h.contains("NaN"));
+    let _ = render_table(&report(vec![f.clone()]), true);
+    let j = render_json(&report(vec![f]));
+    assert!(j.contains("null"));
+}
+
+#[test]
+fn json_has_contract_keys() {
+    let r = report(vec![finding(
+        "gemm",
+        FunctionKind::GpuKernel,
+        vec![1, 2],
+        64,
+    )]);
+    let j = render_json(&r);
+    let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+    for k in [
+        "version",
+        "workers",
+        "missing_workers",
+        "findings",
+        "utilization_source",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k}");
+    }
+    let f = &v["findings"][0];
+    for k in [
+        "function",
+        "kind",
+        "workers",
+        "reason",
+        "beta",
+        "mu",
+        "sigma",
+        "critical_us",
+    ] {
+        assert!(f.get(k).is_some(), "missing findings[].{k}");
+    }
+    for k in ["beta", "mu", "sigma"] {
+        assert!(f[k].get("value").is_some() && f[k].get("peers").is_some());
+    }
+    assert_eq!(f["kind"], "gpu_kernel");
+    assert_eq!(f["reason"], "peer_outlier");
+    let back: Report = serde_json::from_str(&j).unwrap();
+    assert_eq!(back, r);
+}
+
+#[test]
+fn source_excerpts_are_attached() {
+    let dir = std::env::temp_dir().join(format!("whyslow-report-test-{}", std::process::id()));
+    let pkg = dir.join("mypkg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    let body: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(pkg.join("loader.py"), body).unwrap();
+    let mut r = report(vec![
+        finding(
+            "train.py(1): main;/opt/conda/site-packages/mypkg/loader.py(10): load;<built-in method recv_into of socket object>",
+            FunctionKind::Python,
+            vec![1],
+            4,
+        ),
+        finding("mypkg/loader.py(99): nope", FunctionKind::Python, vec![1], 4),
+        finding("missing.py(3): x", FunctionKind::Python, vec![1], 4),
+        finding("mypkg/loader.py(2): k", FunctionKind::GpuKernel, vec![1], 4),
+    ]);
+    attach_source_excerpts(&mut r, &[PathBuf::from("/nonexistent"), dir.clone()]);
+    let x = r.findings[0].source_excerpt.as_deref().expect("excerpt");
+    assert!(x.contains("loader.py:10"), "{x}");
+    assert!(x.contains("> 10 | line 10"), "{x}");
+    assert!(
+        x.contains("   8 | line 8") && x.contains("  12 | line 12"),
+        "{x}"
+    );
+    assert!(!x.contains("line 13"));
+    assert!(r.findings[1].source_excerpt.is_none());
+    assert!(r.findings[2].source_excerpt.is_none());
+    assert!(r.findings[3].source_excerpt.is_none());
+    let t = render_table(&r, false);
+    assert!(t.contains("the relevant code is here:"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
