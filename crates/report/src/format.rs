@@ -71,7 +71,9 @@ pub fn workers_phrase(f: &Finding) -> String {
         1 => format!("worker {}{on_hosts}", f.workers[0]),
         _ => {
             let list = compact_ranks(&f.workers, 48);
-            if n > 8 || hosts > 1 {
+            if hosts == 1 {
+                format!("workers {list}{on_hosts}")
+            } else if n > 8 || hosts > 1 {
                 format!("workers {list} ({n} workers{on_hosts})")
             } else {
                 format!("workers {list}")

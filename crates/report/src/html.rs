@@ -240,6 +240,11 @@ svg .ok{fill:#8c959f;fill-opacity:.6} svg .bad{fill:#cf222e}
 .warn{color:#9a6700}
 "#;
 
+/// Every worker of the group is flagged: nothing to compare with.
+fn no_peers(f: &Finding) -> bool {
+    f.group_workers > 0 && f.workers.len() >= f.group_workers
+}
+
 fn stat_cell(value: f64, peers: f64, label: &str) -> String {
     let a = arrow(value, peers);
     if a == "=" {
@@ -296,22 +301,37 @@ pub fn render_html(report: &Report) -> String {
             let util = f.util_source != UtilizationSource::None;
             let _ = writeln!(
                 out,
-                r##"<tr><td><a href="#f{n}">{n}</a></td><td class="fn"><b>{}</b> <small>[{}]</small></td><td>{}</td><td>{} <small>({} vs {})</small></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
+                r##"<tr><td><a href="#f{n}">{n}</a></td><td class="fn"><b>{}</b> <small>[{}]</small></td><td>{}</td><td>{} <small>({})</small></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
                 escape(&function_title(f, 200)),
                 f.kind,
                 escape(&workers_phrase(f)),
-                stat_cell(f.beta.value, f.beta.peers, ""),
-                escape(&duration_us(f.critical_us.value)),
-                escape(&duration_us(f.critical_us.peers)),
-                if util {
-                    stat_cell(f.mu.value, f.mu.peers, &format!(" {}", f.resource.label()))
+                if no_peers(f) {
+                    pct(f.beta.value)
                 } else {
-                    "n/a".into()
+                    stat_cell(f.beta.value, f.beta.peers, "")
                 },
-                if util {
-                    stat_cell(f.sigma.value, f.sigma.peers, "")
+                escape(&if no_peers(f) {
+                    duration_us(f.critical_us.value)
                 } else {
+                    format!(
+                        "{} vs {}",
+                        duration_us(f.critical_us.value),
+                        duration_us(f.critical_us.peers)
+                    )
+                }),
+                if !util {
                     "n/a".into()
+                } else if no_peers(f) {
+                    format!("{} {}", pct(f.mu.value), f.resource.label())
+                } else {
+                    stat_cell(f.mu.value, f.mu.peers, &format!(" {}", f.resource.label()))
+                },
+                if !util {
+                    "n/a".into()
+                } else if no_peers(f) {
+                    pct(f.sigma.value)
+                } else {
+                    stat_cell(f.sigma.value, f.sigma.peers, "")
                 },
                 reason_phrase(f.reason),
                 n = i + 1

@@ -53,6 +53,25 @@ fn versus(st: &Style, value: f64, peers: f64, label: &str) -> String {
     }
 }
 
+/// Greedy word wrap at `width` characters.
+fn wrap(s: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut cur = String::new();
+    for word in s.split_whitespace() {
+        if !cur.is_empty() && cur.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut cur));
+        }
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(word);
+    }
+    if !cur.is_empty() {
+        lines.push(cur);
+    }
+    lines
+}
+
 fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding) {
     let title = printable(&function_title(f, 100));
     let group = f
@@ -80,18 +99,37 @@ fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding) {
         st.cyan(&workers_phrase(f)),
         reason_phrase(f.reason)
     );
-    let _ = writeln!(
-        out,
-        "    critical path: β {} ({} vs {} per window)",
-        versus(st, f.beta.value, f.beta.peers, ""),
-        duration_us(f.critical_us.value),
-        duration_us(f.critical_us.peers)
-    );
+    // With every worker of the group flagged there are no peers to compare with.
+    let no_peers = f.group_workers > 0 && f.workers.len() >= f.group_workers;
+    if no_peers {
+        let _ = writeln!(
+            out,
+            "    critical path: β {} ({} per window, no unflagged peers)",
+            st.red(&pct(f.beta.value)),
+            duration_us(f.critical_us.value)
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "    critical path: β {} ({} vs {} per window)",
+            versus(st, f.beta.value, f.beta.peers, ""),
+            duration_us(f.critical_us.value),
+            duration_us(f.critical_us.peers)
+        );
+    }
     if f.util_source == UtilizationSource::None {
         let _ = writeln!(
             out,
             "    utilization: n/a ({} not measured)",
             f.resource.label()
+        );
+    } else if no_peers {
+        let _ = writeln!(
+            out,
+            "    μ {} {}   σ {}",
+            pct(f.mu.value),
+            f.resource.label(),
+            pct(f.sigma.value)
         );
     } else {
         let label = format!(" {}", f.resource.label());
@@ -103,7 +141,14 @@ fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding) {
         );
     }
     if let Some(h) = &f.hint {
-        let _ = writeln!(out, "    {} {}", st.yellow("hint:"), printable(h));
+        let lines = wrap(&printable(h), 92);
+        for (i, l) in lines.iter().enumerate() {
+            if i == 0 {
+                let _ = writeln!(out, "    {} {l}", st.yellow("hint:"));
+            } else {
+                let _ = writeln!(out, "          {l}");
+            }
+        }
     }
     if let Some(src) = &f.source_excerpt {
         let _ = writeln!(out, "    {}", st.dim("the relevant code is here:"));
