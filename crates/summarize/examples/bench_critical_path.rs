@@ -153,6 +153,28 @@ fn series(window_ns: i64, rng: &mut Rng) -> SampleSeries {
     SampleSeries { ts_ns: ts, values }
 }
 
+/// This thread's time on a CPU, in s (Linux `/proc/thread-self/schedstat`),
+/// so that numbers stay meaningful on a loaded machine; NaN elsewhere.
+fn cpu_s() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |ns| ns / 1e9)
+}
+
+/// Runs `f`, printing wall and CPU time and throughput.
+fn timed<T>(label: &str, n: usize, f: impl FnOnce() -> T) -> T {
+    let (t, c) = (Instant::now(), cpu_s());
+    let out = f();
+    let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
+    println!(
+        "{label}: wall {wall:.3} s ({:.2} M executions/s), thread CPU {cpu:.3} s ({:.2} M executions/s)",
+        n as f64 / wall / 1e6,
+        n as f64 / cpu / 1e6
+    );
+    out
+}
+
 fn main() {
     let target: usize = std::env::args()
         .nth(1)
@@ -168,26 +190,21 @@ fn main() {
     );
     let w = window(&trace, None).expect("window");
 
-    let t = Instant::now();
-    let cp = critical_path(&trace, w);
-    let dt = t.elapsed().as_secs_f64();
+    let cp = timed("critical_path (with segments)", n, || {
+        critical_path(&trace, w)
+    });
     println!(
-        "critical_path (with segments): {dt:.3} s = {:.2} M executions/s; {} segments, covered {:.3} of window",
-        n as f64 / dt / 1e6,
+        "  {} segments, covered {:.3} of the window",
         cp.segments.len(),
         cp.covered_ns / (w.1 - w.0) as f64
     );
     drop(cp);
 
     let opts = SummarizeOptions::default();
-    let t = Instant::now();
-    let fp = summarize(&trace, &BTreeMap::new(), &opts);
-    let dt = t.elapsed().as_secs_f64();
-    println!(
-        "summarize (trace utilization): {dt:.3} s = {:.2} M executions/s; {} functions kept",
-        n as f64 / dt / 1e6,
-        fp.functions.len()
-    );
+    let fp = timed("summarize (trace utilization)", n, || {
+        summarize(&trace, &BTreeMap::new(), &opts)
+    });
+    println!("  {} functions kept", fp.functions.len());
 
     let mut rng = Rng(2);
     let samples = BTreeMap::from([
@@ -195,14 +212,12 @@ fn main() {
         (Resource::Nvlink, series(w.1, &mut rng)),
         (Resource::Cpu, series(w.1, &mut rng)),
     ]);
-    let t = Instant::now();
-    let fp = summarize(&trace, &samples, &opts);
-    let dt = t.elapsed().as_secs_f64();
+    let fp = timed("summarize (3 x 200k-sample series, Algorithm 1)", n, || {
+        summarize(&trace, &samples, &opts)
+    });
+    let sum: f64 = fp.functions.iter().map(|p| p.beta).sum();
     println!(
-        "summarize (3 × 200k-sample series, Algorithm 1): {dt:.3} s = {:.2} M executions/s; {} functions kept",
-        n as f64 / dt / 1e6,
+        "  {} functions kept, sum of their beta = {sum:.4}",
         fp.functions.len()
     );
-    let sum: f64 = fp.functions.iter().map(|p| p.beta).sum();
-    println!("Σβ of kept functions = {sum:.4}");
 }
