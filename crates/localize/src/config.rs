@@ -138,7 +138,7 @@ pub struct LocalizeConfig {
     pub seed: u64,
     /// whyslow's guard (not in the paper): a peer outlier needs
     /// Δ > M + max(k·MAD, `min_margin`). Without it, when M = MAD = 0 a worker
-    /// that differs from a single sampled peer would be flagged. Default 0.1;
+    /// that differs from a single sampled peer would be flagged. Default 0.3;
     /// 0 gives the paper's rule exactly.
     pub min_margin: f64,
     /// The Δ rule applies only in groups with at least this many workers
@@ -162,7 +162,7 @@ impl Default for LocalizeConfig {
             max_peers: 100,
             beta_min: 0.01,
             seed: 0x5eed_2025,
-            min_margin: 0.1,
+            min_margin: 0.3,
             min_peer_workers: 3,
             max_points: 5000,
             zero_floor: 1e-9,

@@ -27,8 +27,12 @@
 //! * **Small groups.** The Δ rule needs at least `min_peer_workers` (3)
 //!   workers in the group; smaller groups are judged by D only (a warning says so).
 //! * **Margin.** A peer outlier needs Δ > M + max(k·MAD, `min_margin`)
-//!   (default 0.1): with M = MAD = 0 a worker that merely differs from one
-//!   sampled peer is not an outlier. `min_margin = 0` gives Eq. 11 exactly.
+//!   (default 0.3). With M = MAD = 0 (the usual case in a healthy job) Eq. 11
+//!   would flag a worker that merely differs from one sampled peer, e.g. a
+//!   worker at the edge of ±10% jitter. A real outlier set that is a fraction
+//!   p of the group has Δ ≈ 1 − p against M ≈ p, so the margin keeps outlier
+//!   sets up to p ≈ 0.35 detectable; larger sets are two populations (use
+//!   groups). `min_margin = 0` gives Eq. 11 exactly.
 //! * **Near-zero values.** Values below `zero_floor` (1e-9) count as 0, and a
 //!   dimension whose maximum is 0 stays 0 after normalization.
 //! * **Invalid values.** NaN, infinite or negative β/μ/σ are read as 0 (warned).
@@ -69,7 +73,7 @@
 //! max_peers = 100        # N = min(max_peers, |W|), Eq. 9
 //! beta_min = 0.01        # β threshold, Eq. 11
 //! seed = 42              # peer sampling seed
-//! min_margin = 0.1       # Δ > M + max(k·MAD, min_margin)
+//! min_margin = 0.3       # Δ > M + max(k·MAD, min_margin)
 //! min_peer_workers = 3   # smallest group for the Δ rule
 //! max_points = 5000      # plot points kept per finding
 //! zero_floor = 1e-9      # values below are 0 for Δ

@@ -494,3 +494,13 @@ fn default_ranges() {
     assert_eq!(e.python.distance(0.3, 0.5, 0.5), 0.3 - 0.01);
     assert_eq!(ExpectedRange::UNIT.distance(0.9, 0.1, 0.1), 0.0);
 }
+
+#[test]
+fn healthy_job_with_10_percent_jitter_has_no_findings() {
+    // ±10% uniform jitter on every dimension: corner workers differ from a
+    // few peers at δ = 0.4, which min_margin (0.3) absorbs.
+    for n in [16u32, 64, 1000] {
+        let r = localize(&healthy_job(n, 0.1), &LocalizeConfig::default(), None);
+        assert!(r.findings.is_empty(), "n={n}: {:#?}", r.findings);
+    }
+}
