@@ -155,6 +155,7 @@ fn scatter(
         }
     }
     let mut labeled = 0usize;
+    let mut placed: Vec<(f64, f64)> = Vec::new();
     for (x, y, p) in &pts {
         if p.flagged {
             let (cx, cy) = (ax.x(*x), ax.y(*y));
@@ -164,12 +165,20 @@ fn scatter(
                 p.worker
             );
             if labeled < MAX_LABELS {
+                // Stack labels of nearby points instead of overlapping them.
+                let (lx, mut ly) = (cx + 5.0, cy - 4.0);
+                while placed
+                    .iter()
+                    .any(|&(x, y): &(f64, f64)| (x - lx).abs() < 24.0 && (y - ly).abs() < 10.0)
+                {
+                    ly -= 10.0;
+                }
+                placed.push((lx, ly));
                 labeled += 1;
                 let _ = write!(
                     out,
-                    r#"<text x="{:.1}" y="{:.1}" class="lbl">{}</text>"#,
-                    cx + 5.0,
-                    cy - 4.0,
+                    r#"<text x="{lx:.1}" y="{:.1}" class="lbl">{}</text>"#,
+                    ly.max(10.0),
                     p.worker
                 );
             }
