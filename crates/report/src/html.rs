@@ -173,13 +173,15 @@ fn scatter(
                 {
                     ly -= 10.0;
                 }
+                if ly < MT + 8.0 {
+                    continue; // no room left above: leave it unlabeled
+                }
                 placed.push((lx, ly));
                 labeled += 1;
                 let _ = write!(
                     out,
                     r#"<text x="{lx:.1}" y="{:.1}" class="lbl">{}</text>"#,
-                    ly.max(10.0),
-                    p.worker
+                    ly, p.worker
                 );
             }
         }
