@@ -1,0 +1,165 @@
+"""A small data-parallel training job with injectable faults, for whyslow.
+
+    torchrun --nproc-per-node 4 examples/train.py --iters 600 --fault slow-rank --fault-rank 2
+
+`import whyslow` below is the only whyslow line (remove it and use
+`whyslow-run torchrun …` for the zero-code variant). CPU with gloo; CUDA with
+nccl when available (one GPU per local rank, round robin).
+
+Faults start at iteration --fault-at (the job is healthy before):
+  slow-rank   extra Python work on one rank (injected_slow_rank_work)
+  slow-data   slow Dataset.__getitem__ on all ranks (injected_slow_data)
+  gc-storm    gc.collect() storms on a random rank each iteration (injected_gc_storm)
+  heavy-comm  an extra all_reduce of a large tensor (injected_heavy_comm)
+  none        healthy throughout
+"""
+
+import argparse
+import gc
+import os
+import random
+import sys
+import time
+
+import whyslow  # noqa: F401  (activates itself under torchrun)
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+
+FAULT_ACTIVE = False
+FAULT_MS = 10.0
+
+
+def injected_slow_rank_work(ms):
+    """Pure-Python busy work for about `ms` milliseconds."""
+    end = time.perf_counter() + ms / 1e3
+    x = 0
+    while time.perf_counter() < end:
+        for i in range(200):
+            x += i * i
+    return x
+
+
+def injected_slow_data(ms):
+    """A slow storage read: sleeps `ms` milliseconds."""
+    time.sleep(ms / 1e3)
+
+
+def injected_gc_storm(n):
+    """Creates cyclic garbage and collects it `n` times."""
+    for _ in range(n):
+        junk = [[] for _ in range(20000)]
+        for a, b in zip(junk, junk[1:]):
+            a.append(b)
+            b.append(a)
+        del junk
+        gc.collect()
+
+
+def injected_heavy_comm(t):
+    """An extra all_reduce of a large tensor."""
+    dist.all_reduce(t)
+
+
+class Synthetic(Dataset):
+    def __init__(self, n, dim, classes, per_sample_ms):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = torch.randint(0, classes, (n,), generator=g)
+        self.per_sample_ms = per_sample_ms
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if FAULT_ACTIVE and self.per_sample_ms > 0:
+            injected_slow_data(self.per_sample_ms)
+        return self.x[i], self.y[i]
+
+
+def main():
+    global FAULT_ACTIVE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=600)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--fault", default="none",
+                    choices=["none", "slow-rank", "slow-data", "gc-storm", "heavy-comm"])
+    ap.add_argument("--fault-at", type=int, default=150, help="first faulty iteration")
+    ap.add_argument("--fault-rank", type=int, default=1)
+    ap.add_argument("--fault-ms", type=float, default=15.0,
+                    help="slow-rank: ms of extra work per iteration; slow-data: ms per batch")
+    ap.add_argument("--comm-mb", type=float, default=16.0, help="heavy-comm tensor size")
+    ap.add_argument("--gc-rounds", type=int, default=3)
+    ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--times-out", default="", help="write per-iteration times (s) here (rank 0)")
+    a = ap.parse_args()
+
+    cuda = torch.cuda.is_available()
+    torch.set_num_threads(1)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cuda:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+
+    model = nn.Sequential(
+        nn.Linear(a.dim, a.hidden), nn.ReLU(),
+        nn.Linear(a.hidden, a.hidden), nn.ReLU(),
+        nn.Linear(a.hidden, 10),
+    ).to(dev)
+    model = DDP(model, device_ids=[dev.index] if cuda else None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    per_sample_ms = a.fault_ms / a.batch if a.fault == "slow-data" else 0.0
+    ds = Synthetic(a.batch * 64, a.dim, 10, per_sample_ms)
+    loader = DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=0, drop_last=True)
+    comm = torch.zeros(int(a.comm_mb * 2**20 / 4), device=dev) if a.fault == "heavy-comm" else None
+    rng = random.Random(1234)  # same sequence on every rank
+
+    it = 0
+    times = []
+    t_last = time.perf_counter()
+    while it < a.iters:
+        for x, y in loader:
+            if it >= a.iters:
+                break
+            FAULT_ACTIVE = a.fault != "none" and it >= a.fault_at
+            x, y = x.to(dev), y.to(dev)
+            out = model(x)
+            loss = loss_fn(out, y)
+            if FAULT_ACTIVE:
+                if a.fault == "slow-rank" and rank == a.fault_rank:
+                    injected_slow_rank_work(a.fault_ms)
+                elif a.fault == "gc-storm" and rng.randrange(world) == rank:
+                    injected_gc_storm(a.gc_rounds)
+                elif a.fault == "heavy-comm":
+                    injected_heavy_comm(comm)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            it += 1
+            now = time.perf_counter()
+            times.append(now - t_last)
+            t_last = now
+            if rank == 0 and a.log_every and it % a.log_every == 0:
+                recent = times[-a.log_every:]
+                print("iter %d loss %.3f %.1f ms/iter" % (it, loss.item(), 1e3 * sum(recent) / len(recent)),
+                      flush=True)
+    if cuda:
+        torch.cuda.synchronize()
+    if rank == 0 and a.times_out:
+        with open(a.times_out, "w") as f:
+            f.write("\n".join("%.6f" % t for t in times))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""whyslow's configuration: keyword arguments of ``whyslow.init`` override
+``WHYSLOW_*`` environment variables, which override the defaults below."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, Mapping, Optional
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclasses.dataclass
+class Config:
+    """Every setting, its environment variable and its default.
+
+    ============================  ===========================  ===================
+    field                         environment variable         default
+    ============================  ===========================  ===================
+    disable                       WHYSLOW_DISABLE              0 (1: do nothing)
+    auto                          WHYSLOW_AUTO                 1 (activate on import under torchrun)
+    report_dir                    WHYSLOW_REPORT_DIR           ./whyslow-reports
+    job_id                        WHYSLOW_JOB_ID               TORCHELASTIC_RUN_ID, else "local"
+    window_s                      WHYSLOW_WINDOW_S             20 (profiling window, seconds)
+    window_iters                  WHYSLOW_WINDOW_ITERS         0 (>0: window in iterations instead)
+    m                             WHYSLOW_M                    10 (§4.1 M)
+    n                             WHYSLOW_N                    50 (§4.1 N)
+    threshold                     WHYSLOW_THRESHOLD            0.05 (§4.1: 5 %)
+    block_factor                  WHYSLOW_BLOCK_FACTOR         5 (§4.1: blocked at 5× mean)
+    k                             WHYSLOW_K                    200 (§4.1 K)
+    recent                        WHYSLOW_RECENT               10·N (iterations of "recent")
+    baseline                      WHYSLOW_BASELINE             rolling_mean | shortest_iteration
+    cooldown_s                    WHYSLOW_COOLDOWN_S           300 (between windows)
+    max_per_hour                  WHYSLOW_MAX_PER_HOUR         6
+    poll_s                        WHYSLOW_POLL_S               0.5 (store/trigger polling period)
+    lead_s                        WHYSLOW_LEAD_S               2 (target iteration this far ahead)
+    collect_timeout_s             WHYSLOW_COLLECT_TIMEOUT_S    120 (rank 0 waits this long)
+    keep_traces                   WHYSLOW_KEEP_TRACES          0 (1: keep raw Chrome traces)
+    localize_config               WHYSLOW_LOCALIZE_CONFIG      "" (TOML file for the localizer)
+    cuda                          WHYSLOW_CUDA                 auto (profile CUDA when available)
+    signal                        WHYSLOW_SIGNAL               1 (SIGUSR2 asks for a profile)
+    exit_wait_s                   WHYSLOW_EXIT_WAIT_S          60 (at exit, wait for the report)
+    log_level                     WHYSLOW_LOG_LEVEL            INFO
+    ============================  ===========================  ===================
+    """
+
+    disable: bool = False
+    auto: bool = True
+    report_dir: str = "./whyslow-reports"
+    job_id: str = ""
+    window_s: float = 20.0
+    window_iters: int = 0
+    m: int = 10
+    n: int = 50
+    threshold: float = 0.05
+    block_factor: float = 5.0
+    k: int = 200
+    recent: int = 0
+    baseline: str = "rolling_mean"
+    cooldown_s: float = 300.0
+    max_per_hour: int = 6
+    poll_s: float = 0.5
+    lead_s: float = 2.0
+    collect_timeout_s: float = 120.0
+    keep_traces: bool = False
+    localize_config: str = ""
+    cuda: str = "auto"
+    signal: bool = True
+    exit_wait_s: float = 60.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(
+        cls, env: Optional[Mapping[str, str]] = None, **overrides: Any
+    ) -> "Config":
+        env = os.environ if env is None else env
+        cfg = cls()
+        for f in dataclasses.fields(cls):
+            raw = env.get("WHYSLOW_" + f.name.upper())
+            if raw is not None and raw != "":
+                setattr(cfg, f.name, _parse(f.type, raw, f.name))
+        for name, value in overrides.items():
+            if not hasattr(cfg, name):
+                raise TypeError("whyslow.init: unknown setting %r" % name)
+            setattr(cfg, name, value)
+        if not cfg.job_id:
+            cfg.job_id = env.get("TORCHELASTIC_RUN_ID") or "local"
+        if cfg.job_id in ("none", ""):
+            cfg.job_id = "local"
+        if not cfg.recent:
+            cfg.recent = 10 * cfg.n
+        return cfg
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _parse(typ: Any, raw: str, name: str) -> Any:
+    t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    try:
+        if t == "bool":
+            return raw.strip().lower() in _TRUE
+        if t == "int":
+            return int(raw)
+        if t == "float":
+            return float(raw)
+    except ValueError:
+        raise ValueError("WHYSLOW_%s: cannot read %r as %s" % (name.upper(), raw, t))
+    return raw
