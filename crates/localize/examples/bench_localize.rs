@@ -35,6 +35,16 @@ impl Rng {
     }
 }
 
+/// This process's CPU time (user + system) in seconds, from /proc (Linux);
+/// less sensitive than wall time to other load on the machine.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
 fn main() {
     let args: Vec<usize> = std::env::args()
         .skip(1)
@@ -169,12 +179,19 @@ fn main() {
     let cfg = LocalizeConfig::default();
     let mut best = f64::INFINITY;
     let mut report = None;
+    let cpu0 = cpu_seconds();
     for _ in 0..repeats {
         let t = Instant::now();
         let r = localize(&fps, &cfg, Some(workers as u32));
         let dt = t.elapsed().as_secs_f64();
         best = best.min(dt);
         report = Some(r);
+    }
+    if let (Some(a), Some(b)) = (cpu0, cpu_seconds()) {
+        println!(
+            "localize CPU time: {:.2} s per run (user+system, 10 ms ticks)",
+            (b - a) / repeats as f64
+        );
     }
     let Some(report) = report else { return };
     println!(
