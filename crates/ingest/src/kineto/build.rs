@@ -158,6 +158,12 @@ const COMM_PREFIXES: &[&str] = &[
     "ProcessGroupGloo::",
 ];
 
+/// Whether a CPU-side event of this name is a communication op (its `args`
+/// then carry the process group).
+pub(crate) fn is_comm_op_name(name: &[u8]) -> bool {
+    name == b"record_param_comms" || COMM_PREFIXES.iter().any(|p| name.starts_with(p.as_bytes()))
+}
+
 fn classify_name(name: &str) -> NameClass {
     let comm_kernel =
         contains_ci(name.as_bytes(), b"nccl") || contains_ci(name.as_bytes(), b"rccl");

@@ -275,51 +275,169 @@ impl<'de> Deserialize<'de> for Ranks {
 }
 
 /// The `args` of an event: only the keys whyslow reads; the rest is skipped.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(default)]
+#[derive(Debug, Default)]
 pub(crate) struct Args<'a> {
-    #[serde(rename = "est. achieved occupancy %")]
     pub occupancy: Num,
-    #[serde(rename = "memory bandwidth (GB/s)")]
     pub bandwidth: Num,
-    #[serde(rename = "Python id")]
     pub py_id: Num,
-    #[serde(rename = "Python parent id")]
     pub py_parent: Num,
-    #[serde(rename = "Collective name", borrow)]
     pub collective: Bytes<'a>,
-    #[serde(rename = "In msg nelems")]
     pub in_nelems: Num,
-    #[serde(rename = "Out msg nelems")]
     pub out_nelems: Num,
-    #[serde(rename = "Group size")]
     pub group_size: Num,
-    #[serde(borrow)]
     pub dtype: Bytes<'a>,
-    #[serde(rename = "Process Group Ranks")]
     pub pg_ranks: Ranks,
-    #[serde(rename = "Process Group Name", borrow)]
     pub pg_name: Bytes<'a>,
     pub device: Num,
     pub stream: Num,
 }
 
+/// A map key as raw bytes (no UTF-8 validation, no allocation when unescaped).
+struct Key<'a>(Bytes<'a>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Key<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_bytes(BytesVisitor(std::marker::PhantomData))
+            .map(Key)
+    }
+}
+
+struct ArgsVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for ArgsVisitor<'a> {
+    type Value = Args<'a>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an args object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Args<'a>, A::Error> {
+        let mut a = Args::default();
+        while let Some(Key(k)) = map.next_key::<Key>()? {
+            match k.as_slice() {
+                b"est. achieved occupancy %" => a.occupancy = map.next_value()?,
+                b"memory bandwidth (GB/s)" => a.bandwidth = map.next_value()?,
+                b"Python id" => a.py_id = map.next_value()?,
+                b"Python parent id" => a.py_parent = map.next_value()?,
+                b"Collective name" => a.collective = map.next_value()?,
+                b"In msg nelems" => a.in_nelems = map.next_value()?,
+                b"Out msg nelems" => a.out_nelems = map.next_value()?,
+                b"Group size" => a.group_size = map.next_value()?,
+                b"dtype" => a.dtype = map.next_value()?,
+                b"Process Group Ranks" => a.pg_ranks = map.next_value()?,
+                b"Process Group Name" => a.pg_name = map.next_value()?,
+                b"device" => a.device = map.next_value()?,
+                b"stream" => a.stream = map.next_value()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(a)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Args<'a>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Args::default())
+    }
+    fn visit_str<E: de::Error>(self, _v: &str) -> Result<Args<'a>, E> {
+        Ok(Args::default())
+    }
+    fn visit_u64<E: de::Error>(self, _v: u64) -> Result<Args<'a>, E> {
+        Ok(Args::default())
+    }
+    fn visit_i64<E: de::Error>(self, _v: i64) -> Result<Args<'a>, E> {
+        Ok(Args::default())
+    }
+    fn visit_f64<E: de::Error>(self, _v: f64) -> Result<Args<'a>, E> {
+        Ok(Args::default())
+    }
+    fn visit_bool<E: de::Error>(self, _v: bool) -> Result<Args<'a>, E> {
+        Ok(Args::default())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Args<'a>, E> {
+        Ok(Args::default())
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Args<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ArgsVisitor(std::marker::PhantomData))
+    }
+}
+
 /// One element of `traceEvents`.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(default)]
+#[derive(Debug, Default)]
 pub(crate) struct RawEvent<'a> {
-    #[serde(borrow)]
     pub ph: Bytes<'a>,
-    #[serde(borrow)]
     pub cat: Bytes<'a>,
-    #[serde(borrow)]
     pub name: Bytes<'a>,
     pub pid: Num,
     pub tid: Num,
     pub ts: Num,
     pub dur: Num,
-    #[serde(borrow)]
     pub args: Option<Args<'a>>,
+}
+
+/// Whether an event's `args` matter, once `cat` and `name` are known: GPU
+/// events (occupancy, bandwidth, collective sizes, device/stream), Python
+/// events (ids) and CPU-side collectives (process group). Everything else
+/// (most CPU ops, with their large `Input Dims`…) skips `args` unparsed.
+fn args_needed(cat: Option<&[u8]>, name: Option<&[u8]>) -> bool {
+    match cat {
+        None => true,
+        Some(b"kernel" | b"gpu_memcpy" | b"gpu_memset" | b"python_function") => true,
+        Some(_) => match name {
+            None => true,
+            Some(n) => super::build::is_comm_op_name(n),
+        },
+    }
+}
+
+struct EventVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for EventVisitor<'a> {
+    type Value = RawEvent<'a>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a trace event object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawEvent<'a>, A::Error> {
+        let mut e = RawEvent::default();
+        let (mut has_cat, mut has_name) = (false, false);
+        while let Some(Key(k)) = map.next_key::<Key>()? {
+            match k.as_slice() {
+                b"ph" => e.ph = map.next_value()?,
+                b"cat" => {
+                    e.cat = map.next_value()?;
+                    has_cat = true;
+                }
+                b"name" => {
+                    e.name = map.next_value()?;
+                    has_name = true;
+                }
+                b"pid" => e.pid = map.next_value()?,
+                b"tid" => e.tid = map.next_value()?,
+                b"ts" => e.ts = map.next_value()?,
+                b"dur" => e.dur = map.next_value()?,
+                b"args" => {
+                    let cat = has_cat.then(|| e.cat.as_slice());
+                    let name = has_name.then(|| e.name.as_slice());
+                    if args_needed(cat, name) {
+                        e.args = Some(map.next_value()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(e)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawEvent<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(EventVisitor(std::marker::PhantomData))
+    }
 }
 
 /// One process group of `distributedInfo.pg_config`.
