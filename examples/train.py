@@ -95,6 +95,8 @@ def main():
                     help="slow-rank: ms of extra work per iteration; slow-data: ms per batch")
     ap.add_argument("--comm-mb", type=float, default=16.0, help="heavy-comm tensor size")
     ap.add_argument("--gc-rounds", type=int, default=3)
+    ap.add_argument("--trigger-at", type=int, default=-1,
+                    help="call whyslow.trigger() at this iteration (on-demand profile)")
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--times-out", default="", help="write per-iteration times (s) here (rank 0)")
     a = ap.parse_args()
@@ -131,6 +133,8 @@ def main():
             if it >= a.iters:
                 break
             FAULT_ACTIVE = a.fault != "none" and it >= a.fault_at
+            if it == a.trigger_at:
+                whyslow.trigger("on-demand (examples/train.py --trigger-at %d)" % it)
             x, y = x.to(dev), y.to(dev)
             out = model(x)
             loss = loss_fn(out, y)

@@ -27,6 +27,7 @@ class Config:
     n                             WHYSLOW_N                    50 (§4.1 N)
     threshold                     WHYSLOW_THRESHOLD            0.05 (§4.1: 5 %)
     block_factor                  WHYSLOW_BLOCK_FACTOR         5 (§4.1: blocked at 5× mean)
+    block_min_s                   WHYSLOW_BLOCK_MIN_S          1 (and never below this many seconds)
     k                             WHYSLOW_K                    200 (§4.1 K)
     recent                        WHYSLOW_RECENT               10·N (iterations of "recent")
     baseline                      WHYSLOW_BASELINE             rolling_mean | shortest_iteration
@@ -54,6 +55,7 @@ class Config:
     n: int = 50
     threshold: float = 0.05
     block_factor: float = 5.0
+    block_min_s: float = 1.0
     k: int = 200
     recent: int = 0
     baseline: str = "rolling_mean"

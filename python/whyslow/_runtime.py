@@ -66,6 +66,7 @@ class Tracker:
             k=cfg.k,
             recent=cfg.recent,
             baseline=cfg.baseline,
+            block_min_s=cfg.block_min_s,
         )
         self.policy = _whyslow.TriggerPolicy(cfg.cooldown_s, cfg.max_per_hour)
         self.job_dir = os.path.join(cfg.report_dir, cfg.job_id)
@@ -236,6 +237,8 @@ class Tracker:
         """Watchdog thread: §4.1 (2) blocked detection, once a second."""
         while not self._stop.wait(1.0):
             try:
+                if self.pending is not None or self.prof is not None:
+                    continue  # our own window stalls ranks on purpose
                 b = self.det.check_blocked(_now())
                 if b is not None:
                     self._report_blocked(*b)
@@ -313,6 +316,8 @@ class Tracker:
             except FileNotFoundError:
                 pass  # another rank took it
         store = self._get_store()
+        if store is not None:
+            _test_fault("store", self.rank)
         if self.pending is None and self.prof is None:
             nxt = self.session + 1
             if store is not None and store.check([self._key("s%d" % nxt, "session")]):
@@ -333,7 +338,7 @@ class Tracker:
             "session": nxt,
             "target": self.steps + lead,
             "iters": iters,
-            "window_s": self.cfg.window_s,
+            "window_s": 0.0 if self.cfg.window_iters > 0 else self.cfg.window_s,
             "stamp": time.strftime("%Y%m%d-%H%M%S"),
             "reason": self.want,
             "proposer": self.rank,
@@ -350,6 +355,8 @@ class Tracker:
     def _accept(self, session: Dict[str, Any]) -> None:
         self.session = session["session"]
         self.policy.record(_now())
+        # This session answers any detection of ours made before it started.
+        self.want = None
         self.pending = session
         if session["target"] <= self.steps:
             log.warning(
@@ -390,8 +397,9 @@ class Tracker:
             "t0": t,
             "sys_profile_before": sys.getprofile(),
         }
-        prof = profile(activities=acts, with_stack=True, record_shapes=False)
         try:
+            _test_fault("profiler_start", self.rank)
+            prof = profile(activities=acts, with_stack=True, record_shapes=False)
             prof.start()
         except BaseException:
             self.det.resume(_now())
@@ -404,7 +412,10 @@ class Tracker:
         assert info is not None
         done = self.steps - info["start_step"]
         s = info["session"]
-        limit_ns = 3 * s["window_s"] * 1e9 if s["window_s"] else float("inf")
+        # The window ends after `iters` iterations or `window_s` seconds,
+        # whichever comes first (ranks run in lockstep, so they end within
+        # an iteration of each other).
+        limit_ns = s["window_s"] * 1e9 if s.get("window_s") else float("inf")
         if done >= s["iters"] or (t - info["t0"]) >= limit_ns:
             self._stop_profile()
         else:
@@ -572,5 +583,5 @@ def _test_fault(where: str, rank: int) -> None:
     spec = os.environ.get("WHYSLOW_TEST_FAULT", "")
     if spec == "die_rank0_" + where and rank == 0:
         os._exit(17)
-    if spec == "raise_" + where:
+    if spec in ("raise_" + where, "raise_%s_rank%d" % (where, rank)):
         raise RuntimeError("injected test fault at " + where)

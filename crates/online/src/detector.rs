@@ -87,6 +87,10 @@ pub struct DetectorConfig {
     /// Blocked when the time since the last event is ≥ this × the mean
     /// iteration (5.0).
     pub block_factor: f64,
+    /// Never report a stall shorter than this, ns (default 0: the paper's
+    /// rule alone). A deployment guard for jobs with very short iterations,
+    /// where 5 × the mean is within OS scheduling noise.
+    pub block_min_ns: i64,
     /// K: consecutive events without a complete match after which iteration
     /// detection starts over (200).
     pub k: usize,
@@ -111,6 +115,7 @@ impl Default for DetectorConfig {
             n: 50,
             threshold: 0.05,
             block_factor: 5.0,
+            block_min_ns: 0,
             k: 200,
             recent: 500,
             baseline: Baseline::RollingMean,
@@ -447,7 +452,8 @@ impl Detector {
 
     /// Situation (2) of §4.1: `Some(Blocked)` when the iteration sequence is
     /// known, at least one iteration was matched, and `now_ns` is at least
-    /// `block_factor` × the mean iteration after the last event. Reported
+    /// `block_factor` × the mean iteration (and at least `block_min_ns`)
+    /// after the last event. Reported
     /// once per stall: the next event re-arms it.
     pub fn check_blocked(&mut self, now_ns: i64) -> Option<Degradation> {
         if self.paused || self.phase != Phase::Monitoring || self.blocked_latched {
@@ -456,7 +462,7 @@ impl Detector {
         let mean = self.mean_ns()?;
         let last = self.last_event_ns?;
         let idle = now_ns - last;
-        if idle as f64 >= self.cfg.block_factor * mean {
+        if idle as f64 >= self.cfg.block_factor * mean && idle >= self.cfg.block_min_ns {
             self.blocked_latched = true;
             Some(Degradation::Blocked {
                 idle_ns: idle,

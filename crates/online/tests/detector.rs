@@ -458,3 +458,18 @@ fn policy_hourly_cap() {
     assert!(none.check(0).is_err());
     assert!(TriggerPolicy::new(-1, 1).is_err());
 }
+
+#[test]
+fn block_min_guards_short_iterations() {
+    let cfg = DetectorConfig {
+        block_min_ns: 1000 * MS,
+        ..DetectorConfig::default()
+    };
+    let mut d = Detector::new(cfg).unwrap();
+    let mut t = 0;
+    for _ in 0..30 {
+        feed(&mut d, &[N, S], &mut t, 10 * MS, 0);
+    }
+    assert!(d.check_blocked(t + 500 * MS).is_none()); // 50× the mean, < 1 s
+    assert!(d.check_blocked(t + 1000 * MS).is_some());
+}

@@ -15,7 +15,9 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 
 use whyslow_model::Fingerprint;
-use whyslow_online::{Baseline, Degradation, Detector, DetectorConfig, Event, Phase, TriggerPolicy};
+use whyslow_online::{
+    Baseline, Degradation, Detector, DetectorConfig, Event, Phase, TriggerPolicy,
+};
 
 /// No iteration completed by this event.
 const NOTHING: i32 = 0;
@@ -52,7 +54,8 @@ impl PyDetector {
 #[pymethods]
 impl PyDetector {
     #[new]
-    #[pyo3(signature = (m=10, n=50, threshold=0.05, block_factor=5.0, k=200, recent=None, baseline="rolling_mean"))]
+    #[pyo3(signature = (m=10, n=50, threshold=0.05, block_factor=5.0, k=200, recent=None, baseline="rolling_mean", block_min_s=0.0))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         m: usize,
         n: usize,
@@ -61,6 +64,7 @@ impl PyDetector {
         k: usize,
         recent: Option<usize>,
         baseline: &str,
+        block_min_s: f64,
     ) -> PyResult<Self> {
         let baseline: Baseline = baseline
             .parse()
@@ -73,6 +77,7 @@ impl PyDetector {
             k,
             recent: recent.unwrap_or(10 * n),
             baseline,
+            block_min_ns: (block_min_s.max(0.0) * 1e9) as i64,
             ..DetectorConfig::default()
         };
         let inner = Detector::new(cfg).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -293,17 +298,8 @@ fn summarize_trace(
         beta_floor,
         ..Default::default()
     };
-    py.allow_threads(|| {
-        summarize_impl(
-            &trace_path,
-            out_path.as_deref(),
-            rank,
-            host,
-            group,
-            &opts,
-        )
-    })
-    .map_err(PyValueError::new_err)
+    py.allow_threads(|| summarize_impl(&trace_path, out_path.as_deref(), rank, host, group, &opts))
+        .map_err(PyValueError::new_err)
 }
 
 fn load_fingerprint(s: &str) -> Result<Fingerprint, String> {

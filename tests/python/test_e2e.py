@@ -1,0 +1,57 @@
+"""End-to-end: torchrun, 4 CPU ranks (gloo), a job that starts healthy and
+turns slow mid-run. The report must name the injected function (its Python
+stack contains the function's name) on exactly the faulty ranks."""
+
+import pytest
+
+from conftest import finding_for, needs_torch, torchrun
+
+pytestmark = needs_torch
+
+BASE = ["--iters", "260", "--fault-at", "100", "--log-every", "50"]
+
+
+def _check(run, fn, ranks):
+    assert run.rc == 0, run.out[-3000:]
+    reps = run.reports()
+    assert reps, "no report written\n" + run.out[-3000:]
+    sdir, rep = reps[0]
+    assert rep["workers"] == 4 and rep["missing_workers"] == []
+    hits = finding_for(rep, fn)
+    assert hits, "%s not in findings of %s: %s" % (
+        fn, sdir, [(f["function"][-80:], f["workers"]) for f in rep["findings"]])
+    if ranks == "all":
+        assert sorted(hits[0]["workers"]) == [0, 1, 2, 3]
+    else:
+        assert hits[0]["workers"] == ranks, hits[0]["workers"]
+
+
+def test_slow_rank(tmp_path):
+    run = torchrun(tmp_path, BASE + ["--fault", "slow-rank", "--fault-rank", "2", "--fault-ms", "30"])
+    _check(run, "injected_slow_rank_work", [2])
+
+
+def test_slow_data(tmp_path):
+    run = torchrun(tmp_path, BASE + ["--fault", "slow-data", "--fault-ms", "30"])
+    _check(run, "injected_slow_data", "all")
+
+
+def test_gc_storm(tmp_path):
+    run = torchrun(tmp_path, BASE + ["--fault", "gc-storm", "--gc-rounds", "3"])
+    assert run.rc == 0, run.out[-3000:]
+    reps = run.reports()
+    assert reps, run.out[-3000:]
+    hits = finding_for(reps[0][1], "injected_gc_storm")
+    assert hits, [(f["function"][-80:], f["workers"]) for f in reps[0][1]["findings"]]
+
+
+def test_heavy_comm(tmp_path):
+    run = torchrun(tmp_path, BASE + ["--fault", "heavy-comm", "--comm-mb", "8"])
+    _check(run, "injected_heavy_comm", "all")
+
+
+def test_healthy_run_does_not_trigger(tmp_path):
+    run = torchrun(tmp_path, ["--iters", "320", "--fault", "none", "--log-every", "100"])
+    assert run.rc == 0, run.out[-3000:]
+    assert run.sessions() == [], run.out[-3000:]
+    assert "profiling all ranks" not in run.out
