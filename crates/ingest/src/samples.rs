@@ -13,6 +13,9 @@ use crate::error::{ErrorKind, IngestError, Location};
 use crate::generic::csv_err;
 use crate::open::open;
 
+/// Points of one worker, per resource, as read.
+type Points = BTreeMap<Resource, Vec<(i64, f32)>>;
+
 /// One worker's sample series.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct WorkerSamples {
@@ -64,7 +67,7 @@ pub fn read_samples_all(path: &Path) -> Result<Vec<WorkerSamples>, IngestError> 
     };
     let (cr, ct, cv) = (need("resource")?, need("ts_us")?, need("value")?);
     let cw = col("worker");
-    let mut by_worker: BTreeMap<Option<u32>, BTreeMap<Resource, Vec<(i64, f32)>>> = BTreeMap::new();
+    let mut by_worker: BTreeMap<Option<u32>, Points> = BTreeMap::new();
     let mut rec = csv::StringRecord::new();
     loop {
         match rdr.read_record(&mut rec) {

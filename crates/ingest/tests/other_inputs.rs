@@ -37,10 +37,21 @@ fn generic_csv_and_jsonl() {
     assert_eq!(t0.meta.host.as_deref(), Some("h0"));
     assert_eq!(t0.meta.group.as_deref(), Some("g"));
     assert_eq!(t0.executions.len(), 3);
-    let py = t0.executions.iter().find(|e| t0.functions.get(e.function).kind == FunctionKind::Python).unwrap();
-    assert_eq!(t0.functions.get(py.function).name, "train.py(1): main;model.py(9): fwd");
+    let py = t0
+        .executions
+        .iter()
+        .find(|e| t0.functions.get(e.function).kind == FunctionKind::Python)
+        .unwrap();
+    assert_eq!(
+        t0.functions.get(py.function).name,
+        "train.py(1): main;model.py(9): fwd"
+    );
     assert_eq!(t0.training_thread, Some(py.thread));
-    let k = t0.executions.iter().find(|e| t0.functions.get(e.function).kind == FunctionKind::GpuKernel).unwrap();
+    let k = t0
+        .executions
+        .iter()
+        .find(|e| t0.functions.get(e.function).kind == FunctionKind::GpuKernel)
+        .unwrap();
     assert_eq!((k.start_ns, k.end_ns, k.trace_util), (10_000, 15_000, 0.5));
     assert_eq!(t0.functions.get(k.function).resource, Resource::Sm);
     let c = &ts[1].executions[0];
@@ -59,7 +70,10 @@ fn generic_csv_and_jsonl() {
     assert_eq!(ts[0].executions.len(), 2);
 
     // Errors carry the line.
-    write(&csv, "worker,name,kind,start_us,dur_us\n0,a,cpu_op,1,2\n0,a,gpu,1,2\n");
+    write(
+        &csv,
+        "worker,name,kind,start_us,dur_us\n0,a,cpu_op,1,2\n0,a,gpu,1,2\n",
+    );
     let e = read_generic(&csv).unwrap_err();
     assert_eq!(e.location, Location::Line(3), "{e}");
     assert!(e.to_string().contains("unknown function kind"), "{e}");
@@ -84,13 +98,19 @@ fn samples() {
     write(&p, "resource,ts_us,value,worker\nsm,2,0.5,1\nsm,1,0.25,0\n");
     assert!(read_samples(&p).is_err());
     let all = read_samples_all(&p).unwrap();
-    assert_eq!(all.iter().map(|w| w.worker).collect::<Vec<_>>(), vec![Some(0), Some(1)]);
+    assert_eq!(
+        all.iter().map(|w| w.worker).collect::<Vec<_>>(),
+        vec![Some(0), Some(1)]
+    );
     write(&p, "resource,ts_us,value\nsm,2,0.5\nsm,1,1.5\n");
     let e = read_samples(&p).unwrap_err();
     assert_eq!(e.location, Location::Line(3), "{e}");
     assert!(e.to_string().contains("[0, 1]"), "{e}");
     write(&p, "resource,ts_us,value\ngpu,2,0.5\n");
-    assert!(read_samples(&p).unwrap_err().to_string().contains("unknown resource"));
+    assert!(read_samples(&p)
+        .unwrap_err()
+        .to_string()
+        .contains("unknown resource"));
 }
 
 fn fingerprint() -> Fingerprint {
@@ -135,7 +155,10 @@ fn fingerprints_round_trip_and_reject() {
     assert!(e.to_string().contains("newer"), "{e}");
     write(&p, &text.replace("whyslow-fingerprint", "other"));
     let e = read_fingerprint(&p).unwrap_err();
-    assert!(e.to_string().contains("expected \"whyslow-fingerprint\""), "{e}");
+    assert!(
+        e.to_string().contains("expected \"whyslow-fingerprint\""),
+        "{e}"
+    );
     write(&p, "{\"format\":");
     assert!(read_fingerprint(&p).is_err());
 }
@@ -144,20 +167,28 @@ fn fingerprints_round_trip_and_reject() {
 fn discover_and_read_traces() {
     let d = tmpdir("discover");
     std::fs::create_dir_all(d.join("sub/deeper")).unwrap();
-    let ev = r#"{"traceEvents":[{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1,"dur":1}]}"#;
+    let ev =
+        r#"{"traceEvents":[{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1,"dur":1}]}"#;
     write(&d.join("sub/rank_3.pt.trace.json"), ev);
     write(&d.join("sub/deeper/worker.json"), ev);
     write(&d.join("sub/deeper/other.json"), ev);
     write(&d.join("bad.json"), "not json");
     write(&d.join("notes.txt"), "ignored");
-    write(&d.join("e.csv"), "worker,name,kind,start_us,dur_us\n0,a,cpu_op,1,2\n");
+    write(
+        &d.join("e.csv"),
+        "worker,name,kind,start_us,dur_us\n0,a,cpu_op,1,2\n",
+    );
     write(&d.join("x.samples.csv"), "resource,ts_us,value\n");
     write_fingerprint(&d.join("w.fingerprint.json"), &fingerprint()).unwrap();
     write_fingerprint(&d.join("plain.json"), &fingerprint()).unwrap();
-    let files = discover(&[d.clone()]).unwrap();
+    let files = discover(std::slice::from_ref(&d)).unwrap();
     let kinds: Vec<String> = files
         .iter()
-        .map(|f| format!("{:?}", f).split('(').next().unwrap().to_string() + ":" + &f.path().file_name().unwrap().to_string_lossy())
+        .map(|f| {
+            format!("{:?}", f).split('(').next().unwrap().to_string()
+                + ":"
+                + &f.path().file_name().unwrap().to_string_lossy()
+        })
         .collect();
     assert_eq!(
         kinds,
@@ -185,7 +216,10 @@ fn discover_and_read_traces() {
     assert_eq!(done.into_inner(), 5);
     assert_eq!(errs.len(), 1);
     assert!(errs[0].to_string().contains("bad.json"));
-    let ranks: Vec<(u32, RankSource)> = ts.iter().map(|t| (t.meta.rank, t.meta.rank_source)).collect();
+    let ranks: Vec<(u32, RankSource)> = ts
+        .iter()
+        .map(|t| (t.meta.rank, t.meta.rank_source))
+        .collect();
     // e.csv worker 0 (trace), rank_3 (file name), the two others file order: 1, 2.
     assert_eq!(
         ranks,
@@ -201,7 +235,13 @@ fn discover_and_read_traces() {
 
 #[test]
 fn rank_from_names() {
-    for (n, r) in [("rank-3.json", Some(3)), ("x_rank12_y.json.gz", Some(12)), ("RANK_4/trace.json", Some(4)), ("trace.json", None), ("ranked.json", None)] {
+    for (n, r) in [
+        ("rank-3.json", Some(3)),
+        ("x_rank12_y.json.gz", Some(12)),
+        ("RANK_4/trace.json", Some(4)),
+        ("trace.json", None),
+        ("ranked.json", None),
+    ] {
         assert_eq!(rank_from_file_name(Path::new(n)), r, "{n}");
     }
 }

@@ -582,7 +582,7 @@ impl Builder {
             .lanes
             .iter()
             .enumerate()
-            .filter(|(i, l)| !l.gpu && !(roots[*i].0 && !roots[*i].1));
+            .filter(|(i, l)| !l.gpu && (!roots[*i].0 || roots[*i].1));
         t.training_thread = candidates
             .max_by_key(|(i, l)| (l.step_ns, l.busy_ns, std::cmp::Reverse(*i)))
             .filter(|(_, l)| l.step_ns > 0 || l.busy_ns > 0)
