@@ -1,0 +1,589 @@
+//! Bayesian Online Change-point Detection (Adams & MacKay 2007), as used by
+//! LLMPrism §IV-B (step division) and §IV-C (timeline reconstruction).
+//!
+//! Model: Gaussian observations with unknown mean and precision under a Normal-Gamma
+//! prior NG(μ₀, κ₀, α₀, β₀); the posterior predictive of a run is a Student-t with
+//! 2α degrees of freedom, location μ and squared scale β(κ+1)/(ακ). Constant hazard
+//! H = 1/λ. Recursion (same convention as the `changepoint` crate, which the tests
+//! check against):
+//!
+//! * growth: P(r_t = r+1) ∝ P(r_{t−1} = r) · π_r(x_t) · (1 − H)
+//! * change: P(r_t = 0) ∝ Σ_r P(r_{t−1} = r) · π_r(x_t) · H
+//!
+//! and after the update every run's statistics (including the new, empty run of length
+//! 0) absorb x_t, so a run of length r at time t covers x_{t−r} ..= x_t.
+//!
+//! **Change points from the posterior.** With a constant hazard, the normalized
+//! P(r_t = 0 | x_{1:t}) is exactly H at every t and carries no information; evidence
+//! for a change shows up as posterior mass moving to *short* run lengths. We therefore
+//! store, for every t, the MAP run length m_t and the confidence
+//! c_t = P(r_t ≤ m_t | x_{1:t}), and segment backwards as in a MAP walk: from the last
+//! point t, the current segment starts at s = t − m_t; s is reported as a change point
+//! when c_t ≥ threshold (LLMPrism uses 0.95); the walk continues at s − 1.
+//!
+//! **Linear time.** Run lengths whose posterior mass falls below `prune_eps` (and all
+//! but the `max_run_lengths` most likely ones) are dropped, so each step costs
+//! O(alive run lengths), bounded by a constant.
+//!
+//! **Normalized input.** [`normalize_intervals`] maps intervals to ln(1 + Δt) and
+//! standardizes them (zero mean, unit variance) so that one prior fits every pair.
+
+use serde::{Deserialize, Serialize};
+
+/// Normal-Gamma prior NG(μ₀, κ₀, α₀, β₀) over the mean and precision of a Gaussian.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NormalGammaPrior {
+    /// Prior mean μ₀.
+    pub mu: f64,
+    /// Pseudo-observations of the mean κ₀ (> 0).
+    pub kappa: f64,
+    /// Shape α₀ (> 0).
+    pub alpha: f64,
+    /// Rate β₀ (> 0).
+    pub beta: f64,
+}
+
+impl Default for NormalGammaPrior {
+    fn default() -> Self {
+        NormalGammaPrior {
+            mu: 0.0,
+            kappa: 1.0,
+            alpha: 2.0,
+            beta: 2.0,
+        }
+    }
+}
+
+/// BOCD settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BocdConfig {
+    /// λ of the constant hazard H = 1/λ (expected run length).
+    pub hazard_lambda: f64,
+    /// Confidence needed to report a change point (LLMPrism: 0.95).
+    pub threshold: f64,
+    /// Run lengths with less posterior mass are pruned (0 disables pruning).
+    pub prune_eps: f64,
+    /// At most this many run lengths are kept (0 = unbounded).
+    pub max_run_lengths: usize,
+    /// Prior of every run.
+    pub prior: NormalGammaPrior,
+    /// Change model and read-out.
+    pub model: CpModel,
+    /// Scale of the Cauchy density of a gap interval in [`CpModel::GapOutlier`]
+    /// (normalized units, see [`normalize_intervals`]).
+    pub gap_scale: f64,
+    /// Time unit of the interval transform ln(1 + Δt / unit), microseconds: intervals
+    /// much shorter than the unit (back-to-back flows of one burst) all map to ≈ 0.
+    pub interval_unit_us: f64,
+}
+
+/// How a change point is modelled and read out of the run-length posterior.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpModel {
+    /// Adams & MacKay's recursion exactly as the `changepoint` crate implements it:
+    /// the change branch weighs x_t with the old runs' predictives
+    /// (P(r_t = 0) ∝ H Σ_r P(r_{t−1} = r) π_r(x_t), hence always exactly H after
+    /// normalization) and the new run absorbs x_t. Change points come from the backward
+    /// MAP walk with confidence P(r_t ≤ MAP) ≥ threshold.
+    AdamsMacKay,
+    /// Gap-outlier reading, used for step division: a step boundary is an interval drawn
+    /// from a broad gap density g (Cauchy(0, `gap_scale`)) rather than from the current
+    /// run, after which a fresh run starts from the prior. The change branch weighs x_t
+    /// with g (P(r_t = 0) ∝ H g(x_t)) and the new run does not absorb x_t, so
+    /// P(r_t = 0 | x_{1:t}) is informative; t is a change point when it is
+    /// ≥ threshold (LLMPrism's "likelihood that r_t = 0 exceeds 0.95") and x_t lies above
+    /// the predictive mean of the most likely previous run (a longer gap, not a burst).
+    GapOutlier,
+}
+
+impl Default for BocdConfig {
+    fn default() -> Self {
+        BocdConfig {
+            hazard_lambda: 50.0,
+            threshold: 0.95,
+            prune_eps: 1e-5,
+            max_run_lengths: 64,
+            prior: NormalGammaPrior::default(),
+            model: CpModel::GapOutlier,
+            gap_scale: 10.0,
+            interval_unit_us: 1000.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// Run length (number of points after the first one).
+    len: usize,
+    prob: f64,
+    /// Number of observations absorbed.
+    n: usize,
+    mu: f64,
+    kappa: f64,
+    beta: f64,
+}
+
+/// Online BOCD state. Feed points with [`Bocd::step`].
+#[derive(Debug, Clone)]
+pub struct Bocd {
+    cfg: BocdConfig,
+    hazard: f64,
+    runs: Vec<Run>,
+    scratch: Vec<Run>,
+    /// ln Γ(α+½) − ln Γ(α) − ½ ln(2απ) for α = α₀ + n/2, indexed by n.
+    lnc: Vec<f64>,
+    t: usize,
+    last_cp: f64,
+    last_up: bool,
+}
+
+impl Bocd {
+    /// A detector with no data.
+    pub fn new(cfg: BocdConfig) -> Self {
+        let lambda = if cfg.hazard_lambda.is_finite() && cfg.hazard_lambda > 1.0 {
+            cfg.hazard_lambda
+        } else {
+            2.0
+        };
+        Bocd {
+            cfg,
+            hazard: 1.0 / lambda,
+            runs: Vec::new(),
+            scratch: Vec::new(),
+            lnc: Vec::new(),
+            t: 0,
+            last_cp: 0.0,
+            last_up: false,
+        }
+    }
+
+    fn lnc(&mut self, n: usize) -> f64 {
+        while self.lnc.len() <= n {
+            let a = self.cfg.prior.alpha + self.lnc.len() as f64 / 2.0;
+            self.lnc.push(
+                ln_gamma(a + 0.5) - ln_gamma(a) - 0.5 * (2.0 * a * std::f64::consts::PI).ln(),
+            );
+        }
+        self.lnc[n]
+    }
+
+    fn empty_run(&self) -> Run {
+        let p = self.cfg.prior;
+        Run {
+            len: 0,
+            prob: 0.0,
+            n: 0,
+            mu: p.mu,
+            kappa: p.kappa,
+            beta: p.beta,
+        }
+    }
+
+    /// ln of the Student-t posterior predictive of `x` under `run`.
+    fn ln_pred(&mut self, run: &Run, x: f64) -> f64 {
+        let alpha = self.cfg.prior.alpha + run.n as f64 / 2.0;
+        let scale2 = run.beta * (run.kappa + 1.0) / (alpha * run.kappa);
+        let d = x - run.mu;
+        self.lnc(run.n)
+            - 0.5 * scale2.ln()
+            - (alpha + 0.5) * (d * d / (2.0 * alpha * scale2)).ln_1p()
+    }
+
+    /// Absorb `x`; afterwards [`Bocd::run_lengths`] is the posterior P(r_t | x_{1:t}).
+    pub fn step(&mut self, x: f64) {
+        let x = if x.is_finite() { x } else { 0.0 };
+        let gap = self.cfg.model == CpModel::GapOutlier;
+        self.last_cp = 0.0;
+        self.last_up = false;
+        if self.runs.is_empty() {
+            let mut r = self.empty_run();
+            r.prob = 1.0;
+            self.runs.push(r);
+            if !gap {
+                self.absorb(x, 0);
+                self.t += 1;
+                return;
+            }
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        scratch.push(self.empty_run());
+        let runs = std::mem::take(&mut self.runs);
+        // Upward test against the most likely previous run.
+        if let Some(best) = runs.iter().max_by(|a, b| a.prob.total_cmp(&b.prob)) {
+            self.last_up = x > best.mu;
+        }
+        // Log-domain weights, shifted by the max for stability.
+        let mut max_lp = f64::NEG_INFINITY;
+        for r in &runs {
+            let lp = self.ln_pred(r, x) + r.prob.ln();
+            max_lp = max_lp.max(lp);
+            let mut g = *r;
+            g.len += 1;
+            g.prob = lp; // temporarily the log weight
+            scratch.push(g);
+        }
+        let prior_lp = if gap {
+            let sc = if self.cfg.gap_scale.is_finite() && self.cfg.gap_scale > 0.0 {
+                self.cfg.gap_scale
+            } else {
+                10.0
+            };
+            let z = x / sc;
+            let lp = -(std::f64::consts::PI * sc).ln() - z.mul_add(z, 1.0).ln();
+            max_lp = max_lp.max(lp);
+            lp
+        } else {
+            0.0
+        };
+        let mut cp = 0.0;
+        let mut total = 0.0;
+        for g in scratch.iter_mut().skip(1) {
+            let w = (g.prob - max_lp).exp();
+            if !gap {
+                cp += w * self.hazard;
+            }
+            g.prob = w * (1.0 - self.hazard);
+            total += g.prob;
+        }
+        if gap {
+            cp = (prior_lp - max_lp).exp() * self.hazard;
+        }
+        total += cp;
+        scratch[0].prob = cp;
+        if !(total > 0.0 && total.is_finite()) {
+            // Degenerate: restart from the prior.
+            for g in scratch.iter_mut() {
+                g.prob = 0.0;
+            }
+            scratch[0].prob = 1.0;
+            total = 1.0;
+        }
+        for g in scratch.iter_mut() {
+            g.prob /= total;
+        }
+        self.last_cp = scratch[0].prob;
+        self.runs = runs;
+        std::mem::swap(&mut self.runs, &mut scratch);
+        self.scratch = scratch;
+        self.prune();
+        // Runs absorb x (Normal-Gamma update); in the gap model the new run starts empty.
+        self.absorb(x, usize::from(gap));
+        self.t += 1;
+    }
+
+    fn absorb(&mut self, x: f64, skip: usize) {
+        for r in self.runs.iter_mut().skip(skip) {
+            let k1 = r.kappa + 1.0;
+            let d = x - r.mu;
+            r.beta += r.kappa * d * d / (2.0 * k1);
+            r.mu = (r.kappa * r.mu + x) / k1;
+            r.kappa = k1;
+            r.n += 1;
+        }
+    }
+
+    /// P(r_t = 0 | x_{1:t}) after the last step (always H in the Adams-MacKay model).
+    pub fn cp_probability(&self) -> f64 {
+        self.last_cp
+    }
+
+    /// Whether the last point lay above the mean of the most likely previous run.
+    pub fn last_was_upward(&self) -> bool {
+        self.last_up
+    }
+
+    fn prune(&mut self) {
+        let eps = self.cfg.prune_eps;
+        let max = self.cfg.max_run_lengths;
+        if eps > 0.0 {
+            // Keep run length 0 always (it carries exactly H).
+            let mut first = true;
+            self.runs.retain(|r| {
+                let keep = first || r.prob >= eps;
+                first = false;
+                keep
+            });
+        }
+        if max > 0 && self.runs.len() > max {
+            let mut probs: Vec<f64> = self.runs.iter().skip(1).map(|r| r.prob).collect();
+            let k = max - 1;
+            if k == 0 {
+                self.runs.truncate(1);
+                self.runs[0].prob = 1.0;
+                return;
+            }
+            let at = probs.len() - k;
+            probs.select_nth_unstable_by(at, |a, b| a.total_cmp(b));
+            let cut = probs[at];
+            let mut kept = 0;
+            let mut first = true;
+            self.runs.retain(|r| {
+                if first {
+                    first = false;
+                    return true;
+                }
+                if r.prob >= cut && kept < k {
+                    kept += 1;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+        let s: f64 = self.runs.iter().map(|r| r.prob).sum();
+        if s > 0.0 {
+            for r in &mut self.runs {
+                r.prob /= s;
+            }
+        }
+    }
+
+    /// Posterior over run lengths after the last step: (run length, probability),
+    /// ascending by run length; pruned run lengths are absent.
+    pub fn run_lengths(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
+        self.runs.iter().map(|r| (r.len, r.prob))
+    }
+
+    /// MAP run length and the confidence P(r_t ≤ MAP | x_{1:t}).
+    pub fn map_run_length(&self) -> (usize, f64) {
+        let mut best = (0usize, f64::NEG_INFINITY);
+        for r in &self.runs {
+            if r.prob > best.1 {
+                best = (r.len, r.prob);
+            }
+        }
+        let conf: f64 = self
+            .runs
+            .iter()
+            .filter(|r| r.len <= best.0)
+            .map(|r| r.prob)
+            .sum();
+        (best.0, conf.min(1.0))
+    }
+
+    /// Points seen.
+    pub fn len(&self) -> usize {
+        self.t
+    }
+
+    /// True before the first point.
+    pub fn is_empty(&self) -> bool {
+        self.t == 0
+    }
+}
+
+/// Change points of `xs`: indices `s` (0 < s ≤ len) where a new segment starts,
+/// ascending. With [`CpModel::GapOutlier`], s = t + 1 for every gap t (the new segment
+/// starts after the gap interval); with [`CpModel::AdamsMacKay`], the backward MAP walk
+/// (see the module docs).
+pub fn change_points(xs: &[f64], cfg: &BocdConfig) -> Vec<usize> {
+    let mut b = Bocd::new(*cfg);
+    if cfg.model == CpModel::GapOutlier {
+        let mut cps = Vec::new();
+        for (t, &x) in xs.iter().enumerate() {
+            b.step(x);
+            if b.cp_probability() >= cfg.threshold && b.last_was_upward() {
+                cps.push(t + 1);
+            }
+        }
+        return cps;
+    }
+    let mut maps = Vec::with_capacity(xs.len());
+    for &x in xs {
+        b.step(x);
+        maps.push(b.map_run_length());
+    }
+    let mut cps = Vec::new();
+    let mut t = xs.len();
+    while t > 0 {
+        let (m, conf) = maps[t - 1];
+        let s = (t - 1).saturating_sub(m);
+        if s > 0 && conf >= cfg.threshold {
+            cps.push(s);
+        }
+        // Continue before the segment (or one step back when unconfident).
+        t = if conf >= cfg.threshold { s } else { t - 1 };
+    }
+    cps.reverse();
+    cps.dedup();
+    cps
+}
+
+/// Minimum robust scale of the log-intervals in [`normalize_intervals`]: interval
+/// jitter up to a factor e^0.5 ≈ 1.65 is treated as noise.
+pub const MIN_LOG_SCALE: f64 = 0.5;
+
+/// The "inputs normalized" step of the BOCD: map intervals to ln(1 + Δt / unit) and scale
+/// them robustly, (y − median) / max(1.4826 · MAD, [`MIN_LOG_SCALE`]), so that the
+/// within-step intervals are ≈ N(0, 1) whatever the pair's time scale and the gaps
+/// between steps stand far out; one prior then fits every pair.
+pub fn normalize_intervals(dts: &[f64], unit_us: f64) -> Vec<f64> {
+    let unit = if unit_us.is_finite() && unit_us > 0.0 {
+        unit_us
+    } else {
+        1.0
+    };
+    let mut v: Vec<f64> = dts
+        .iter()
+        .map(|&d| {
+            if d > 0.0 && d.is_finite() {
+                (d / unit).ln_1p()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    if v.is_empty() {
+        return v;
+    }
+    let med = median(&mut v.clone());
+    let mut dev: Vec<f64> = v.iter().map(|x| (x - med).abs()).collect();
+    let mad = median(&mut dev);
+    let scale = (1.4826 * mad).max(MIN_LOG_SCALE);
+    for x in &mut v {
+        *x = (*x - med) / scale;
+    }
+    v
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    let mid = v.len() / 2;
+    let (_, m, _) = v.select_nth_unstable_by(mid, |a, b| a.total_cmp(b));
+    *m
+}
+
+/// ln Γ(x) for x > 0 (Lanczos approximation, g = 7, n = 9; |error| < 1e-13).
+pub fn ln_gamma(x: f64) -> f64 {
+    const G: f64 = 7.0;
+    const C: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    if x < 0.5 {
+        // Reflection.
+        let pi = std::f64::consts::PI;
+        return (pi / (pi * x).sin()).ln() - ln_gamma(1.0 - x);
+    }
+    let x = x - 1.0;
+    let mut a = C[0];
+    let t = x + G + 0.5;
+    for (i, c) in C.iter().enumerate().skip(1) {
+        a += c / (x + i as f64);
+    }
+    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + a.ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ln_gamma_matches_known_values() {
+        assert!((ln_gamma(1.0)).abs() < 1e-12);
+        assert!((ln_gamma(2.0)).abs() < 1e-12);
+        assert!((ln_gamma(5.0) - 24f64.ln()).abs() < 1e-10);
+        assert!((ln_gamma(0.5) - std::f64::consts::PI.sqrt().ln()).abs() < 1e-10);
+        assert!((ln_gamma(100.5) - 361.435_540_467_777_6).abs() < 1e-8);
+    }
+
+    #[test]
+    fn cp_mass_stays_at_hazard() {
+        let cfg = BocdConfig {
+            prune_eps: 0.0,
+            max_run_lengths: 0,
+            model: CpModel::AdamsMacKay,
+            ..Default::default()
+        };
+        let mut b = Bocd::new(cfg);
+        for i in 0..50 {
+            b.step(if i < 25 { 0.0 } else { 5.0 });
+            if i > 0 {
+                let p0 = b.run_lengths().next().unwrap();
+                assert_eq!(p0.0, 0);
+                assert!(
+                    (p0.1 - 1.0 / cfg.hazard_lambda).abs() < 1e-12,
+                    "P(r=0) = {}",
+                    p0.1
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn finds_mean_shifts() {
+        let mut xs = Vec::new();
+        let mut s = 1u64;
+        for seg in 0..4 {
+            for _ in 0..40 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let u = ((s >> 33) as f64 / (1u64 << 31) as f64) - 0.5;
+                xs.push(if seg % 2 == 0 { 0.0 } else { 3.0 } + 0.2 * u);
+            }
+        }
+        let cfg = BocdConfig {
+            model: CpModel::AdamsMacKay,
+            ..Default::default()
+        };
+        assert_eq!(change_points(&xs, &cfg), vec![40, 80, 120]);
+    }
+
+    #[test]
+    fn no_change_in_noise() {
+        let mut s = 7u64;
+        let xs: Vec<f64> = (0..300)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) as f64 / (1u64 << 31) as f64) - 0.5
+            })
+            .collect();
+        let dts: Vec<f64> = xs.iter().map(|x| 1000.0 * (1.0 + 0.5 * x)).collect();
+        assert!(change_points(&normalize_intervals(&dts, 1.0), &BocdConfig::default()).is_empty());
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let xs = [
+            f64::NAN,
+            f64::INFINITY,
+            -1e308,
+            1e308,
+            0.0,
+            f64::NEG_INFINITY,
+        ];
+        let _ = change_points(&xs, &BocdConfig::default());
+        let _ = change_points(&[], &BocdConfig::default());
+        let _ = normalize_intervals(&[f64::NAN, -3.0], f64::NAN);
+        let mut bad = BocdConfig {
+            hazard_lambda: f64::NAN,
+            threshold: 2.0,
+            prune_eps: -1.0,
+            max_run_lengths: 1,
+            prior: NormalGammaPrior {
+                mu: 0.0,
+                kappa: 1.0,
+                alpha: 1.0,
+                beta: 1.0,
+            },
+            model: CpModel::AdamsMacKay,
+            gap_scale: -1.0,
+            interval_unit_us: 0.0,
+        };
+        let _ = change_points(&[1.0, 2.0, 3.0, 100.0, 1.0], &bad);
+        bad.model = CpModel::GapOutlier;
+        let _ = change_points(&[1.0, 2.0, 3.0, 100.0, 1.0], &bad);
+    }
+}

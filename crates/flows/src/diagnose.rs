@@ -1,0 +1,372 @@
+//! Performance diagnosis (LLMPrism §IV-D): k-σ rules across steps, DP groups and
+//! switches.
+//!
+//! The k-σ rule flags a value above mean + kσ (k = 3; below mean − kσ for bandwidth).
+//! Two documented deviations from the paper keep it meaningful on small samples:
+//! the mean and σ are computed *without* the tested value (leave-one-out — with the
+//! value included, one outlier among n ≤ 10 can never exceed 3σ since its z-score is
+//! at most (n−1)/√n), and σ is floored at `min_rel_sigma` × mean so that near-constant
+//! lab data does not flag tiny deviations.
+//!
+//! * **Cross-step**: each rank's step durations; flagged steps of one job that overlap
+//!   in time are reported once, with the number of ranks that agree.
+//! * **Cross-group**: the mean DP communication time per step (duration of each DP
+//!   burst, first/last burst of the window excluded when possible) of each DP group of
+//!   a job, compared across the job's DP groups.
+//! * **Switch-level**: per switch (and per inter-switch link, from consecutive switches
+//!   of flow paths) the byte-weighted mean bandwidth of its DP flows per step window
+//!   (the paper's statistic, plotted as Fig. 5) and the 90th percentile of per-flow DP
+//!   bandwidth, which is what the k-σ rule (low tail) compares: with multi-switch
+//!   paths a throttled switch also lowers the *mean* of every neighbour that carries
+//!   some of its flows, while the neighbours' best flows stay fast. Also the maximum
+//!   number of concurrent DP flows through a switch against `max_concurrent_dp_flows`.
+
+use crate::classify::Classified;
+use crate::jobs::Jobs;
+use crate::timeline::RankTimelines;
+use crate::{FindingLevel, FlowConfig, FlowFinding, FlowIndex, FxHashMap, PairType, SwitchStats};
+
+/// Leave-one-out k-σ test. Returns, for each value, `Some(threshold)` when it is an
+/// outlier (above mean + kσ when `high`, below mean − kσ otherwise).
+pub fn k_sigma_outliers(
+    values: &[f64],
+    k: f64,
+    min_rel_sigma: f64,
+    min_samples: usize,
+    high: bool,
+) -> Vec<Option<f64>> {
+    let n = values.len();
+    let mut out = vec![None; n];
+    if n < min_samples.max(2) {
+        return out;
+    }
+    let sum: f64 = values.iter().sum();
+    let sum2: f64 = values.iter().map(|v| v * v).sum();
+    let m = (n - 1) as f64;
+    for (i, &v) in values.iter().enumerate() {
+        let mean = (sum - v) / m;
+        let var = ((sum2 - v * v) / m - mean * mean).max(0.0);
+        let sigma = var.sqrt().max(min_rel_sigma * mean.abs());
+        let thr = if high {
+            mean + k * sigma
+        } else {
+            mean - k * sigma
+        };
+        let bad = if high { v > thr } else { v < thr };
+        if bad && v.is_finite() {
+            out[i] = Some(thr);
+        }
+    }
+    out
+}
+
+/// Per-switch DP statistics (input of the switch-level diagnosis and Fig. 5).
+pub fn switch_stats(
+    index: &FlowIndex<'_>,
+    cls: &Classified,
+    tl: &RankTimelines,
+) -> Vec<SwitchStats> {
+    struct Acc {
+        flows: usize,
+        bytes: f64,
+        dur: f64,
+        edges: Vec<(u64, i32)>,
+        bins: FxHashMap<u64, (f64, f64)>,
+        bws: Vec<f64>,
+        link: bool,
+    }
+    // Bin width: median step duration (falls back to 1 s).
+    let mut durs: Vec<u64> = tl
+        .ranks
+        .iter()
+        .flat_map(|r| r.steps.iter().map(|s| s.dur_us()))
+        .collect();
+    let bin = if durs.is_empty() {
+        1_000_000
+    } else {
+        let mid = durs.len() / 2;
+        *durs.select_nth_unstable(mid).1
+    }
+    .max(1);
+    let t0 = index.records.iter().map(|r| r.start_us).min().unwrap_or(0);
+    let mut accs: FxHashMap<String, Acc> = FxHashMap::default();
+    let mut names: Vec<(String, bool)> = Vec::new();
+    for (p, flows) in index.pair_flows.iter().enumerate() {
+        if cls.kind[p] != PairType::Dp {
+            continue;
+        }
+        for &i in flows {
+            let r = index.rec(i);
+            names.clear();
+            names.extend(r.switches.iter().map(|s| (s.clone(), false)));
+            for w in r.switches.windows(2) {
+                let (x, y) = if w[0] <= w[1] {
+                    (&w[0], &w[1])
+                } else {
+                    (&w[1], &w[0])
+                };
+                names.push((format!("{x}<->{y}"), true));
+            }
+            for (name, link) in names.drain(..) {
+                let a = accs.entry(name).or_insert_with(|| Acc {
+                    flows: 0,
+                    bytes: 0.0,
+                    dur: 0.0,
+                    edges: Vec::new(),
+                    bins: FxHashMap::default(),
+                    bws: Vec::new(),
+                    link,
+                });
+                a.flows += 1;
+                a.edges.push((r.start_us, 1));
+                a.edges.push((r.end_us().max(r.start_us + 1), -1));
+                if r.dur_us > 0 {
+                    a.bytes += r.bytes as f64;
+                    a.dur += r.dur_us as f64;
+                    a.bws.push(gbps(r.bytes as f64, r.dur_us as f64));
+                    let b = a.bins.entry((r.start_us - t0) / bin).or_insert((0.0, 0.0));
+                    b.0 += r.bytes as f64;
+                    b.1 += r.dur_us as f64;
+                }
+            }
+        }
+    }
+    let mut out: Vec<SwitchStats> = accs
+        .into_iter()
+        .map(|(name, mut a)| {
+            a.edges.sort_unstable();
+            let (mut cur, mut max) = (0i32, 0i32);
+            for (_, d) in &a.edges {
+                cur += d;
+                max = max.max(cur);
+            }
+            let mut per_step: Vec<(u64, u64, f64)> = a
+                .bins
+                .iter()
+                .map(|(&k, &(by, du))| (t0 + k * bin, t0 + (k + 1) * bin, gbps(by, du)))
+                .collect();
+            per_step.sort_by_key(|x| x.0);
+            let p90 = if a.bws.is_empty() {
+                0.0
+            } else {
+                let k = (a.bws.len() * 9 / 10).min(a.bws.len() - 1);
+                *a.bws.select_nth_unstable_by(k, |x, y| x.total_cmp(y)).1
+            };
+            SwitchStats {
+                name,
+                link: a.link,
+                p90_dp_gbps: p90,
+                dp_flows: a.flows,
+                max_concurrent_dp_flows: max.max(0) as usize,
+                mean_dp_gbps: gbps(a.bytes, a.dur),
+                per_step,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+fn gbps(bytes: f64, dur_us: f64) -> f64 {
+    if dur_us > 0.0 {
+        bytes * 8.0 / dur_us / 1e3
+    } else {
+        0.0
+    }
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.3} ms", us / 1e3)
+}
+
+/// All findings: cross-step, cross-group, switch-level.
+pub fn diagnose(
+    index: &FlowIndex<'_>,
+    jobs: &Jobs,
+    cls: &Classified,
+    tl: &RankTimelines,
+    switches: &[SwitchStats],
+    cfg: &FlowConfig,
+) -> Vec<FlowFinding> {
+    let _ = index;
+    let mut findings = Vec::new();
+    let k = cfg.k_sigma;
+    // Cross-step.
+    for job in 0..jobs.members.len() {
+        let ranks: Vec<_> = tl
+            .ranks
+            .iter()
+            .filter(|r| r.job == job && !r.steps.is_empty())
+            .collect();
+        // (start, end, dur, threshold, step index)
+        let mut flagged: Vec<(u64, u64, f64, f64, usize)> = Vec::new();
+        let mut mean_sum = 0.0;
+        for r in &ranks {
+            let d: Vec<f64> = r.steps.iter().map(|s| s.dur_us() as f64).collect();
+            mean_sum += d.iter().sum::<f64>() / d.len() as f64;
+            for (i, t) in k_sigma_outliers(&d, k, cfg.min_rel_sigma, cfg.min_samples, true)
+                .into_iter()
+                .enumerate()
+            {
+                if let Some(thr) = t {
+                    flagged.push((r.steps[i].start_us, r.steps[i].end_us, d[i], thr, i));
+                }
+            }
+        }
+        flagged.sort_by_key(|f| f.0);
+        let mut i = 0;
+        while i < flagged.len() {
+            let mut j = i + 1;
+            let mut end = flagged[i].1;
+            while j < flagged.len() && flagged[j].0 < end {
+                end = end.max(flagged[j].1);
+                j += 1;
+            }
+            let g = &flagged[i..j];
+            let dur = g.iter().map(|f| f.2).sum::<f64>() / g.len() as f64;
+            let thr = g.iter().map(|f| f.3).sum::<f64>() / g.len() as f64;
+            let mean = mean_sum / ranks.len().max(1) as f64;
+            findings.push(FlowFinding {
+                level: FindingLevel::Step,
+                subject: format!("job {job} step {}", g[0].4),
+                reason: format!(
+                    "step from t={} us to t={} us took {} on {}/{} ranks, above mean {} + {k}σ (threshold {})",
+                    g[0].0,
+                    end,
+                    ms(dur),
+                    g.len(),
+                    ranks.len(),
+                    ms(mean),
+                    ms(thr)
+                ),
+                job: Some(job),
+                value: dur,
+                threshold: thr,
+            });
+            i = j;
+        }
+    }
+    // Cross-group.
+    for (job, groups) in cls.dp_groups.iter().enumerate() {
+        if groups.len() < 2 {
+            continue;
+        }
+        let means: Vec<f64> = groups
+            .iter()
+            .map(|g| {
+                let mut sum = 0.0;
+                let mut n = 0usize;
+                for &id in g {
+                    let r = &tl.ranks[tl.rank_of[id as usize]];
+                    let b = &r.bursts;
+                    let inner = if b.len() >= 3 {
+                        &b[1..b.len() - 1]
+                    } else {
+                        &b[..]
+                    };
+                    for &(s, e) in inner {
+                        sum += e.saturating_sub(s) as f64;
+                        n += 1;
+                    }
+                }
+                if n == 0 {
+                    0.0
+                } else {
+                    sum / n as f64
+                }
+            })
+            .collect();
+        for (gi, t) in k_sigma_outliers(&means, k, cfg.min_rel_sigma, 2, true)
+            .into_iter()
+            .enumerate()
+        {
+            if let Some(thr) = t {
+                let others: f64 =
+                    (means.iter().sum::<f64>() - means[gi]) / (means.len() - 1) as f64;
+                let members: Vec<String> = groups[gi]
+                    .iter()
+                    .map(|&id| index.addrs[id as usize].to_string())
+                    .collect();
+                findings.push(FlowFinding {
+                    level: FindingLevel::Group,
+                    subject: format!("job {job} dp group {gi} [{}]", members.join(", ")),
+                    reason: format!(
+                        "DP communication takes {} per step, above the other {} groups' mean {} + {k}σ (threshold {})",
+                        ms(means[gi]),
+                        means.len() - 1,
+                        ms(others),
+                        ms(thr)
+                    ),
+                    job: Some(job),
+                    value: means[gi],
+                    threshold: thr,
+                });
+            }
+        }
+    }
+    // Switch-level: compare the 90th percentile of per-flow DP bandwidth (a switch or
+    // link that is the bottleneck slows even its best flows; the mean of the paper also
+    // drops on the neighbours that share flows with it, see the module docs).
+    let bw: Vec<f64> = switches.iter().map(|s| s.p90_dp_gbps).collect();
+    for (si, t) in k_sigma_outliers(&bw, k, cfg.min_rel_sigma, 2, false)
+        .into_iter()
+        .enumerate()
+    {
+        if let Some(thr) = t {
+            let s = &switches[si];
+            let others: f64 = (bw.iter().sum::<f64>() - bw[si]) / (bw.len() - 1) as f64;
+            findings.push(FlowFinding {
+                level: FindingLevel::Switch,
+                subject: format!("{} {}", if s.link { "link" } else { "switch" }, s.name),
+                reason: format!(
+                    "90th-percentile DP flow bandwidth {:.2} Gb/s (mean {:.2} Gb/s) over {} DP flows, below the other {} switches/links' mean {:.2} Gb/s − {k}σ (threshold {:.2} Gb/s)",
+                    s.p90_dp_gbps,
+                    s.mean_dp_gbps,
+                    s.dp_flows,
+                    bw.len() - 1,
+                    others,
+                    thr
+                ),
+                job: None,
+                value: s.p90_dp_gbps,
+                threshold: thr,
+            });
+        }
+    }
+    if let Some(limit) = cfg.max_concurrent_dp_flows {
+        for s in switches {
+            if s.max_concurrent_dp_flows > limit {
+                findings.push(FlowFinding {
+                    level: FindingLevel::Switch,
+                    subject: format!("switch {}", s.name),
+                    reason: format!(
+                        "{} concurrent DP flows, above the limit of {limit}: risk of congestion",
+                        s.max_concurrent_dp_flows
+                    ),
+                    job: None,
+                    value: s.max_concurrent_dp_flows as f64,
+                    threshold: limit as f64,
+                });
+            }
+        }
+    }
+    findings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_sigma_flags_single_outlier_in_small_sample() {
+        let v = [100.0, 101.0, 99.0, 100.5, 180.0];
+        let o = k_sigma_outliers(&v, 3.0, 0.05, 3, true);
+        assert!(o[4].is_some());
+        assert!(o[..4].iter().all(|x| x.is_none()));
+        let low = k_sigma_outliers(&[100.0, 98.0, 40.0], 3.0, 0.05, 2, false);
+        assert!(low[2].is_some() && low[0].is_none() && low[1].is_none());
+        assert!(k_sigma_outliers(&[1.0, 9.0], 3.0, 0.05, 3, true)
+            .iter()
+            .all(|x| x.is_none()));
+    }
+}

@@ -1,0 +1,164 @@
+//! Merging the same flow reported by several switches.
+//!
+//! Every switch on a flow's path may export its own record of the flow (LLMPrism's
+//! flows carry the list of involved switches, §II-B). Records are the same flow when
+//! they have the same 5-tuple (source, destination, ports, protocol; absent fields
+//! compare equal), their time intervals overlap (within [`MERGE_SLACK_US`]), they come
+//! from different switches, and their byte counts agree within [`MERGE_BYTES_REL`]
+//! (two distinct messages between the same ports at the same time through the same
+//! switches are thereby kept apart). The merged flow starts at the earliest start,
+//! ends at the latest end, carries the largest byte count and lists the switches in the
+//! order they first saw the flow (ties by name).
+
+use std::net::IpAddr;
+
+use crate::{FlowRecord, FxHashMap};
+
+/// Slack added to interval ends when testing overlap, microseconds.
+pub const MERGE_SLACK_US: u64 = 1_000;
+/// Relative byte-count difference tolerated between reports of one flow.
+pub const MERGE_BYTES_REL: f64 = 0.05;
+
+type Key = (IpAddr, IpAddr, Option<u16>, Option<u16>, Option<u8>);
+
+struct Cluster {
+    start: u64,
+    end: u64,
+    bytes: u64,
+    members: Vec<u32>,
+}
+
+/// Merge duplicate reports (see the module docs); output sorted by start time.
+/// Records without switches are never merged.
+pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
+    let mut groups: FxHashMap<Key, Vec<u32>> = FxHashMap::default();
+    let mut out: Vec<FlowRecord> = Vec::with_capacity(records.len());
+    for (i, r) in records.iter().enumerate() {
+        if r.switches.is_empty() {
+            out.push(r.clone());
+            continue;
+        }
+        groups
+            .entry((r.src, r.dst, r.src_port, r.dst_port, r.proto))
+            .or_default()
+            .push(i as u32);
+    }
+    for (_, mut idx) in groups {
+        if idx.len() == 1 {
+            out.push(records[idx[0] as usize].clone());
+            continue;
+        }
+        idx.sort_by_key(|&i| (records[i as usize].start_us, i));
+        let mut open: Vec<Cluster> = Vec::new();
+        let mut done: Vec<Cluster> = Vec::new();
+        for i in idx {
+            let r = &records[i as usize];
+            // Close clusters that ended before this record starts.
+            let mut k = 0;
+            while k < open.len() {
+                if open[k].end.saturating_add(MERGE_SLACK_US) < r.start_us {
+                    done.push(open.swap_remove(k));
+                } else {
+                    k += 1;
+                }
+            }
+            let fits = |c: &Cluster| {
+                let (a, b) = (c.bytes.max(r.bytes) as f64, c.bytes.min(r.bytes) as f64);
+                let bytes_ok = a == 0.0 || (a - b) / a <= MERGE_BYTES_REL;
+                bytes_ok
+                    && c.members.iter().all(|&m| {
+                        let o = &records[m as usize];
+                        !o.switches.iter().any(|s| r.switches.contains(s))
+                    })
+            };
+            match open.iter_mut().find(|c| fits(c)) {
+                Some(c) => {
+                    c.end = c.end.max(r.end_us());
+                    c.bytes = c.bytes.max(r.bytes);
+                    c.members.push(i);
+                }
+                None => open.push(Cluster {
+                    start: r.start_us,
+                    end: r.end_us(),
+                    bytes: r.bytes,
+                    members: vec![i],
+                }),
+            }
+        }
+        done.append(&mut open);
+        for c in done {
+            if c.members.len() == 1 {
+                out.push(records[c.members[0] as usize].clone());
+                continue;
+            }
+            let first = &records[c.members[0] as usize];
+            let mut seen: Vec<(u64, &str)> = Vec::new();
+            for &m in &c.members {
+                let o = &records[m as usize];
+                for s in &o.switches {
+                    match seen.iter_mut().find(|(_, n)| *n == s.as_str()) {
+                        Some(e) => e.0 = e.0.min(o.start_us),
+                        None => seen.push((o.start_us, s.as_str())),
+                    }
+                }
+            }
+            seen.sort();
+            out.push(FlowRecord {
+                start_us: c.start,
+                dur_us: c.end - c.start,
+                bytes: c.bytes,
+                switches: seen.into_iter().map(|(_, s)| s.to_string()).collect(),
+                ..first.clone()
+            });
+        }
+    }
+    out.sort_by_key(|r| r.start_us);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(start: u64, sw: &str, bytes: u64) -> FlowRecord {
+        let mut r = FlowRecord::new(
+            start,
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            bytes,
+            100,
+        );
+        r.src_port = Some(5000);
+        r.dst_port = Some(6000);
+        r.proto = Some(6);
+        r.switches = vec![sw.to_string()];
+        r
+    }
+
+    #[test]
+    fn merges_reports_of_one_flow() {
+        let recs = vec![
+            rec(1010, "spine", 500),
+            rec(1000, "leaf1", 500),
+            rec(1020, "leaf2", 500),
+            rec(50_000, "leaf1", 500),
+        ];
+        let m = merge_switch_reports(&recs);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].switches, vec!["leaf1", "spine", "leaf2"]);
+        assert_eq!(m[0].start_us, 1000);
+        assert_eq!(m[0].end_us(), 1120);
+        assert_eq!(m[1].switches, vec!["leaf1"]);
+    }
+
+    #[test]
+    fn keeps_distinct_flows_apart() {
+        // Same switch twice at the same time: two flows; different sizes: two flows.
+        let recs = vec![
+            rec(1000, "leaf1", 500),
+            rec(1001, "leaf1", 500),
+            rec(1002, "leaf2", 9000),
+        ];
+        assert_eq!(merge_switch_reports(&recs).len(), 3);
+    }
+}

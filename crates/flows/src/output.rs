@@ -1,0 +1,300 @@
+//! Report assembly and renderings: Perfetto trace (Fig. 4), text table, switch
+//! bandwidth series (Fig. 5).
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::classify::Classified;
+use crate::jobs::Jobs;
+use crate::timeline::RankTimelines;
+use crate::{
+    FlowFinding, FlowIndex, FlowReport, Job, Pair, PairType, Rank, SwitchStats, Timelines,
+    FLOW_REPORT_VERSION,
+};
+
+pub(crate) fn assemble(
+    index: &FlowIndex<'_>,
+    jobs: &Jobs,
+    cls: &Classified,
+    tl: RankTimelines,
+    switches: Vec<SwitchStats>,
+    findings: Vec<FlowFinding>,
+) -> FlowReport {
+    let name = |id: u32| index.addrs[id as usize].to_string();
+    let jobs_out: Vec<Job> = (0..jobs.members.len())
+        .map(|j| Job {
+            id: j,
+            members: jobs.members[j].iter().map(|&id| name(id)).collect(),
+            machines: jobs.machines[j].clone(),
+            clusters: jobs.clusters[j],
+            dp_groups: cls.dp_groups[j]
+                .iter()
+                .map(|g| g.iter().map(|&id| name(id)).collect())
+                .collect(),
+        })
+        .collect();
+    let pairs: Vec<Pair> = index
+        .pairs
+        .iter()
+        .enumerate()
+        .map(|(p, &(a, b))| {
+            let (a, b) = if index.addrs[a as usize] <= index.addrs[b as usize] {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            Pair {
+                src: name(a),
+                dst: name(b),
+                kind: cls.kind[p],
+                job: jobs.job_of[a as usize],
+                flows: index.pair_flows[p].len(),
+                steps: cls.steps[p],
+                mode_distinct_sizes: cls.mode[p],
+                refined: cls.refined[p],
+            }
+        })
+        .collect();
+    let ranks: Vec<Rank> = tl
+        .ranks
+        .iter()
+        .map(|r| {
+            let mean = if r.steps.is_empty() {
+                0.0
+            } else {
+                r.steps.iter().map(|s| s.dur_us() as f64).sum::<f64>() / r.steps.len() as f64
+            };
+            Rank {
+                address: name(r.id),
+                job: r.job,
+                dp_group: cls.group_of[r.id as usize],
+                steps: r.steps.clone(),
+                mean_step_us: mean,
+            }
+        })
+        .collect();
+    let events = tl
+        .ranks
+        .into_iter()
+        .map(|r| {
+            r.events
+                .into_iter()
+                .map(|(mut e, peer)| {
+                    e.peer = ranks[peer].address.clone();
+                    e
+                })
+                .collect()
+        })
+        .collect();
+    FlowReport {
+        version: FLOW_REPORT_VERSION,
+        flows: index.records.len(),
+        merged_duplicates: 0,
+        window_start_us: index.records.iter().map(|r| r.start_us).min().unwrap_or(0),
+        window_end_us: index.records.iter().map(|r| r.end_us()).max().unwrap_or(0),
+        jobs: jobs_out,
+        pairs,
+        ranks,
+        findings,
+        switches,
+        timelines: Timelines { events },
+    }
+}
+
+/// Chrome trace JSON (opens in ui.perfetto.dev and chrome://tracing) of the
+/// reconstructed timelines (LLMPrism Fig. 4): one process per job, per rank one track
+/// of steps (with the computation gap before the DP burst implied) and as many
+/// communication tracks as needed to lay out overlapping flows without overlap.
+/// Timestamps are microseconds relative to the window start.
+pub fn to_perfetto_trace(report: &FlowReport) -> String {
+    let t0 = report.window_start_us;
+    let mut ev: Vec<serde_json::Value> = Vec::new();
+    for j in &report.jobs {
+        ev.push(json!({"ph": "M", "name": "process_name", "pid": j.id + 1, "args": {"name": format!("job {} ({} ranks)", j.id, j.members.len())}}));
+    }
+    for (ri, r) in report.ranks.iter().enumerate() {
+        let pid = r.job + 1;
+        let base = ri * 64;
+        ev.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": base, "args": {"name": format!("{} steps", r.address)}}));
+        ev.push(json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": base, "args": {"sort_index": base}}));
+        for (k, s) in r.steps.iter().enumerate() {
+            ev.push(json!({"ph": "X", "name": format!("step {k}"), "cat": "step", "pid": pid, "tid": base,
+                "ts": s.start_us.saturating_sub(t0), "dur": s.dur_us(), "args": {"duration_ms": s.dur_us() as f64 / 1e3}}));
+        }
+        // Greedy interval partitioning into lanes.
+        let mut lane_end: Vec<u64> = Vec::new();
+        if let Some(events) = report.timelines.events.get(ri) {
+            for e in events {
+                let end = e.start_us.saturating_add(e.dur_us.max(1));
+                let lane = match lane_end.iter().position(|&le| le <= e.start_us) {
+                    Some(l) => l,
+                    None => {
+                        if lane_end.len() >= 63 {
+                            continue;
+                        }
+                        lane_end.push(0);
+                        let l = lane_end.len() - 1;
+                        ev.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": base + 1 + l, "args": {"name": format!("{} comm {}", r.address, l)}}));
+                        ev.push(json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": base + 1 + l, "args": {"sort_index": base + 1 + l}}));
+                        l
+                    }
+                };
+                lane_end[lane] = end;
+                let kind = match e.kind {
+                    PairType::Dp => "DP",
+                    PairType::Pp => "PP",
+                };
+                let name = match (e.kind, e.send) {
+                    (PairType::Dp, _) => {
+                        format!("DP {} {}", if e.send { "→" } else { "←" }, e.peer)
+                    }
+                    (PairType::Pp, true) => format!("PP send → {}", e.peer),
+                    (PairType::Pp, false) => format!("PP recv ← {}", e.peer),
+                };
+                ev.push(json!({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": base + 1 + lane,
+                    "ts": e.start_us.saturating_sub(t0), "dur": e.dur_us.max(1), "args": {"bytes": e.bytes, "peer": e.peer}}));
+            }
+        }
+    }
+    serde_json::to_string(&json!({"traceEvents": ev, "displayTimeUnit": "ms"})).unwrap_or_default()
+}
+
+/// One switch's line of the Fig. 5 plot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SwitchSeries {
+    /// Switch name.
+    pub switch: String,
+    /// True when a switch-level finding names this switch.
+    pub flagged: bool,
+    /// (window midpoint in seconds since the window start, mean DP Gb/s).
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Data of the per-switch DP bandwidth plot (LLMPrism Fig. 5): one series per switch.
+pub fn switch_bandwidth_series(report: &FlowReport) -> Vec<SwitchSeries> {
+    let t0 = report.window_start_us;
+    report
+        .switches
+        .iter()
+        .map(|s| SwitchSeries {
+            switch: s.name.clone(),
+            flagged: report.findings.iter().any(|f| {
+                f.level == crate::FindingLevel::Switch
+                    && f.subject.ends_with(&format!(" {}", s.name))
+            }),
+            points: s
+                .per_step
+                .iter()
+                .map(|&(a, b, g)| (((a + b) / 2).saturating_sub(t0) as f64 / 1e6, g))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Plain-text rendering: jobs, pair types, per-rank step durations, switches, findings.
+pub fn render_table(report: &FlowReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{} flows ({} duplicate switch reports merged), window {:.3} s",
+        report.flows,
+        report.merged_duplicates,
+        report.window_end_us.saturating_sub(report.window_start_us) as f64 / 1e6
+    );
+    for j in &report.jobs {
+        let dp = report
+            .pairs
+            .iter()
+            .filter(|p| p.job == j.id && p.kind == PairType::Dp)
+            .count();
+        let pp = report
+            .pairs
+            .iter()
+            .filter(|p| p.job == j.id && p.kind == PairType::Pp)
+            .count();
+        let _ = writeln!(
+            s,
+            "\njob {}: {} ranks on {} machines ({} cross-machine clusters), {} DP pairs, {} PP pairs, {} DP groups",
+            j.id,
+            j.members.len(),
+            j.machines.len(),
+            j.clusters,
+            dp,
+            pp,
+            j.dp_groups.len()
+        );
+        let _ = writeln!(
+            s,
+            "  {:<40} {:>6} {:>12} {:>12} {:>12}",
+            "rank", "steps", "mean ms", "min ms", "max ms"
+        );
+        for r in report.ranks.iter().filter(|r| r.job == j.id) {
+            let d: Vec<f64> = r.steps.iter().map(|x| x.dur_us() as f64 / 1e3).collect();
+            let min = d.iter().cloned().fold(f64::INFINITY, f64::min);
+            let max = d.iter().cloned().fold(0.0, f64::max);
+            if d.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "  {:<40} {:>6} {:>12} {:>12} {:>12}",
+                    r.address, 0, "-", "-", "-"
+                );
+            } else {
+                let _ = writeln!(
+                    s,
+                    "  {:<40} {:>6} {:>12.3} {:>12.3} {:>12.3}",
+                    r.address,
+                    d.len(),
+                    r.mean_step_us / 1e3,
+                    min,
+                    max
+                );
+            }
+        }
+        for p in report.pairs.iter().filter(|p| p.job == j.id) {
+            let _ = writeln!(
+                s,
+                "  pair {:>2} {} - {} ({} flows, {} steps, mode N_k = {}{})",
+                match p.kind {
+                    PairType::Dp => "dp",
+                    PairType::Pp => "pp",
+                },
+                p.src,
+                p.dst,
+                p.flows,
+                p.steps,
+                p.mode_distinct_sizes,
+                if p.refined { ", refined" } else { "" }
+            );
+        }
+    }
+    if !report.switches.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n  {:<28} {:>10} {:>14} {:>14} {:>16}",
+            "switch / link", "DP flows", "mean DP Gb/s", "p90 DP Gb/s", "max concurrent"
+        );
+        for w in &report.switches {
+            let _ = writeln!(
+                s,
+                "  {:<28} {:>10} {:>14.2} {:>14.2} {:>16}",
+                w.name, w.dp_flows, w.mean_dp_gbps, w.p90_dp_gbps, w.max_concurrent_dp_flows
+            );
+        }
+    }
+    if report.findings.is_empty() {
+        let _ = writeln!(s, "\nno findings");
+    } else {
+        let _ = writeln!(s, "\nfindings:");
+        for f in &report.findings {
+            let level = match f.level {
+                crate::FindingLevel::Step => "step",
+                crate::FindingLevel::Group => "group",
+                crate::FindingLevel::Switch => "switch",
+            };
+            let _ = writeln!(s, "  [{level}] {}: {}", f.subject, f.reason);
+        }
+    }
+    s
+}

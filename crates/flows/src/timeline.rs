@@ -1,0 +1,134 @@
+//! Training timeline reconstruction (LLMPrism §IV-C).
+//!
+//! Each training step ends with a segment of DP collective traffic. For every rank
+//! (address), BOCD on the intervals between the starts of its DP flows splits them into
+//! bursts ([`crate::classify::step_division`]); the end of the last DP flow of a burst
+//! is the end of a training step, and a step spans from one such end to the next. PP
+//! and DP flows of the rank form its event timeline (Fig. 4); the gaps between events
+//! approximate computation.
+//!
+//! Extension (not in the paper): a rank without any DP traffic (a pure pipeline job)
+//! falls back to bursts of all its flows, so it still gets steps.
+
+use crate::bocd::BocdConfig;
+use crate::classify::{step_division, Classified};
+use crate::jobs::Jobs;
+use crate::{FlowIndex, PairType, Step, TimelineEvent};
+
+/// Reconstructed timeline of one rank.
+#[derive(Debug, Clone, Default)]
+pub struct RankTimeline {
+    /// Address id.
+    pub id: u32,
+    /// Job index.
+    pub job: usize,
+    /// DP bursts: (first DP flow start, last DP flow end), one per step end.
+    pub bursts: Vec<(u64, u64)>,
+    /// Complete steps (between consecutive burst ends).
+    pub steps: Vec<Step>,
+    /// Flow record indices of each burst.
+    pub burst_flows: Vec<Vec<u32>>,
+    /// All events of the rank, sorted by start; `peer` is an index into `ranks`.
+    pub events: Vec<(TimelineEvent, usize)>,
+}
+
+/// Timelines of all ranks, sorted by address.
+#[derive(Debug, Clone, Default)]
+pub struct RankTimelines {
+    /// One per address with flows.
+    pub ranks: Vec<RankTimeline>,
+    /// Rank index of each address id.
+    pub rank_of: Vec<usize>,
+}
+
+/// Rebuild every rank's steps and events.
+pub fn reconstruct(
+    index: &FlowIndex<'_>,
+    jobs: &Jobs,
+    cls: &Classified,
+    cfg: &BocdConfig,
+) -> RankTimelines {
+    let n = index.addrs.len();
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by_key(|&id| index.addrs[id as usize]);
+    let mut rank_of = vec![0usize; n];
+    for (r, &id) in order.iter().enumerate() {
+        rank_of[id as usize] = r;
+    }
+    let mut dp: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut all: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n];
+    for (p, &(a, b)) in index.pairs.iter().enumerate() {
+        let flows = &index.pair_flows[p];
+        if cls.kind[p] == PairType::Dp {
+            dp[a as usize].extend_from_slice(flows);
+            dp[b as usize].extend_from_slice(flows);
+        }
+        all[a as usize].extend(flows.iter().map(|&f| (f, p as u32)));
+        all[b as usize].extend(flows.iter().map(|&f| (f, p as u32)));
+    }
+    let mut ranks = Vec::with_capacity(n);
+    let mut starts = Vec::new();
+    for &id in &order {
+        let mut list = std::mem::take(&mut dp[id as usize]);
+        if list.is_empty() {
+            list = all[id as usize].iter().map(|&(f, _)| f).collect();
+        }
+        list.sort_by_key(|&i| index.rec(i).start_us);
+        starts.clear();
+        starts.extend(
+            list.iter()
+                .map(|&i| (index.rec(i).start_us, index.rec(i).end_us())),
+        );
+        let cps = step_division(&starts, cfg);
+        let mut bursts = Vec::with_capacity(cps.len() + 1);
+        let mut burst_flows = Vec::with_capacity(cps.len() + 1);
+        let mut prev = 0;
+        for &cp in cps.iter().chain(std::iter::once(&list.len())) {
+            if cp > prev {
+                let fl = &list[prev..cp];
+                let s = fl.iter().map(|&i| index.rec(i).start_us).min().unwrap_or(0);
+                let e = fl.iter().map(|&i| index.rec(i).end_us()).max().unwrap_or(0);
+                bursts.push((s, e));
+                burst_flows.push(fl.to_vec());
+            }
+            prev = cp;
+        }
+        let steps = bursts
+            .windows(2)
+            .map(|w| Step {
+                start_us: w[0].1,
+                end_us: w[1].1,
+            })
+            .collect();
+        let mut events: Vec<(TimelineEvent, usize)> = Vec::with_capacity(all[id as usize].len());
+        let mine = index.addrs[id as usize];
+        let mut evs = std::mem::take(&mut all[id as usize]);
+        evs.sort_by_key(|&(i, _)| index.rec(i).start_us);
+        for (i, p) in evs {
+            let r = index.rec(i);
+            let send = r.src == mine;
+            let (pa, pb) = index.pairs[p as usize];
+            let peer_id = if pa == id { pb } else { pa };
+            events.push((
+                TimelineEvent {
+                    start_us: r.start_us,
+                    dur_us: r.dur_us,
+                    kind: cls.kind[p as usize],
+                    send,
+                    peer: String::new(),
+                    bytes: r.bytes,
+                },
+                rank_of[peer_id as usize],
+            ));
+        }
+        ranks.push(RankTimeline {
+            id,
+            job: jobs.job_of[id as usize],
+            bursts,
+            steps,
+            burst_flows,
+            events,
+        });
+    }
+    RankTimelines { ranks, rank_of }
+}
