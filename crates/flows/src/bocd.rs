@@ -10,16 +10,18 @@
 //! * growth: P(r_t = r+1) ∝ P(r_{t−1} = r) · π_r(x_t) · (1 − H)
 //! * change: P(r_t = 0) ∝ Σ_r P(r_{t−1} = r) · π_r(x_t) · H
 //!
-//! and after the update every run's statistics (including the new, empty run of length
-//! 0) absorb x_t, so a run of length r at time t covers x_{t−r} ..= x_t.
+//! and after the update every grown run absorbs x_t while the new run of length 0 starts
+//! empty, so a run of length r at time t covers x_{t−r+1} ..= x_t.
 //!
 //! **Change points from the posterior.** With a constant hazard, the normalized
 //! P(r_t = 0 | x_{1:t}) is exactly H at every t and carries no information; evidence
 //! for a change shows up as posterior mass moving to *short* run lengths. We therefore
 //! store, for every t, the MAP run length m_t and the confidence
 //! c_t = P(r_t ≤ m_t | x_{1:t}), and segment backwards as in a MAP walk: from the last
-//! point t, the current segment starts at s = t − m_t; s is reported as a change point
-//! when c_t ≥ threshold (LLMPrism uses 0.95); the walk continues at s − 1.
+//! point t, the current segment starts at s = t − m_t + 1; s is reported as a change
+//! point when c_t ≥ threshold (LLMPrism uses 0.95); the walk continues at s − 1.
+//! That is [`CpModel::AdamsMacKay`]. For step division we use [`CpModel::GapOutlier`]
+//! (see there), whose P(r_t = 0) is informative and is thresholded directly.
 //!
 //! **Linear time.** Run lengths whose posterior mass falls below `prune_eps` (and all
 //! but the `max_run_lengths` most likely ones) are dropped, so each step costs
@@ -82,11 +84,11 @@ pub struct BocdConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CpModel {
-    /// Adams & MacKay's recursion exactly as the `changepoint` crate implements it:
-    /// the change branch weighs x_t with the old runs' predictives
+    /// Adams & MacKay's recursion as the `changepoint` crate implements it: the change
+    /// branch weighs x_t with the old runs' predictives
     /// (P(r_t = 0) ∝ H Σ_r P(r_{t−1} = r) π_r(x_t), hence always exactly H after
-    /// normalization) and the new run absorbs x_t. Change points come from the backward
-    /// MAP walk with confidence P(r_t ≤ MAP) ≥ threshold.
+    /// normalization). Change points come from the backward MAP walk with confidence
+    /// P(r_t ≤ MAP) ≥ threshold.
     AdamsMacKay,
     /// Gap-outlier reading, used for step division: a step boundary is an interval drawn
     /// from a broad gap density g (Cauchy(0, `gap_scale`)) rather than from the current
@@ -202,7 +204,8 @@ impl Bocd {
             r.prob = 1.0;
             self.runs.push(r);
             if !gap {
-                self.absorb(x, 0);
+                // As in the `changepoint` crate, the first point only opens the first run
+                // and is never part of a predictive.
                 self.t += 1;
                 return;
             }
@@ -269,8 +272,8 @@ impl Bocd {
         std::mem::swap(&mut self.runs, &mut scratch);
         self.scratch = scratch;
         self.prune();
-        // Runs absorb x (Normal-Gamma update); in the gap model the new run starts empty.
-        self.absorb(x, usize::from(gap));
+        // Grown runs absorb x (Normal-Gamma update); the new run (length 0) starts empty.
+        self.absorb(x, 1);
         self.t += 1;
     }
 
@@ -400,8 +403,10 @@ pub fn change_points(xs: &[f64], cfg: &BocdConfig) -> Vec<usize> {
     let mut t = xs.len();
     while t > 0 {
         let (m, conf) = maps[t - 1];
-        let s = (t - 1).saturating_sub(m);
-        if s > 0 && conf >= cfg.threshold {
+        // A run of length m ending at point t − 1 covers points t − m ..= t − 1.
+        let s = t - m.clamp(1, t);
+        // Point 0 only opens the first run (see `Bocd::step`), so s = 1 is the start.
+        if s > 1 && conf >= cfg.threshold {
             cps.push(s);
         }
         // Continue before the segment (or one step back when unconfident).
