@@ -290,7 +290,7 @@ impl Builder {
     }
 
     /// Classifies one trace event (PerfTracker §4.2's five classes).
-    pub(crate) fn push(&mut self, ev: RawEvent<'_>) {
+    pub(crate) fn push(&mut self, ev: &RawEvent<'_>) {
         self.counts.events += 1;
         match ev.ph.as_slice() {
             b"X" => {}

@@ -74,6 +74,7 @@
 //! communication and memory execution time (nested executions count again).
 
 mod build;
+mod fast;
 pub(crate) mod raw;
 mod stream;
 
@@ -138,9 +139,9 @@ fn read_kineto_impl<R: Read>(
         ));
     }
     if head.starts_with(&[0x1f, 0x8b]) {
-        read_stream(MultiGzDecoder::new(br), path, opts, true)
+        read_stream(MultiGzDecoder::new(br), path, opts, true, true)
     } else {
-        read_stream(br, path, opts, false)
+        read_stream(br, path, opts, false, true)
     }
 }
 
@@ -149,10 +150,11 @@ fn read_stream<R: Read>(
     path: &Path,
     opts: &ReadOptions,
     gzip: bool,
+    use_fast: bool,
 ) -> Result<WorkerTrace, IngestError> {
     let mut s = JsonStream::new(r);
     let mut b = Builder::default();
-    let outcome = drive(&mut s, &mut b, opts);
+    let outcome = drive(&mut s, &mut b, opts, use_fast);
     let err = |e: StreamError| -> IngestError {
         match e {
             StreamError::Io { offset, err } => IngestError::new(
@@ -276,12 +278,13 @@ fn drive<R: Read>(
     s: &mut JsonStream<R>,
     b: &mut Builder,
     opts: &ReadOptions,
+    use_fast: bool,
 ) -> Result<Outcome, DriveError> {
     let outer = |e| (e, false);
     match s.peek().map_err(outer)? {
         Some(b'{') => s.bump(),
         Some(b'[') => {
-            events(s, b, opts).map_err(|e| (e, true))?;
+            events(s, b, opts, use_fast).map_err(|e| (e, true))?;
             return Ok(Outcome::Done);
         }
         Some(c) => {
@@ -347,7 +350,7 @@ fn drive<R: Read>(
             b"traceEvents" => {
                 if s.peek().map_err(outer)? == Some(b'[') {
                     seen_events = true;
-                    events(s, b, opts).map_err(|e| (e, true))?;
+                    events(s, b, opts, use_fast).map_err(|e| (e, true))?;
                 } else {
                     s.skip_value("traceEvents").map_err(outer)?;
                 }
@@ -398,6 +401,7 @@ fn events<R: Read>(
     s: &mut JsonStream<R>,
     b: &mut Builder,
     opts: &ReadOptions,
+    use_fast: bool,
 ) -> Result<(), StreamError> {
     s.expect(b'[', "'[' opening traceEvents")?;
     let mut first = true;
@@ -427,9 +431,22 @@ fn events<R: Read>(
         }
         first = false;
         let at = s.offset();
+        let done = use_fast
+            && s.fast(|sl| {
+                let mut ev = RawEvent::default();
+                let r = fast::event(sl, &mut ev);
+                if let fast::Fast::Done((), _) = r {
+                    b.push(&ev);
+                }
+                r
+            })?
+            .is_some();
+        if done {
+            continue;
+        }
         let r = s.value("a trace event", |sl| {
             one::<RawEvent>(sl).map(|(ev, n)| {
-                b.push(ev);
+                b.push(&ev);
                 ((), n)
             })
         });
@@ -443,6 +460,61 @@ fn events<R: Read>(
                 b.malformed(at);
             }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast path and the general (serde) path read every fixture alike
+    /// (timestamps within f64's rounding of the general path).
+    #[test]
+    fn fast_path_matches_general_path() {
+        let dir = std::env::var_os("WHYSLOW_FIXTURES")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+            })
+            .join("kineto");
+        let Ok(rd) = std::fs::read_dir(dir.join("single")) else {
+            eprintln!("SKIPPED: fixtures not found at {}", dir.display());
+            return;
+        };
+        let mut files: Vec<_> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        files.push(dir.join("hta-sampled-128rank/rank-0.json.gz"));
+        for f in files {
+            let read = |fast: bool| {
+                let file = File::open(&f).unwrap();
+                let gz = MultiGzDecoder::new(BufReader::new(file));
+                read_stream(gz, &f, &ReadOptions::default(), true, fast).unwrap()
+            };
+            let (a, b) = (read(true), read(false));
+            assert_eq!(a.executions.len(), b.executions.len(), "{}", f.display());
+            assert_eq!(a.functions.len(), b.functions.len(), "{}", f.display());
+            assert_eq!(a.steps.len(), b.steps.len());
+            assert_eq!(a.training_thread, b.training_thread);
+            assert_eq!(a.meta, b.meta);
+            assert_eq!(a.device, b.device);
+            for (x, y) in a.executions.iter().zip(&b.executions) {
+                let (fx, fy) = (a.functions.get(x.function), b.functions.get(y.function));
+                assert_eq!(fx, fy);
+                assert!(
+                    (x.start_ns - y.start_ns).abs() <= 250,
+                    "{} {x:?} {y:?}",
+                    f.display()
+                );
+                assert!(
+                    (x.end_ns - y.end_ns).abs() <= 500,
+                    "{} {x:?} {y:?}",
+                    f.display()
+                );
+                assert_eq!(x.thread, y.thread);
+                let same = (x.trace_util.is_nan() && y.trace_util.is_nan())
+                    || (x.trace_util - y.trace_util).abs() < 1e-3;
+                assert!(same, "{} {x:?} {y:?} {}", f.display(), fx.name);
+            }
         }
     }
 }

@@ -86,6 +86,8 @@ pub(crate) enum Num {
     I(i64),
     U(u64),
     F(f64),
+    /// A decimal µs value already converted exactly to ns (fast path).
+    Ns(i64),
 }
 
 impl Num {
@@ -96,6 +98,7 @@ impl Num {
             Num::I(v) => v as f64,
             Num::U(v) => v as f64,
             Num::F(v) => v,
+            Num::Ns(v) => v as f64 / 1000.0,
         };
         v.is_finite().then_some(v)
     }
@@ -108,6 +111,7 @@ impl Num {
             Num::Missing => None,
             Num::I(v) => v.checked_mul(1000),
             Num::U(v) => i64::try_from(v).ok()?.checked_mul(1000),
+            Num::Ns(v) => Some(v),
             Num::F(v) => {
                 let ns = (v * 1000.0).round();
                 // Inclusive range check keeps the cast in range.
@@ -122,6 +126,8 @@ impl Num {
             Num::Missing => None,
             Num::I(v) => Some(v as u64),
             Num::U(v) => Some(v),
+            Num::Ns(v) if v % 1000 == 0 => Some((v / 1000) as u64),
+            Num::Ns(v) => Some((v as f64 / 1000.0).to_bits()),
             Num::F(v) => {
                 if v.fract() == 0.0 && v >= i64::MIN as f64 && v < u64::MAX as f64 {
                     if v < 0.0 {
@@ -380,7 +386,7 @@ pub(crate) struct RawEvent<'a> {
 /// events (occupancy, bandwidth, collective sizes, device/stream), Python
 /// events (ids) and CPU-side collectives (process group). Everything else
 /// (most CPU ops, with their large `Input Dims`…) skips `args` unparsed.
-fn args_needed(cat: Option<&[u8]>, name: Option<&[u8]>) -> bool {
+pub(crate) fn args_needed(cat: Option<&[u8]>, name: Option<&[u8]>) -> bool {
     match cat {
         None => true,
         Some(b"kernel" | b"gpu_memcpy" | b"gpu_memset" | b"python_function") => true,

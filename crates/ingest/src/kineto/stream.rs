@@ -207,6 +207,30 @@ impl<R: Read> JsonStream<R> {
         }
     }
 
+    /// Tries `f` (the fast path) on the unread bytes: `Some` when it parsed a
+    /// value, `None` when the general parser must take over (at the same
+    /// position). Reads more input while `f` needs it.
+    pub(crate) fn fast<O>(
+        &mut self,
+        mut f: impl FnMut(&[u8]) -> super::fast::Fast<O>,
+    ) -> Result<Option<O>, StreamError> {
+        use super::fast::Fast;
+        loop {
+            match f(&self.buf[self.pos..]) {
+                Fast::Done(o, n) => {
+                    self.pos = (self.pos + n).min(self.buf.len());
+                    return Ok(Some(o));
+                }
+                Fast::Fallback => return Ok(None),
+                Fast::Incomplete => {
+                    if !self.fill()? {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
     fn syntax(&self, slice: &[u8], e: &serde_json::Error) -> StreamError {
         let at = offset_of(slice, e.line(), e.column());
         // serde_json appends " at line L column C"; drop it, offsets are ours.
