@@ -328,7 +328,8 @@ class Tracker:
         self.stats["poll_ns"] += _now() - t0
 
     def _propose(self, nxt: int, t: int) -> None:
-        mean = self.det.mean_ns or 0.0
+        # The last iteration is the better guess right after a slowdown.
+        mean = max(self.det.mean_ns or 0.0, float(self.det.last_duration_ns or 0))
         lead = max(3, int(self.cfg.lead_s * 1e9 / mean) + 1) if mean > 0 else 10
         if self.cfg.window_iters > 0:
             iters = self.cfg.window_iters
@@ -570,7 +571,13 @@ class Tracker:
 
     def shutdown(self) -> None:
         try:
-            if self.prof is not None:
+            if self.prof is not None and self.enabled:
+                # The job ended inside a window: keep what was profiled.
+                try:
+                    self._stop_profile()
+                except Exception as e:
+                    self.disable("the final window", e)
+            elif self.prof is not None:
                 self._stop_profiler_quietly()
             self.wait()
         except Exception:
