@@ -329,8 +329,9 @@ class Tracker:
 
     def _propose(self, nxt: int, t: int) -> None:
         # The last iteration is the better guess right after a slowdown.
-        mean = max(self.det.mean_ns or 0.0, float(self.det.last_duration_ns or 0))
-        lead = max(3, int(self.cfg.lead_s * 1e9 / mean) + 1) if mean > 0 else 10
+        mean = self.det.mean_ns or 0.0
+        slow = max(mean, float(self.det.last_duration_ns or 0))
+        lead = max(3, int(self.cfg.lead_s * 1e9 / slow) + 1) if slow > 0 else 10
         if self.cfg.window_iters > 0:
             iters = self.cfg.window_iters
         else:

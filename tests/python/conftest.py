@@ -14,13 +14,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TRAIN = os.path.join(ROOT, "examples", "train.py")
 
 # Settings for this 2-core CI machine, where 4 ranks share 2 cores and the
-# mean of 30 iterations wanders by up to ~20 % in a healthy run: a 40 %
+# mean of 30 iterations wanders by up to ~40 % in a healthy run when the
+# machine is shared (measured while other builds ran): a 50 %
 # threshold (the injected faults slow the job by 75-200 %), N = 30, 3 s
 # windows, a short lead.
 TEST_ENV = {
     "WHYSLOW_WINDOW_S": "3",
     "WHYSLOW_N": "30",
-    "WHYSLOW_THRESHOLD": "0.4",
+    "WHYSLOW_THRESHOLD": "0.5",
     "WHYSLOW_POLL_S": "0.25",
     "WHYSLOW_LEAD_S": "1",
     "WHYSLOW_COLLECT_TIMEOUT_S": "60",

@@ -1,0 +1,71 @@
+"""Binding and configuration unit tests (no torch needed)."""
+
+import json
+import os
+
+import pytest
+
+import whyslow
+from whyslow import _whyslow
+from whyslow._config import Config
+
+MS = 1_000_000
+
+
+def feed(d, n, dur_ms, t):
+    code = 0
+    for _ in range(n):
+        d.next(t)
+        code = d.step(t + dur_ms * MS)
+        t += dur_ms * MS
+    return t, code
+
+
+def test_detector_binding_follows_section_4_1():
+    d = _whyslow.Detector()
+    t, _ = feed(d, 11, 100, 0)
+    assert d.phase == "monitoring" and d.pattern == ["next", "step"]
+    t, code = feed(d, 100, 100, t)
+    assert code == _whyslow.ITERATION
+    codes = []
+    for _ in range(20):
+        t, c = feed(d, 1, 120, t)
+        codes.append(c)
+    assert codes.index(_whyslow.SLOWDOWN) == 12  # the 13th slow iteration
+    mean, base = d.last_slowdown
+    assert base == pytest.approx(100 * MS)
+    assert d.check_blocked(t + 499 * MS) is None or d.mean_ns * 5 <= 499 * MS
+    with pytest.raises(ValueError):
+        _whyslow.Detector(baseline="nope")
+    with pytest.raises(ValueError):
+        _whyslow.Detector(m=1)
+
+
+def test_policy_binding():
+    p = _whyslow.TriggerPolicy(10.0, 2)
+    assert p.try_acquire(0) is None
+    assert "cooldown" in p.check(1 * 10**9)
+    assert p.try_acquire(11 * 10**9) is None
+    assert "profiles in the last hour" in p.check(30 * 10**9)
+
+
+def test_config_env_and_overrides():
+    c = Config.from_env({"WHYSLOW_WINDOW_S": "7", "WHYSLOW_KEEP_TRACES": "1",
+                         "TORCHELASTIC_RUN_ID": "job42"}, n=20)
+    assert c.window_s == 7.0 and c.keep_traces and c.n == 20 and c.recent == 200
+    assert c.job_id == "job42" and c.report_dir == "./whyslow-reports"
+    with pytest.raises(TypeError):
+        Config.from_env({}, bogus=1)
+    with pytest.raises(ValueError):
+        Config.from_env({"WHYSLOW_N": "many"})
+
+
+def test_summarize_errors_are_value_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError):
+        _whyslow.summarize_trace(str(bad))
+
+
+def test_import_outside_torchrun_does_nothing():
+    assert whyslow.tracker() is None or "RANK" in os.environ
