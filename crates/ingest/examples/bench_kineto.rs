@@ -102,9 +102,11 @@ fn build(fixture: &std::path::Path, target: u64, out: &std::path::Path) {
     let events = v["traceEvents"].as_array().expect("traceEvents").clone();
     let mut lo = f64::MAX;
     let mut hi = f64::MIN;
-    // Each event as (ts, the rest of its JSON object without ts).
-    let mut parts: Vec<(f64, String)> = Vec::with_capacity(events.len());
+    // Each event as (ts, the rest of its JSON object without ts); Python
+    // events are kept whole so that each copy gets its own Python ids.
+    let mut parts: Vec<(f64, String, Option<serde_json::Value>)> = Vec::with_capacity(events.len());
     for mut e in events {
+        let py = e.get("args").and_then(|a| a.get("Python id")).is_some();
         let ts = e.get("ts").and_then(|t| t.as_f64());
         if let Some(obj) = e.as_object_mut() {
             obj.remove("ts");
@@ -114,7 +116,7 @@ fn build(fixture: &std::path::Path, target: u64, out: &std::path::Path) {
             lo = lo.min(ts);
             hi = hi.max(ts + e.get("dur").and_then(|d| d.as_f64()).unwrap_or(0.0));
         }
-        parts.push((ts.unwrap_or(f64::NAN), s));
+        parts.push((ts.unwrap_or(f64::NAN), s, py.then_some(e)));
     }
     let period = (hi - lo).max(1.0) * 1.01;
     let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(out).expect("create"));
@@ -131,9 +133,25 @@ fn build(fixture: &std::path::Path, target: u64, out: &std::path::Path) {
     let mut first = true;
     while written < target {
         let shift = copy as f64 * period;
-        for (ts, rest) in &parts {
+        for (ts, rest, py) in &parts {
             let sep = if first { "" } else { ",\n" };
             first = false;
+            let shifted: String;
+            let rest = match py {
+                Some(e) => {
+                    let mut e = e.clone();
+                    for k in ["Python id", "Python parent id"] {
+                        if let Some(v) = e["args"].get_mut(k) {
+                            if let Some(id) = v.as_u64() {
+                                *v = serde_json::Value::from(id + copy * 1_000_000_000);
+                            }
+                        }
+                    }
+                    shifted = serde_json::to_string(&e).expect("serialize");
+                    &shifted
+                }
+                None => rest,
+            };
             let line = if ts.is_nan() {
                 format!("{sep}{rest}")
             } else if rest == "{}" {

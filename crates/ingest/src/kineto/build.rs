@@ -51,14 +51,56 @@ struct Lane {
     step_ns: i128,
 }
 
-#[derive(Debug)]
-struct PyEv {
-    id: Option<u64>,
-    parent: Option<u64>,
-    frame: u32,
-    lane: u32,
-    start: i64,
-    end: i64,
+/// Python events, compactly: their executions live in `Builder::execs` (with
+/// the frame's name index as a placeholder function) and only the links are
+/// kept here, 13 bytes per event plus the id map.
+#[derive(Debug, Default)]
+struct PyLinks {
+    /// Index in `execs` of each Python event.
+    exec: Vec<u32>,
+    /// `Python parent id`, valid where `has_parent`.
+    parent: Vec<u64>,
+    has_parent: Vec<bool>,
+    /// (`Python id`, index in these vectors); sorted in `finish` (ids are
+    /// usually increasing already), a sorted vector being smaller and faster
+    /// than a hash map at millions of events.
+    ids: Vec<(u64, u32)>,
+}
+
+impl PyLinks {
+    /// Index of the last event with `id`; `ids` must be sorted. `near` is a
+    /// position in `ids` to search from (a child's own position: its parent
+    /// is usually a little before it), widening exponentially.
+    fn find(&self, id: u64, near: usize) -> Option<u32> {
+        let ids = &self.ids;
+        let near = near.min(ids.len());
+        // Bracket [lo, hi) with ids[lo - 1] <= id < ids[hi] around `near`.
+        let (mut lo, mut hi);
+        if near > 0 && ids[near - 1].0 > id {
+            hi = near - 1;
+            let mut step = 1;
+            lo = hi.saturating_sub(step);
+            while lo > 0 && ids[lo].0 > id {
+                hi = lo;
+                step *= 2;
+                lo = lo.saturating_sub(step);
+            }
+        } else {
+            lo = near;
+            let mut step = 1;
+            hi = (lo + step).min(ids.len());
+            while hi < ids.len() && ids[hi].0 <= id {
+                lo = hi;
+                step *= 2;
+                hi = (hi + step).min(ids.len());
+            }
+        }
+        let end = lo + ids[lo..hi].partition_point(|x| x.0 <= id);
+        match end.checked_sub(1).map(|i| self.ids[i]) {
+            Some((found, k)) if found == id => Some(k),
+            _ => None,
+        }
+    }
 }
 
 /// A collective's process group, as far as the event tells.
@@ -93,7 +135,7 @@ pub(crate) struct Builder {
     execs: Vec<Execution>,
     lane_ix: FxMap<(bool, u64, u64), u32>,
     lanes: Vec<Lane>,
-    py: Vec<PyEv>,
+    py: PyLinks,
     steps: Vec<(u64, i64, i64, u32)>,
     group_ix: FxMap<GroupKey, u32>,
     groups: Vec<GroupKey>,
@@ -367,14 +409,19 @@ impl Builder {
                 let frame = self.name(ev.name.as_slice());
                 let lane = self.lane(false, pid, tid);
                 self.lanes[lane as usize].busy_ns += i128::from(dur);
-                self.py.push(PyEv {
-                    id: args.and_then(|a| a.py_id.key()),
-                    parent: args.and_then(|a| a.py_parent.key()),
-                    frame,
-                    lane,
-                    start,
-                    end,
-                });
+                let id = args.and_then(|a| a.py_id.key());
+                let parent = args
+                    .and_then(|a| a.py_parent.key())
+                    .filter(|p| Some(*p) != id);
+                // Placeholder function: the frame's name index, replaced in `finish`.
+                let e = self.exec(frame, start, end, lane, UNKNOWN_UTIL);
+                let k = self.py.exec.len() as u32;
+                self.py.exec.push(e);
+                self.py.parent.push(parent.unwrap_or(0));
+                self.py.has_parent.push(parent.is_some());
+                if let Some(id) = id {
+                    self.py.ids.push((id, k));
+                }
             }
             // Duplicates of kernels, profiler bookkeeping, sync markers, flows.
             b"gpu_user_annotation"
@@ -529,7 +576,19 @@ impl Builder {
         let mut widen = |s: i64, e: i64| {
             span = Some(span.map_or((s, e), |(a, b)| (a.min(s), b.max(e))));
         };
-        for e in &mut self.execs {
+        let mut py = std::mem::take(&mut self.py);
+        if !py.ids.windows(2).all(|w| w[0] <= w[1]) {
+            py.ids.sort_unstable();
+        }
+        let mut is_py = vec![false; self.execs.len()];
+        for &e in &py.exec {
+            is_py[e as usize] = true;
+        }
+        for (e, py_exec) in self.execs.iter_mut().zip(is_py) {
+            if py_exec {
+                widen(e.start_ns, e.end_ns);
+                continue;
+            }
             let local = e.function.0 as usize;
             e.function = map[local];
             if let Some(peak) = scale[local] {
@@ -540,8 +599,7 @@ impl Builder {
         // Python: rebuild every call stack from the id → parent id links, which
         // may point forward in the file (PerfTracker §4.2: same function only
         // if the entire call stack is identical).
-        let py = std::mem::take(&mut self.py);
-        let stacks = resolve_stacks(&py);
+        let stacks = resolve_stacks(&py, &self.execs);
         let mut stack_names: Vec<String> = Vec::with_capacity(stacks.list.len());
         let mut stack_fn: Vec<FunctionId> = Vec::with_capacity(stacks.list.len());
         for &(parent, frame) in &stacks.list {
@@ -557,23 +615,16 @@ impl Builder {
         // Lanes whose Python roots are all `threading.py(..): _bootstrap` are
         // helper threads, never the training thread.
         let mut roots: Vec<(bool, bool)> = vec![(false, false); self.lanes.len()]; // (any root, any non-bootstrap root)
-        self.execs.reserve(py.len());
-        for (p, &s) in py.iter().zip(&stacks.of) {
+        for (k, &s) in stacks.of.iter().enumerate() {
+            let e = &mut self.execs[py.exec[k] as usize];
             if stacks.list[s as usize].0.is_none() {
-                let frame = &self.names[p.frame as usize];
+                let frame = &self.names[e.function.0 as usize];
                 let boot = frame.contains("threading.py") && frame.ends_with("_bootstrap");
-                let r = &mut roots[p.lane as usize];
+                let r = &mut roots[e.thread as usize];
                 r.0 = true;
                 r.1 |= !boot;
             }
-            self.execs.push(Execution {
-                function: stack_fn[s as usize],
-                start_ns: p.start,
-                end_ns: p.end,
-                thread: p.lane,
-                trace_util: UNKNOWN_UTIL,
-            });
-            widen(p.start, p.end);
+            e.function = stack_fn[s as usize];
         }
         drop(py);
         // Training thread: among CPU lanes that are not helper threads, the one
@@ -662,22 +713,17 @@ struct Stacks {
     missing_parents: u64,
 }
 
-fn resolve_stacks(py: &[PyEv]) -> Stacks {
+fn resolve_stacks(py: &PyLinks, execs: &[Execution]) -> Stacks {
     const UNSET: u32 = u32::MAX;
     const BUSY: u32 = u32::MAX - 1;
-    let mut by_id: FxMap<u64, u32> = FxMap::default();
-    by_id.reserve(py.len());
-    for (i, p) in py.iter().enumerate() {
-        if let Some(id) = p.id {
-            by_id.insert(id, i as u32);
-        }
-    }
-    let mut of = vec![UNSET; py.len()];
+    let n = py.exec.len();
+    let frame_of = |k: u32| execs[py.exec[k as usize] as usize].function.0;
+    let mut of = vec![UNSET; n];
     let mut ix: FxMap<(u32, u32), u32> = FxMap::default();
     let mut list: Vec<(Option<u32>, u32)> = Vec::new();
     let mut missing = 0u64;
     let mut chain: Vec<u32> = Vec::new();
-    for i in 0..py.len() {
+    for i in 0..n {
         if of[i] != UNSET {
             continue;
         }
@@ -688,16 +734,16 @@ fn resolve_stacks(py: &[PyEv]) -> Stacks {
         loop {
             chain.push(cur);
             of[cur as usize] = BUSY;
-            let p = &py[cur as usize];
-            let parent = match p.parent {
-                Some(pid) if Some(pid) != p.id => match by_id.get(&pid) {
-                    Some(&j) => Some(j),
+            let parent = if py.has_parent[cur as usize] {
+                match py.find(py.parent[cur as usize], cur as usize) {
+                    Some(j) => Some(j),
                     None => {
                         missing += 1;
                         None
                     }
-                },
-                _ => None,
+                }
+            } else {
+                None
             };
             match parent {
                 Some(j) if of[j as usize] == UNSET => cur = j,
@@ -711,7 +757,7 @@ fn resolve_stacks(py: &[PyEv]) -> Stacks {
         // Unwind from the outermost frame.
         let mut parent_stack = base;
         for &c in chain.iter().rev() {
-            let frame = py[c as usize].frame;
+            let frame = frame_of(c);
             let key = (parent_stack.unwrap_or(UNSET), frame);
             let next = list.len() as u32;
             let s = *ix.entry(key).or_insert(next);
@@ -726,5 +772,35 @@ fn resolve_stacks(py: &[PyEv]) -> Stacks {
         list,
         of,
         missing_parents: missing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn find_matches_brute_force() {
+        let mut seed = 0x2545f4914f6cdd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for n in [0usize, 1, 2, 5, 64, 1000] {
+            let mut ids: Vec<(u64, u32)> = (0..n).map(|k| (next() % 50, k as u32)).collect();
+            ids.sort_unstable();
+            let links = PyLinks {
+                ids: ids.clone(),
+                ..PyLinks::default()
+            };
+            for _ in 0..500 {
+                let id = next() % 60;
+                let near = (next() % (n as u64 + 3)) as usize;
+                let want = ids.iter().rev().find(|x| x.0 == id).map(|x| x.1);
+                assert_eq!(links.find(id, near), want, "n={n} id={id} near={near}");
+            }
+        }
     }
 }

@@ -468,6 +468,40 @@ fn events<R: Read>(
 mod tests {
     use super::*;
 
+    /// Same comparison on any file named by `WHYSLOW_EQ_FILE` (manual check).
+    #[test]
+    #[ignore]
+    fn fast_path_matches_general_path_on_file() {
+        let Some(f) = std::env::var_os("WHYSLOW_EQ_FILE") else {
+            return;
+        };
+        let f = std::path::PathBuf::from(f);
+        let read = |fast: bool| {
+            let file = File::open(&f).unwrap();
+            read_stream(
+                BufReader::new(file),
+                &f,
+                &ReadOptions::default(),
+                false,
+                fast,
+            )
+            .unwrap()
+        };
+        let (a, b) = (read(true), read(false));
+        let mut ca = std::collections::BTreeMap::new();
+        for e in &a.executions {
+            *ca.entry(a.functions.get(e.function).name.clone())
+                .or_insert(0i64) += 1;
+        }
+        for e in &b.executions {
+            *ca.entry(b.functions.get(e.function).name.clone())
+                .or_insert(0i64) -= 1;
+        }
+        ca.retain(|_, v| *v != 0);
+        println!("{:?} {:?} {:?}", ca, a.warnings, b.warnings);
+        assert!(ca.is_empty());
+    }
+
     /// The fast path and the general (serde) path read every fixture alike
     /// (timestamps within f64's rounding of the general path).
     #[test]
