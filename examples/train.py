@@ -133,6 +133,8 @@ def main():
             if it >= a.iters:
                 break
             FAULT_ACTIVE = a.fault != "none" and it >= a.fault_at
+            if FAULT_ACTIVE and it == a.fault_at and rank == 0:
+                print("fault %s onset at iteration %d, time %.3f" % (a.fault, it, time.time()), flush=True)
             if it == a.trigger_at:
                 whyslow.trigger("on-demand (examples/train.py --trigger-at %d)" % it)
             x, y = x.to(dev), y.to(dev)

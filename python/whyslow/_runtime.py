@@ -219,8 +219,9 @@ class Tracker:
         if refusal is not None:
             return
         mean, base = self.det.last_slowdown
-        self.want = "slowdown on rank %d: mean of last %d iterations %.1f ms > %.1f ms (+%.1f%%)" % (
+        self.want = "slowdown on rank %d at step %d: mean of last %d iterations %.1f ms > %.1f ms (+%.1f%%)" % (
             self.rank,
+            self.steps,
             self.cfg.n,
             mean / 1e6,
             base / 1e6,
