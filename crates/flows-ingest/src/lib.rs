@@ -87,13 +87,19 @@ pub enum FlowIngestError {
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> FlowIngestError {
-    FlowIngestError::Io { path: path.display().to_string(), source: e }
+    FlowIngestError::Io {
+        path: path.display().to_string(),
+        source: e,
+    }
 }
 
 /// Read a topology file (JSON, see [`whyslow_flows::topology`]).
 pub fn read_topology(path: &Path) -> Result<Topology, FlowIngestError> {
     let s = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
-    Topology::from_json_str(&s).map_err(|e| FlowIngestError::Topology { path: path.display().to_string(), source: e })
+    Topology::from_json_str(&s).map_err(|e| FlowIngestError::Topology {
+        path: path.display().to_string(),
+        source: e,
+    })
 }
 
 /// Kind of a flow file.
@@ -122,7 +128,9 @@ pub fn sniff_kind(name: &str, head: &[u8]) -> Option<FlowFileKind> {
     if base.ends_with(".pcap") || pcap::is_pcap(head) {
         return Some(FlowFileKind::Pcap);
     }
-    if [".ipfix", ".nf", ".v9", ".netflow", ".bin"].iter().any(|e| base.ends_with(e))
+    if [".ipfix", ".nf", ".v9", ".netflow", ".bin"]
+        .iter()
+        .any(|e| base.ends_with(e))
         || head.starts_with(&[0, 10])
         || head.starts_with(&[0, 9])
     {
@@ -138,11 +146,16 @@ pub fn sniff_kind(name: &str, head: &[u8]) -> Option<FlowFileKind> {
 /// (optionally gzip-compressed, `.gz`). Corrupt IPFIX/NetFlow messages are skipped
 /// (see [`read_netflow_bytes`] for counts); a malformed CSV row is an error.
 pub fn read_flow_file(path: &Path) -> Result<Vec<FlowRecord>, FlowIngestError> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let raw = std::fs::read(path).map_err(|e| io_err(path, e))?;
     let data = if name.to_ascii_lowercase().ends_with(".gz") || raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(&raw[..]).read_to_end(&mut out).map_err(|e| io_err(path, e))?;
+        flate2::read::MultiGzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .map_err(|e| io_err(path, e))?;
         out
     } else {
         raw
@@ -157,11 +170,15 @@ pub fn read_flow_file(path: &Path) -> Result<Vec<FlowRecord>, FlowIngestError> {
             }
             #[cfg(not(feature = "parquet"))]
             {
-                Err(FlowIngestError::Format { path: p, msg: "Parquet support not built (cargo feature `parquet`)".into() })
+                Err(FlowIngestError::Format {
+                    path: p,
+                    msg: "Parquet support not built (cargo feature `parquet`)".into(),
+                })
             }
         }
         Some(FlowFileKind::NetflowRaw) => Ok(read_netflow_bytes(&data).0),
-        Some(FlowFileKind::Pcap) => pcap::read_pcap_bytes(&data, pcap::DEFAULT_IDLE_GAP_US).map_err(|msg| FlowIngestError::Format { path: p, msg }),
+        Some(FlowFileKind::Pcap) => pcap::read_pcap_bytes(&data, pcap::DEFAULT_IDLE_GAP_US)
+            .map_err(|msg| FlowIngestError::Format { path: p, msg }),
         None => Err(FlowIngestError::Format {
             path: p,
             msg: "expected a .csv, .parquet, .pcap or IPFIX/NetFlow v9 capture file".into(),
@@ -213,11 +230,32 @@ fn parse_num<T: std::str::FromStr>(b: &[u8]) -> Option<T> {
 
 /// Parse CSV flow records (see the crate docs for the columns).
 pub fn read_csv<R: Read>(reader: R, path: &str) -> Result<Vec<FlowRecord>, FlowIngestError> {
-    let err = |line: u64, msg: String| FlowIngestError::Csv { path: path.to_string(), line, msg };
-    let mut rdr = csv::ReaderBuilder::new().flexible(true).trim(csv::Trim::All).from_reader(BufReader::new(reader));
-    let headers = rdr.byte_headers().map_err(|e| err(1, format!("cannot read the header: {e}")))?.clone();
-    let find = |n: &str| headers.iter().position(|h| h.eq_ignore_ascii_case(n.as_bytes()));
-    let need = |n: &str| find(n).ok_or_else(|| err(1, format!("missing column `{n}` (need start_us,src,dst,bytes,dur_us)")));
+    let err = |line: u64, msg: String| FlowIngestError::Csv {
+        path: path.to_string(),
+        line,
+        msg,
+    };
+    let mut rdr = csv::ReaderBuilder::new()
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(BufReader::new(reader));
+    let headers = rdr
+        .byte_headers()
+        .map_err(|e| err(1, format!("cannot read the header: {e}")))?
+        .clone();
+    let find = |n: &str| {
+        headers
+            .iter()
+            .position(|h| h.eq_ignore_ascii_case(n.as_bytes()))
+    };
+    let need = |n: &str| {
+        find(n).ok_or_else(|| {
+            err(
+                1,
+                format!("missing column `{n}` (need start_us,src,dst,bytes,dur_us)"),
+            )
+        })
+    };
     let c = Cols {
         start: need("start_us")?,
         src: need("src")?,
@@ -244,21 +282,45 @@ pub fn read_csv<R: Read>(reader: R, path: &str) -> Result<Vec<FlowRecord>, FlowI
         let get = |i: usize| rec.get(i).unwrap_or(b"");
         let opt = |i: Option<usize>| i.map(get).filter(|s| !s.is_empty());
         let num = |i: usize, what: &str| -> Result<u64, FlowIngestError> {
-            parse_num::<u64>(get(i)).ok_or_else(|| err(line, format!("expected an unsigned integer for {what}, got {:?}", String::from_utf8_lossy(get(i)))))
+            parse_num::<u64>(get(i)).ok_or_else(|| {
+                err(
+                    line,
+                    format!(
+                        "expected an unsigned integer for {what}, got {:?}",
+                        String::from_utf8_lossy(get(i))
+                    ),
+                )
+            })
         };
         let addr = |i: usize, what: &str| -> Result<IpAddr, FlowIngestError> {
-            parse_num::<IpAddr>(get(i)).ok_or_else(|| err(line, format!("expected an IP address for {what}, got {:?}", String::from_utf8_lossy(get(i)))))
+            parse_num::<IpAddr>(get(i)).ok_or_else(|| {
+                err(
+                    line,
+                    format!(
+                        "expected an IP address for {what}, got {:?}",
+                        String::from_utf8_lossy(get(i))
+                    ),
+                )
+            })
         };
         let small = |i: Option<usize>, what: &str| -> Result<Option<u64>, FlowIngestError> {
             match opt(i) {
                 None => Ok(None),
-                Some(b) => parse_num::<u64>(b).map(Some).ok_or_else(|| err(line, format!("expected an integer for {what}"))),
+                Some(b) => parse_num::<u64>(b)
+                    .map(Some)
+                    .ok_or_else(|| err(line, format!("expected an integer for {what}"))),
             }
         };
         let port = |i: Option<usize>, what: &str| -> Result<Option<u16>, FlowIngestError> {
-            small(i, what)?.map(|v| u16::try_from(v).map_err(|_| err(line, format!("{what} {v} is not a port")))).transpose()
+            small(i, what)?
+                .map(|v| {
+                    u16::try_from(v).map_err(|_| err(line, format!("{what} {v} is not a port")))
+                })
+                .transpose()
         };
-        let proto = small(c.proto, "proto")?.map(|v| u8::try_from(v).map_err(|_| err(line, format!("proto {v} > 255")))).transpose()?;
+        let proto = small(c.proto, "proto")?
+            .map(|v| u8::try_from(v).map_err(|_| err(line, format!("proto {v} > 255"))))
+            .transpose()?;
         out.push(FlowRecord {
             start_us: num(c.start, "start_us")?,
             src: addr(c.src, "src")?,
@@ -270,7 +332,12 @@ pub fn read_csv<R: Read>(reader: R, path: &str) -> Result<Vec<FlowRecord>, FlowI
             proto,
             switches: opt(c.switches)
                 .map(|s| {
-                    String::from_utf8_lossy(s).split(';').map(|x| x.trim()).filter(|x| !x.is_empty()).map(String::from).collect()
+                    String::from_utf8_lossy(s)
+                        .split(';')
+                        .map(|x| x.trim())
+                        .filter(|x| !x.is_empty())
+                        .map(String::from)
+                        .collect()
                 })
                 .unwrap_or_default(),
         });
@@ -281,7 +348,10 @@ pub fn read_csv<R: Read>(reader: R, path: &str) -> Result<Vec<FlowRecord>, FlowI
 /// Write flow records as CSV with every column (the format [`read_csv`] reads).
 pub fn write_csv<W: std::io::Write>(records: &[FlowRecord], w: W) -> std::io::Result<()> {
     let mut w = std::io::BufWriter::new(w);
-    writeln!(w, "start_us,src,dst,bytes,dur_us,switches,src_port,dst_port,proto")?;
+    writeln!(
+        w,
+        "start_us,src,dst,bytes,dur_us,switches,src_port,dst_port,proto"
+    )?;
     let o = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
     for r in records {
         writeln!(

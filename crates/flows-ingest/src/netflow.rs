@@ -84,7 +84,10 @@ fn ntp_us(v: &FieldValue) -> Option<u64> {
         FieldValue::Duration(d) => {
             let d = d.as_duration();
             let s = d.as_secs().checked_sub(NTP_UNIX_OFFSET_S)?;
-            Some(s.saturating_mul(1_000_000).saturating_add(d.subsec_micros() as u64))
+            Some(
+                s.saturating_mul(1_000_000)
+                    .saturating_add(d.subsec_micros() as u64),
+            )
         }
         _ => None,
     }
@@ -103,13 +106,24 @@ impl FlowDecoder {
     pub fn new() -> Self {
         let builder = NetflowParser::builder().with_pending_flows(PendingFlowsConfig::default());
         let parser = AutoScopedParser::try_with_builder(builder).unwrap_or_default();
-        FlowDecoder { parser, init_ms: HashMap::new(), names: HashMap::new(), stats: DecodeStats::default() }
+        FlowDecoder {
+            parser,
+            init_ms: HashMap::new(),
+            names: HashMap::new(),
+            stats: DecodeStats::default(),
+        }
     }
 
     fn name(&mut self, exporter: IpAddr, domain: u32) -> String {
         self.names
             .entry((exporter, domain))
-            .or_insert_with(|| if domain == 0 { exporter.to_string() } else { format!("{exporter}/{domain}") })
+            .or_insert_with(|| {
+                if domain == 0 {
+                    exporter.to_string()
+                } else {
+                    format!("{exporter}/{domain}")
+                }
+            })
             .clone()
     }
 
@@ -134,7 +148,12 @@ impl FlowDecoder {
                             IpfixBody::OptionsData(od) => {
                                 for rec in &od.fields {
                                     for (f, v) in rec {
-                                        if matches!(f, IPFixField::IANA(IANAIPFixField::SystemInitTimeMilliseconds)) {
+                                        if matches!(
+                                            f,
+                                            IPFixField::IANA(
+                                                IANAIPFixField::SystemInitTimeMilliseconds
+                                            )
+                                        ) {
                                             if let Some(ms) = v.as_u64() {
                                                 self.init_ms.insert((exporter, domain), ms);
                                             }
@@ -149,25 +168,37 @@ impl FlowDecoder {
                                         let IPFixField::IANA(f) = f else { continue };
                                         use IANAIPFixField as F;
                                         match f {
-                                            F::SourceIpv4address | F::SourceIpv6address => r.src = ip(v),
-                                            F::DestinationIpv4address | F::DestinationIpv6address => r.dst = ip(v),
+                                            F::SourceIpv4address | F::SourceIpv6address => {
+                                                r.src = ip(v)
+                                            }
+                                            F::DestinationIpv4address
+                                            | F::DestinationIpv6address => r.dst = ip(v),
                                             F::SourceTransportPort => r.sport = v.as_u16(),
                                             F::DestinationTransportPort => r.dport = v.as_u16(),
                                             F::ProtocolIdentifier => r.proto = v.as_u8(),
                                             F::OctetDeltaCount | F::OctetTotalCount => {
                                                 r.bytes = r.bytes.max(v.as_u64().unwrap_or(0))
                                             }
-                                            F::FlowStartMicroseconds | F::FlowStartNanoseconds => r.start_us = ntp_us(v),
-                                            F::FlowEndMicroseconds | F::FlowEndNanoseconds => r.end_us = ntp_us(v),
+                                            F::FlowStartMicroseconds | F::FlowStartNanoseconds => {
+                                                r.start_us = ntp_us(v)
+                                            }
+                                            F::FlowEndMicroseconds | F::FlowEndNanoseconds => {
+                                                r.end_us = ntp_us(v)
+                                            }
                                             F::FlowStartMilliseconds | F::FlowStartSeconds => {
-                                                r.start_us = v.as_u64().map(|ms| ms.saturating_mul(1000))
+                                                r.start_us =
+                                                    v.as_u64().map(|ms| ms.saturating_mul(1000))
                                             }
                                             F::FlowEndMilliseconds | F::FlowEndSeconds => {
-                                                r.end_us = v.as_u64().map(|ms| ms.saturating_mul(1000))
+                                                r.end_us =
+                                                    v.as_u64().map(|ms| ms.saturating_mul(1000))
                                             }
                                             F::FlowStartSysUpTime => r.start_up_ms = v.as_u64(),
                                             F::FlowEndSysUpTime => r.end_up_ms = v.as_u64(),
-                                            F::FlowDurationMilliseconds => r.dur_us = v.as_u64().map(|x| x.saturating_mul(1000)),
+                                            F::FlowDurationMilliseconds => {
+                                                r.dur_us =
+                                                    v.as_u64().map(|x| x.saturating_mul(1000))
+                                            }
                                             F::FlowDurationMicroseconds => r.dur_us = v.as_u64(),
                                             _ => {}
                                         }
@@ -176,10 +207,14 @@ impl FlowDecoder {
                                         if let Some(s) = r.start_up_ms {
                                             let base = match self.init_ms.get(&(exporter, domain)) {
                                                 Some(&b) => b,
-                                                None => export_ms.saturating_sub(r.end_up_ms.unwrap_or(s)),
+                                                None => export_ms
+                                                    .saturating_sub(r.end_up_ms.unwrap_or(s)),
                                             };
-                                            r.start_us = Some(base.saturating_add(s).saturating_mul(1000));
-                                            r.end_us = r.end_up_ms.map(|e| base.saturating_add(e).saturating_mul(1000));
+                                            r.start_us =
+                                                Some(base.saturating_add(s).saturating_mul(1000));
+                                            r.end_us = r.end_up_ms.map(|e| {
+                                                base.saturating_add(e).saturating_mul(1000)
+                                            });
                                         }
                                     }
                                     self.push(r, export_ms * 1000, &name, out);
@@ -200,17 +235,27 @@ impl FlowDecoder {
                                 let mut r = Rec::default();
                                 for (f, v) in rec {
                                     match f {
-                                        V9Field::Ipv4SrcAddr | V9Field::Ipv6SrcAddr => r.src = ip(v),
-                                        V9Field::Ipv4DstAddr | V9Field::Ipv6DstAddr => r.dst = ip(v),
+                                        V9Field::Ipv4SrcAddr | V9Field::Ipv6SrcAddr => {
+                                            r.src = ip(v)
+                                        }
+                                        V9Field::Ipv4DstAddr | V9Field::Ipv6DstAddr => {
+                                            r.dst = ip(v)
+                                        }
                                         V9Field::L4SrcPort => r.sport = v.as_u16(),
                                         V9Field::L4DstPort => r.dport = v.as_u16(),
                                         V9Field::Protocol => r.proto = v.as_u8(),
-                                        V9Field::InBytes => r.bytes = r.bytes.max(v.as_u64().unwrap_or(0)),
+                                        V9Field::InBytes => {
+                                            r.bytes = r.bytes.max(v.as_u64().unwrap_or(0))
+                                        }
                                         V9Field::FirstSwitched => {
-                                            r.start_us = v.as_u64().map(|ms| base.saturating_add(ms).saturating_mul(1000))
+                                            r.start_us = v.as_u64().map(|ms| {
+                                                base.saturating_add(ms).saturating_mul(1000)
+                                            })
                                         }
                                         V9Field::LastSwitched => {
-                                            r.end_us = v.as_u64().map(|ms| base.saturating_add(ms).saturating_mul(1000))
+                                            r.end_us = v.as_u64().map(|ms| {
+                                                base.saturating_add(ms).saturating_mul(1000)
+                                            })
                                         }
                                         _ => {}
                                     }
@@ -261,9 +306,15 @@ pub fn collect_udp(
     stop: &AtomicBool,
     mut sink: impl FnMut(FlowRecord),
 ) -> Result<DecodeStats, FlowIngestError> {
-    let sock = UdpSocket::bind(listen).map_err(|e| FlowIngestError::Io { path: listen.to_string(), source: e })?;
+    let sock = UdpSocket::bind(listen).map_err(|e| FlowIngestError::Io {
+        path: listen.to_string(),
+        source: e,
+    })?;
     sock.set_read_timeout(Some(Duration::from_millis(200)))
-        .map_err(|e| FlowIngestError::Io { path: listen.to_string(), source: e })?;
+        .map_err(|e| FlowIngestError::Io {
+            path: listen.to_string(),
+            source: e,
+        })?;
     let mut dec = FlowDecoder::new();
     let mut buf = vec![0u8; 65_536];
     let mut out = Vec::new();
@@ -276,7 +327,11 @@ pub fn collect_udp(
                     sink(r);
                 }
             }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => {
                 // Transient socket errors (e.g. ICMP port unreachable on some systems).
                 dec.stats.errors += 1;
@@ -299,7 +354,16 @@ pub mod encode {
     /// (IE number, length) of the IPv4 template: sourceIPv4Address,
     /// destinationIPv4Address, sourceTransportPort, destinationTransportPort,
     /// protocolIdentifier, octetDeltaCount, flowStartMicroseconds, flowEndMicroseconds.
-    pub const FIELDS_V4: [(u16, u16); 8] = [(8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (1, 8), (154, 8), (155, 8)];
+    pub const FIELDS_V4: [(u16, u16); 8] = [
+        (8, 4),
+        (12, 4),
+        (7, 2),
+        (11, 2),
+        (4, 1),
+        (1, 8),
+        (154, 8),
+        (155, 8),
+    ];
 
     fn header(buf: &mut Vec<u8>, export_time: u32, seq: u32, domain: u32) {
         buf.extend_from_slice(&10u16.to_be_bytes());
@@ -343,10 +407,17 @@ pub mod encode {
 
     /// IPFIX data messages for `records` (IPv4 only; others are skipped), at most
     /// `per_message` records each.
-    pub fn data_messages(records: &[FlowRecord], per_message: usize, export_time: u32, domain: u32) -> Vec<Vec<u8>> {
+    pub fn data_messages(
+        records: &[FlowRecord],
+        per_message: usize,
+        export_time: u32,
+        domain: u32,
+    ) -> Vec<Vec<u8>> {
         let mut msgs = Vec::new();
-        let v4: Vec<&FlowRecord> =
-            records.iter().filter(|r| matches!((r.src, r.dst), (IpAddr::V4(_), IpAddr::V4(_)))).collect();
+        let v4: Vec<&FlowRecord> = records
+            .iter()
+            .filter(|r| matches!((r.src, r.dst), (IpAddr::V4(_), IpAddr::V4(_))))
+            .collect();
         for (k, chunk) in v4.chunks(per_message.max(1)).enumerate() {
             let mut b = Vec::with_capacity(20 + chunk.len() * 37);
             header(&mut b, export_time, (k * per_message) as u32, domain);
@@ -373,8 +444,23 @@ pub mod encode {
 
     /// A NetFlow v9 packet with a template flowset (id 256) and one data flowset for
     /// `records` (IPv4; times in ms relative to `sys_up_ms` at `unix_secs`).
-    pub fn v9_packet(records: &[FlowRecord], unix_secs: u32, sys_up_ms: u32, source_id: u32, with_template: bool) -> Vec<u8> {
-        const F: [(u16, u16); 8] = [(8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (1, 4), (22, 4), (21, 4)];
+    pub fn v9_packet(
+        records: &[FlowRecord],
+        unix_secs: u32,
+        sys_up_ms: u32,
+        source_id: u32,
+        with_template: bool,
+    ) -> Vec<u8> {
+        const F: [(u16, u16); 8] = [
+            (8, 4),
+            (12, 4),
+            (7, 2),
+            (11, 2),
+            (4, 1),
+            (1, 4),
+            (22, 4),
+            (21, 4),
+        ];
         let base_ms = (unix_secs as u64 * 1000).saturating_sub(sys_up_ms as u64);
         let mut b = Vec::new();
         let count = records.len() as u16 + u16::from(with_template);
@@ -401,7 +487,9 @@ pub mod encode {
             b.extend_from_slice(&256u16.to_be_bytes());
             b.extend_from_slice(&((4 + body + pad) as u16).to_be_bytes());
             for r in records {
-                let (IpAddr::V4(s), IpAddr::V4(d)) = (r.src, r.dst) else { continue };
+                let (IpAddr::V4(s), IpAddr::V4(d)) = (r.src, r.dst) else {
+                    continue;
+                };
                 b.extend_from_slice(&s.octets());
                 b.extend_from_slice(&d.octets());
                 b.extend_from_slice(&r.src_port.unwrap_or(0).to_be_bytes());

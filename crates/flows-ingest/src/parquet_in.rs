@@ -26,20 +26,41 @@ fn as_u64(f: &Field) -> Option<u64> {
 }
 
 pub(crate) fn read_parquet(data: Vec<u8>, path: &str) -> Result<Vec<FlowRecord>, FlowIngestError> {
-    let err = |msg: String| FlowIngestError::Format { path: path.to_string(), msg };
-    let reader = SerializedFileReader::new(Bytes::from(data)).map_err(|e| err(format!("not a readable Parquet file: {e}")))?;
-    let rows = reader.get_row_iter(None).map_err(|e| err(format!("cannot read rows: {e}")))?;
+    let err = |msg: String| FlowIngestError::Format {
+        path: path.to_string(),
+        msg,
+    };
+    let reader = SerializedFileReader::new(Bytes::from(data))
+        .map_err(|e| err(format!("not a readable Parquet file: {e}")))?;
+    let rows = reader
+        .get_row_iter(None)
+        .map_err(|e| err(format!("cannot read rows: {e}")))?;
     let mut out = Vec::new();
     for (i, row) in rows.enumerate() {
         let row = row.map_err(|e| err(format!("row {i}: {e}")))?;
-        let mut r = FlowRecord::new(0, std::net::Ipv4Addr::UNSPECIFIED.into(), std::net::Ipv4Addr::UNSPECIFIED.into(), 0, 0);
+        let mut r = FlowRecord::new(
+            0,
+            std::net::Ipv4Addr::UNSPECIFIED.into(),
+            std::net::Ipv4Addr::UNSPECIFIED.into(),
+            0,
+            0,
+        );
         let mut seen = [false; 5];
         for (name, f) in row.get_column_iter() {
             let bad = |what: &str| err(format!("row {i}: expected {what} in column `{name}`"));
             match name.to_ascii_lowercase().as_str() {
-                "start_us" => (r.start_us, seen[0]) = (as_u64(f).ok_or_else(|| bad("an unsigned integer"))?, true),
-                "bytes" => (r.bytes, seen[1]) = (as_u64(f).ok_or_else(|| bad("an unsigned integer"))?, true),
-                "dur_us" => (r.dur_us, seen[2]) = (as_u64(f).ok_or_else(|| bad("an unsigned integer"))?, true),
+                "start_us" => {
+                    (r.start_us, seen[0]) =
+                        (as_u64(f).ok_or_else(|| bad("an unsigned integer"))?, true)
+                }
+                "bytes" => {
+                    (r.bytes, seen[1]) =
+                        (as_u64(f).ok_or_else(|| bad("an unsigned integer"))?, true)
+                }
+                "dur_us" => {
+                    (r.dur_us, seen[2]) =
+                        (as_u64(f).ok_or_else(|| bad("an unsigned integer"))?, true)
+                }
                 "src" | "dst" => {
                     let a = match f {
                         Field::Str(s) => s.trim().parse().ok(),
@@ -54,7 +75,12 @@ pub(crate) fn read_parquet(data: Vec<u8>, path: &str) -> Result<Vec<FlowRecord>,
                 }
                 "switches" => {
                     if let Field::Str(s) = f {
-                        r.switches = s.split(';').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect();
+                        r.switches = s
+                            .split(';')
+                            .map(str::trim)
+                            .filter(|x| !x.is_empty())
+                            .map(String::from)
+                            .collect();
                     }
                 }
                 "src_port" => r.src_port = as_u64(f).and_then(|v| u16::try_from(v).ok()),
@@ -64,7 +90,9 @@ pub(crate) fn read_parquet(data: Vec<u8>, path: &str) -> Result<Vec<FlowRecord>,
             }
         }
         if seen.iter().any(|s| !s) {
-            return Err(err(format!("row {i}: missing one of start_us,src,dst,bytes,dur_us")));
+            return Err(err(format!(
+                "row {i}: missing one of start_us,src,dst,bytes,dur_us"
+            )));
         }
         out.push(r);
     }

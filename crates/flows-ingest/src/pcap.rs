@@ -21,7 +21,10 @@ pub fn is_pcap(head: &[u8]) -> bool {
     head.len() >= 4
         && matches!(
             [head[0], head[1], head[2], head[3]],
-            [0xd4, 0xc3, 0xb2, 0xa1] | [0xa1, 0xb2, 0xc3, 0xd4] | [0x4d, 0x3c, 0xb2, 0xa1] | [0xa1, 0xb2, 0x3c, 0x4d]
+            [0xd4, 0xc3, 0xb2, 0xa1]
+                | [0xa1, 0xb2, 0xc3, 0xd4]
+                | [0x4d, 0x3c, 0xb2, 0xa1]
+                | [0xa1, 0xb2, 0x3c, 0x4d]
         )
 }
 
@@ -74,10 +77,25 @@ pub fn packets(data: &[u8]) -> Result<Vec<Packet<'_>>, String> {
         let ts_us = sec * 1_000_000 + if nanos { frac / 1000 } else { frac };
         let ip = match link {
             1 => ether_payload(frame),
-            113 => frame.get(16..).map(|p| (u16::from_be_bytes([frame[14], frame[15]]), p)),
-            276 => frame.get(20..).map(|p| (u16::from_be_bytes([frame[0], frame[1]]), p)),
-            101 | 228 | 229 => frame.first().map(|&b| (if b >> 4 == 6 { 0x86dd } else { 0x0800 }, frame)),
-            0 => frame.get(4..).map(|p| (if p.first().is_some_and(|&b| b >> 4 == 6) { 0x86dd } else { 0x0800 }, p)),
+            113 => frame
+                .get(16..)
+                .map(|p| (u16::from_be_bytes([frame[14], frame[15]]), p)),
+            276 => frame
+                .get(20..)
+                .map(|p| (u16::from_be_bytes([frame[0], frame[1]]), p)),
+            101 | 228 | 229 => frame
+                .first()
+                .map(|&b| (if b >> 4 == 6 { 0x86dd } else { 0x0800 }, frame)),
+            0 => frame.get(4..).map(|p| {
+                (
+                    if p.first().is_some_and(|&b| b >> 4 == 6) {
+                        0x86dd
+                    } else {
+                        0x0800
+                    },
+                    p,
+                )
+            }),
             _ => None,
         };
         if let Some((ethertype, ip)) = ip {
@@ -113,21 +131,41 @@ fn transport(ethertype: u16, ip: &[u8], ts_us: u64) -> Option<Packet<'_>> {
             }
             let s = Ipv4Addr::new(*ip.get(12)?, ip[13], ip[14], ip[15]);
             let d = Ipv4Addr::new(*ip.get(16)?, ip[17], ip[18], ip[19]);
-            (IpAddr::V4(s), IpAddr::V4(d), ip[9], ip.get(ihl..)?, total.checked_sub(ihl)?)
+            (
+                IpAddr::V4(s),
+                IpAddr::V4(d),
+                ip[9],
+                ip.get(ihl..)?,
+                total.checked_sub(ihl)?,
+            )
         }
         0x86dd => {
             let s: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
             let d: [u8; 16] = ip.get(24..40)?.try_into().ok()?;
             let plen = u16::from_be_bytes([*ip.get(4)?, *ip.get(5)?]) as usize;
-            (IpAddr::V6(Ipv6Addr::from(s)), IpAddr::V6(Ipv6Addr::from(d)), *ip.get(6)?, ip.get(40..)?, plen)
+            (
+                IpAddr::V6(Ipv6Addr::from(s)),
+                IpAddr::V6(Ipv6Addr::from(d)),
+                *ip.get(6)?,
+                ip.get(40..)?,
+                plen,
+            )
         }
         _ => return None,
     };
     let (sp, dp, hdr) = match proto {
-        17 => (u16::from_be_bytes([*l4.first()?, *l4.get(1)?]), u16::from_be_bytes([*l4.get(2)?, *l4.get(3)?]), 8),
+        17 => (
+            u16::from_be_bytes([*l4.first()?, *l4.get(1)?]),
+            u16::from_be_bytes([*l4.get(2)?, *l4.get(3)?]),
+            8,
+        ),
         6 => {
             let doff = ((*l4.get(12)? >> 4) as usize) * 4;
-            (u16::from_be_bytes([l4[0], l4[1]]), u16::from_be_bytes([l4[2], l4[3]]), doff.max(20))
+            (
+                u16::from_be_bytes([l4[0], l4[1]]),
+                u16::from_be_bytes([l4[2], l4[3]]),
+                doff.max(20),
+            )
         }
         _ => return None,
     };
@@ -148,7 +186,10 @@ fn transport(ethertype: u16, ip: &[u8], ts_us: u64) -> Option<Packet<'_>> {
 pub fn read_pcap_bytes(data: &[u8], idle_gap_us: u64) -> Result<Vec<FlowRecord>, String> {
     let pkts = packets(data)?;
     let udp: Vec<&Packet> = pkts.iter().filter(|p| p.proto == 17).collect();
-    let export = udp.iter().filter(|p| p.payload.len() >= 20 && p.payload[0] == 0 && matches!(p.payload[1], 9 | 10)).count();
+    let export = udp
+        .iter()
+        .filter(|p| p.payload.len() >= 20 && p.payload[0] == 0 && matches!(p.payload[1], 9 | 10))
+        .count();
     if export > 0 && export * 2 >= udp.len() && export * 2 >= pkts.len() {
         let mut dec = FlowDecoder::new();
         let mut out = Vec::new();
@@ -162,7 +203,11 @@ pub fn read_pcap_bytes(data: &[u8], idle_gap_us: u64) -> Result<Vec<FlowRecord>,
 
 /// Flowlets of `pkts` (see the module docs); `capture_point` names the switch/bridge
 /// where the capture was taken (put into `switches`).
-pub fn flowlets(pkts: &[Packet<'_>], idle_gap_us: u64, capture_point: Option<&str>) -> Vec<FlowRecord> {
+pub fn flowlets(
+    pkts: &[Packet<'_>],
+    idle_gap_us: u64,
+    capture_point: Option<&str>,
+) -> Vec<FlowRecord> {
     struct Open {
         start: u64,
         last: u64,
@@ -170,7 +215,9 @@ pub fn flowlets(pkts: &[Packet<'_>], idle_gap_us: u64, capture_point: Option<&st
     }
     let mut open: HashMap<(SocketAddr, SocketAddr, u8), Open> = HashMap::new();
     let mut out = Vec::new();
-    let sw: Vec<String> = capture_point.map(|s| vec![s.to_string()]).unwrap_or_default();
+    let sw: Vec<String> = capture_point
+        .map(|s| vec![s.to_string()])
+        .unwrap_or_default();
     let emit = |k: &(SocketAddr, SocketAddr, u8), o: &Open, out: &mut Vec<FlowRecord>| {
         out.push(FlowRecord {
             start_us: o.start,
@@ -195,10 +242,21 @@ pub fn flowlets(pkts: &[Packet<'_>], idle_gap_us: u64, capture_point: Option<&st
             }
             Some(o) => {
                 emit(&k, o, &mut out);
-                *o = Open { start: p.ts_us, last: p.ts_us, bytes: p.payload_len as u64 };
+                *o = Open {
+                    start: p.ts_us,
+                    last: p.ts_us,
+                    bytes: p.payload_len as u64,
+                };
             }
             None => {
-                open.insert(k, Open { start: p.ts_us, last: p.ts_us, bytes: p.payload_len as u64 });
+                open.insert(
+                    k,
+                    Open {
+                        start: p.ts_us,
+                        last: p.ts_us,
+                        bytes: p.payload_len as u64,
+                    },
+                );
             }
         }
     }
@@ -215,8 +273,14 @@ pub fn read_pcap_flowlets(
     idle_gap_us: u64,
     capture_point: Option<&str>,
 ) -> Result<Vec<FlowRecord>, crate::FlowIngestError> {
-    let data = std::fs::read(path).map_err(|e| crate::FlowIngestError::Io { path: path.display().to_string(), source: e })?;
-    let pkts = packets(&data).map_err(|msg| crate::FlowIngestError::Format { path: path.display().to_string(), msg })?;
+    let data = std::fs::read(path).map_err(|e| crate::FlowIngestError::Io {
+        path: path.display().to_string(),
+        source: e,
+    })?;
+    let pkts = packets(&data).map_err(|msg| crate::FlowIngestError::Format {
+        path: path.display().to_string(),
+        msg,
+    })?;
     Ok(flowlets(&pkts, idle_gap_us, capture_point))
 }
 
@@ -229,12 +293,27 @@ pub fn write_pcap(packets: &[(u64, SocketAddr, SocketAddr, u8, Vec<u8>)]) -> Vec
     b.extend_from_slice(&65_535u32.to_le_bytes());
     b.extend_from_slice(&1u32.to_le_bytes());
     for (ts, s, d, proto, payload) in packets {
-        let (IpAddr::V4(si), IpAddr::V4(di)) = (s.ip(), d.ip()) else { continue };
+        let (IpAddr::V4(si), IpAddr::V4(di)) = (s.ip(), d.ip()) else {
+            continue;
+        };
         let l4h = if *proto == 6 { 20 } else { 8 };
         let total = 20 + l4h + payload.len();
         let mut f = vec![0u8; 12];
         f.extend_from_slice(&[0x08, 0x00]);
-        f.extend_from_slice(&[0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0, 0, 64, *proto, 0, 0]);
+        f.extend_from_slice(&[
+            0x45,
+            0,
+            (total >> 8) as u8,
+            total as u8,
+            0,
+            0,
+            0,
+            0,
+            64,
+            *proto,
+            0,
+            0,
+        ]);
         f.extend_from_slice(&si.octets());
         f.extend_from_slice(&di.octets());
         f.extend_from_slice(&s.port().to_be_bytes());
