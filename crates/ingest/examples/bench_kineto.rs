@@ -31,7 +31,13 @@ fn main() {
         .unwrap_or_else(|| PathBuf::from("/tmp/whyslow-bench-kineto.json"));
 
     let have = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
-    if have < target {
+    // A `.gz` OUT is taken as is (make it with `gzip -k` from a built file).
+    let gz = out.extension().is_some_and(|e| e == "gz");
+    if gz && have == 0 {
+        eprintln!("{} does not exist", out.display());
+        std::process::exit(1);
+    }
+    if !gz && have < target {
         build(&fixture, target, &out);
     } else {
         eprintln!("reusing {} ({} bytes)", out.display(), have);
@@ -84,7 +90,12 @@ fn thread_cpu_ns() -> u64 {
 
 /// Events in the generated file (stored next to it by `build`).
 fn count_events(out: &std::path::Path) -> u64 {
-    std::fs::read_to_string(out.with_extension("events"))
+    let plain = if out.extension().is_some_and(|e| e == "gz") {
+        out.with_extension("")
+    } else {
+        out.to_path_buf()
+    };
+    std::fs::read_to_string(plain.with_extension("events"))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)

@@ -285,6 +285,16 @@ impl<R: Read> JsonStream<R> {
         let mut esc = false;
         loop {
             while self.pos < self.buf.len() {
+                if in_str && !esc {
+                    // Jump to the next quote or backslash.
+                    match memchr::memchr2(b'"', b'\\', &self.buf[self.pos..]) {
+                        Some(k) => self.pos += k,
+                        None => {
+                            self.pos = self.buf.len();
+                            break;
+                        }
+                    }
+                }
                 let b = self.buf[self.pos];
                 self.pos += 1;
                 if in_str {
