@@ -43,6 +43,12 @@ fn main() {
         eprintln!("reusing {} ({} bytes)", out.display(), have);
     }
     let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    // Throughput is per decompressed byte: for a `.gz`, the plain file's size.
+    let json_bytes = if gz {
+        std::fs::metadata(out.with_extension("")).map_or(bytes, |m| m.len())
+    } else {
+        bytes
+    };
 
     let c0 = thread_cpu_ns();
     let t0 = Instant::now();
@@ -58,8 +64,9 @@ fn main() {
     // Count the events in the file: every copy has the fixture's event count.
     let events = count_events(&out);
     println!(
-        "file {} bytes, {} events, {} executions, {} functions",
+        "file {} bytes ({} bytes of JSON), {} events, {} executions, {} functions",
         bytes,
+        json_bytes,
         events,
         trace.executions.len(),
         trace.functions.len()
@@ -68,14 +75,14 @@ fn main() {
         "read_kineto: {:.2} s, {:.2} M events/s, {:.0} MB/s",
         secs,
         events as f64 / secs / 1e6,
-        bytes as f64 / secs / 1e6
+        json_bytes as f64 / secs / 1e6
     );
     if cpu > 0.0 {
         println!(
             "  on-CPU time of the reading thread: {:.2} s -> {:.2} M events/s, {:.0} MB/s per core",
             cpu,
             events as f64 / cpu / 1e6,
-            bytes as f64 / cpu / 1e6
+            json_bytes as f64 / cpu / 1e6
         );
     }
 }

@@ -2,6 +2,12 @@
 //!
 //! # Reading
 //!
+//! Each event goes first through a hand-written scanner for the usual shape
+//! (see `fast.rs`: unescaped strings, plain numbers; unneeded values skipped
+//! unparsed, `args` read only for GPU, Python and communication events) and
+//! otherwise through serde_json into lenient borrowed types (`raw.rs`); both
+//! paths give the same result (tested on every fixture).
+//!
 //! The file is read through a sliding window (a few MiB, growing only to hold
 //! one event, at most 64 MiB); gzip is detected by its magic bytes, not the
 //! file name, and concatenated gzip members are read as one stream. The
@@ -13,9 +19,12 @@
 //!
 //! Format drift that is tolerated:
 //! - `ts`/`dur` as integers or floats (µs; floats carry ns digits). They are
-//!   converted to integer ns: integers exactly, floats as `round(v × 1000)`,
-//!   exact to the ns up to |ts| ≈ 9·10^12 µs and within f64's ulp beyond
-//!   (≤ 0.25 µs for epoch-based µs timestamps ≈ 1.7·10^15).
+//!   converted to integer ns: integers exactly; decimals exactly too on the
+//!   fast path (digit by digit, rounded half up past the third decimal), and
+//!   as `round(v × 1000)` through f64 on the general path (events the fast
+//!   path hands over: escapes, exponents, string numbers…), which is exact up
+//!   to |ts| ≈ 9·10^12 µs and within f64's ulp beyond (≤ 0.25 µs for
+//!   epoch-based timestamps ≈ 1.7·10^15 µs).
 //! - `displayTimeUnit` is a display hint only: the `v100-ns-resolution`
 //!   fixture says `"ns"` yet its ProfilerStep spans read as ~95 ms only when
 //!   `ts`/`dur` are taken as µs (as ns they would be 95 µs steps, and its
