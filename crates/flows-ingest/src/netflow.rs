@@ -398,7 +398,7 @@ pub mod encode {
     fn ntp(us: u64) -> [u8; 8] {
         let s = us / 1_000_000 + 2_208_988_800;
         // Round up so that decoding (which truncates) gives back the microsecond.
-        let frac = (((us % 1_000_000) << 32) + 999_999) / 1_000_000;
+        let frac = ((us % 1_000_000) << 32).div_ceil(1_000_000);
         let mut o = [0u8; 8];
         o[..4].copy_from_slice(&(s as u32).to_be_bytes());
         o[4..].copy_from_slice(&(frac as u32).to_be_bytes());

@@ -105,8 +105,8 @@ impl Default for BocdConfig {
         BocdConfig {
             hazard_lambda: 50.0,
             threshold: 0.95,
-            prune_eps: 1e-5,
-            max_run_lengths: 64,
+            prune_eps: 1e-3,
+            max_run_lengths: 16,
             prior: NormalGammaPrior::default(),
             model: CpModel::GapOutlier,
             gap_scale: 10.0,

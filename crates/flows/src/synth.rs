@@ -15,6 +15,8 @@
 //! Machines hang under leaf switches (`machines_per_leaf` each) joined by one spine;
 //! a flow's path is `[leaf]` or `[leaf_a, spine, leaf_b]`.
 
+#![allow(clippy::needless_range_loop)] // index loops mirror the (stage, micro-batch) schedule
+
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 

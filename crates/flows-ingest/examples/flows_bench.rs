@@ -1,0 +1,109 @@
+//! Ingestion throughput: IPFIX decoding → flow records → classified DP/PP pairs, on
+//! one core, for about a million synthetic flow records (LLMPrism-style DP/PP jobs).
+//!
+//! `cargo run --release -p whyslow-flows-ingest --example flows_bench [-- RECORDS]`
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use whyslow_flows::synth::{generate, SynthCluster, SynthJob};
+use whyslow_flows::{analyze, classify, jobs, FlowConfig, FlowIndex, PairType};
+use whyslow_flows_ingest::netflow::encode;
+use whyslow_flows_ingest::FlowDecoder;
+
+fn main() {
+    let want: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    // 8-way DP × 4 stages × 4 NICs: ~6.1k flows per step.
+    let job = SynthJob {
+        dp: 8,
+        pp: 4,
+        tp: 4,
+        microbatches: 4,
+        ..Default::default()
+    };
+    let per_step = 6_144;
+    let steps = want.div_ceil(per_step).max(3);
+    let t = Instant::now();
+    let s = generate(&SynthCluster {
+        jobs: vec![SynthJob { steps, ..job }],
+        machines_per_leaf: 4,
+        jitter: 0.02,
+        ..Default::default()
+    });
+    let n = s.records.len();
+    // ~1400-byte messages: 36 records of 37 bytes, as an exporter would send.
+    let mut msgs = vec![encode::template_message(1_700_000_000, 0)];
+    msgs.extend(encode::data_messages(&s.records, 36, 1_700_000_000, 0));
+    let bytes: usize = msgs.iter().map(Vec::len).sum();
+    eprintln!(
+        "generated {n} records in {} IPFIX messages ({} MB) in {:.2?}",
+        msgs.len(),
+        bytes >> 20,
+        t.elapsed()
+    );
+
+    let exporter: SocketAddr = "192.0.2.1:4739".parse().unwrap();
+    let t0 = Instant::now();
+    let mut dec = FlowDecoder::new();
+    let mut records = Vec::with_capacity(n);
+    for m in &msgs {
+        dec.decode(exporter, m, &mut records);
+    }
+    let t_decode = t0.elapsed();
+    let t1 = Instant::now();
+    let index = FlowIndex::build(&records);
+    let t_index = t1.elapsed();
+    let jobs = jobs::recognize(&index, Some(&s.topology));
+    let cls = classify::classify(&index, &jobs, &FlowConfig::default().bocd);
+    let t_classify = t1.elapsed();
+    println!(
+        "  of which index (group by pair)  {:.3} s",
+        t_index.as_secs_f64()
+    );
+    let total = t0.elapsed();
+    let dp = cls.kind.iter().filter(|k| **k == PairType::Dp).count();
+    let correct = index
+        .pairs
+        .iter()
+        .zip(&cls.kind)
+        .filter(|(&(a, b), k)| {
+            let (x, y) = (index.addrs[a as usize], index.addrs[b as usize]);
+            s.truth.pairs.get(&(x.min(y), x.max(y))) == Some(k)
+        })
+        .count();
+    assert_eq!(records.len(), n, "every record decoded");
+    println!("records                 {n}");
+    println!(
+        "decode (IPFIX → records) {:>8.3} s  {:>6.2} M records/s",
+        t_decode.as_secs_f64(),
+        n as f64 / t_decode.as_secs_f64() / 1e6
+    );
+    println!(
+        "index + jobs + classify  {:>8.3} s  {:>6.2} M records/s",
+        t_classify.as_secs_f64(),
+        n as f64 / t_classify.as_secs_f64() / 1e6
+    );
+    println!(
+        "decode → classified pairs {:>7.3} s  {:>6.2} M records/s",
+        total.as_secs_f64(),
+        n as f64 / total.as_secs_f64() / 1e6
+    );
+    println!(
+        "jobs {} pairs {} (dp {dp}), correct {correct}/{}",
+        jobs.members.len(),
+        cls.kind.len(),
+        cls.kind.len()
+    );
+    let t2 = Instant::now();
+    let report = analyze(&records, Some(&s.topology), &FlowConfig::default());
+    let t_full = t2.elapsed();
+    println!(
+        "full analyze (merge, timelines, diagnosis) {:.3} s  {:.2} M records/s, {} findings",
+        t_full.as_secs_f64(),
+        n as f64 / t_full.as_secs_f64() / 1e6,
+        report.findings.len()
+    );
+}
