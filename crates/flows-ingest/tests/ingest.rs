@@ -372,10 +372,17 @@ fn corpus() -> Vec<Vec<u8>> {
 
 #[test]
 fn malformed_corpus_never_panics() {
-    let corpus = corpus();
+    let mut corpus = corpus();
+    // Inputs that once crashed (found by the fuzz target), in tests/corpus/.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    for e in std::fs::read_dir(dir).unwrap() {
+        corpus.push(std::fs::read(e.unwrap().path()).unwrap());
+    }
     let mut dec = FlowDecoder::new();
     let mut out = Vec::new();
     for g in &corpus {
+        let (recs, _) = read_netflow_bytes(g);
+        let _ = analyze(&recs, None, &FlowConfig::default());
         dec.decode(src("192.0.2.1:1"), g, &mut out);
         let _ = read_netflow_bytes(g);
         let _ = pcap::read_pcap_bytes(g, 1000);

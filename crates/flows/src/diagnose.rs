@@ -119,7 +119,8 @@ pub fn switch_stats(
                 });
                 a.flows += 1;
                 a.edges.push((r.start_us, 1));
-                a.edges.push((r.end_us().max(r.start_us + 1), -1));
+                a.edges
+                    .push((r.end_us().max(r.start_us.saturating_add(1)), -1));
                 if r.dur_us > 0 {
                     a.bytes += r.bytes as f64;
                     a.dur += r.dur_us as f64;
@@ -143,7 +144,10 @@ pub fn switch_stats(
             let mut per_step: Vec<(u64, u64, f64)> = a
                 .bins
                 .iter()
-                .map(|(&k, &(by, du))| (t0 + k * bin, t0 + (k + 1) * bin, gbps(by, du)))
+                .map(|(&k, &(by, du))| {
+                    let a = t0.saturating_add(k.saturating_mul(bin));
+                    (a, a.saturating_add(bin), gbps(by, du))
+                })
                 .collect();
             per_step.sort_by_key(|x| x.0);
             let p90 = if a.bws.is_empty() {

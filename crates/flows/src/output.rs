@@ -187,7 +187,7 @@ pub fn switch_bandwidth_series(report: &FlowReport) -> Vec<SwitchSeries> {
             points: s
                 .per_step
                 .iter()
-                .map(|&(a, b, g)| (((a + b) / 2).saturating_sub(t0) as f64 / 1e6, g))
+                .map(|&(a, b, g)| ((a / 2 + b / 2).saturating_sub(t0) as f64 / 1e6, g))
                 .collect(),
         })
         .collect()
