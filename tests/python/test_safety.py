@@ -10,8 +10,10 @@ from conftest import TRAIN, needs_torch, torchrun
 
 pytestmark = needs_torch
 
-# An on-demand window at iteration 30 (no need to wait for a slowdown).
-ARGS = ["--iters", "160", "--trigger-at", "30", "--log-every", "0"]
+# An on-demand window at iteration 30 (no need to wait for a slowdown). The
+# window starts WHYSLOW_LEAD_S (1 s) later and lasts WHYSLOW_WINDOW_S (3 s):
+# 2 ranks run at ~5-10 ms per iteration here, so 800 iterations cover it.
+ARGS = ["--iters", "800", "--trigger-at", "30", "--log-every", "0"]
 
 
 def test_on_demand_trigger_writes_a_report(tmp_path):
@@ -47,7 +49,7 @@ def test_rank0_dies_during_collection(tmp_path):
     # Rank 0 exits right after summarizing, while collecting; the other rank
     # must not hang (torchrun then ends the job with rank 0's failure).
     t0 = time.monotonic()
-    run = torchrun(tmp_path, ["--iters", "400", "--trigger-at", "30", "--log-every", "0"], nproc=2,
+    run = torchrun(tmp_path, ["--iters", "1500", "--trigger-at", "30", "--log-every", "0"], nproc=2,
                    env={"WHYSLOW_TEST_FAULT": "die_rank0_after_summarize"}, timeout=180)
     assert time.monotonic() - t0 < 180
     assert run.rc != 0  # rank 0 died: the job fails, but nothing hangs
