@@ -1,0 +1,429 @@
+//! Subcommands: `analyze` (the whole pipeline), `summarize` (one worker),
+//! `localize` (central, from fingerprints).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
+
+use whyslow_ingest::{InputFile, WorkerSamples};
+use whyslow_localize::LocalizeConfig;
+use whyslow_model::{Fingerprint, Report, Resource, SampleSeries, WorkerTrace};
+use whyslow_summarize::SummarizeOptions;
+
+/// Tells which function, on which workers, is slowing a training job, and why.
+#[derive(Parser, Debug)]
+#[command(name = "whyslow", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Read every worker's trace, fingerprint it and name the abnormal (function, workers).
+    ///
+    /// Inputs are files or directories (searched recursively): PyTorch profiler
+    /// (Kineto) traces `*.json[.gz]`, generic event files `*.csv|*.jsonl[.gz]`,
+    /// hardware samples `*.samples.csv[.gz]` and fingerprints `*.fingerprint.json`.
+    Analyze(AnalyzeArgs),
+    /// Fingerprint one worker's trace (PerfTracker §4.2) into a small JSON file.
+    Summarize(SummarizeArgs),
+    /// Compare fingerprints of all workers and name the abnormal ones (PerfTracker §4.3).
+    Localize(LocalizeArgs),
+}
+
+#[derive(Args, Debug)]
+struct AnalyzeArgs {
+    /// Trace files or directories.
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+    #[command(flatten)]
+    window: WindowArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+    /// Also write each worker's fingerprint into this directory.
+    #[arg(long, value_name = "DIR")]
+    fingerprints_out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct SummarizeArgs {
+    /// One trace file (Kineto JSON[.gz], or a generic events file of one worker).
+    trace: PathBuf,
+    /// Where to write the fingerprint (`-` for stdout).
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// Hardware samples for this worker (`resource,ts_us,value`).
+    #[arg(long, value_name = "FILE")]
+    samples: Option<PathBuf>,
+    #[command(flatten)]
+    window: WindowArgs,
+}
+
+#[derive(Args, Debug)]
+struct LocalizeArgs {
+    /// Fingerprint files or directories holding `*.fingerprint.json`.
+    #[arg(required = true)]
+    fingerprints: Vec<PathBuf>,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+struct WindowArgs {
+    /// Restrict the window to ProfilerSteps A..B (inclusive), e.g. `--steps 10..19`.
+    #[arg(long, value_name = "A..B", value_parser = parse_steps)]
+    steps: Option<(u64, u64)>,
+}
+
+#[derive(Args, Debug)]
+struct OutputArgs {
+    /// Output format on stdout.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    /// Also write a self-contained HTML report with plots.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// Also write the JSON report to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Localization settings (expected ranges, δ, k, seed) as TOML.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Number of workers in the job; ranks below it without data are reported missing.
+    #[arg(long, value_name = "N")]
+    world_size: Option<u32>,
+    /// Directories to look for Python sources in, to quote the flagged lines.
+    #[arg(long, value_name = "DIR")]
+    source_root: Vec<PathBuf>,
+    /// Treat any unreadable input as fatal instead of skipping it.
+    #[arg(long)]
+    strict: bool,
+    /// Exit with code 3 when anomalies are found.
+    #[arg(long)]
+    fail_on_anomaly: bool,
+    /// Never color the table.
+    #[arg(long)]
+    no_color: bool,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Table,
+    Json,
+}
+
+fn parse_steps(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("expected A..B, got {s:?}"))?;
+    let a: u64 = a.trim().parse().map_err(|_| format!("bad step {a:?}"))?;
+    let b: u64 = b
+        .trim()
+        .trim_start_matches('=')
+        .parse()
+        .map_err(|_| format!("bad step {b:?}"))?;
+    if b < a {
+        return Err(format!("empty step range {s:?}"));
+    }
+    Ok((a, b))
+}
+
+/// Runs one subcommand.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Analyze(args) => analyze(args),
+        Command::Summarize(args) => summarize(args),
+        Command::Localize(args) => localize(args),
+    }
+}
+
+fn warn(msg: &str) {
+    eprintln!("whyslow: warning: {msg}");
+}
+
+fn progress_bar(len: usize, what: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(len as u64), ProgressDrawTarget::stderr());
+    if !io::stderr().is_terminal() || len < 2 {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+fn load_config(path: Option<&Path>) -> Result<LocalizeConfig> {
+    match path {
+        None => Ok(LocalizeConfig::default()),
+        Some(p) => {
+            let text =
+                fs::read_to_string(p).with_context(|| format!("reading config {}", p.display()))?;
+            LocalizeConfig::from_toml_str(&text).with_context(|| format!("config {}", p.display()))
+        }
+    }
+}
+
+/// Skips a bad input with a warning, or fails under `--strict`.
+fn skip_or_fail(
+    strict: bool,
+    err: impl std::fmt::Display,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    if strict {
+        bail!("{err} (--strict)");
+    }
+    let msg = format!("skipped {err}");
+    warn(&msg);
+    warnings.push(msg);
+    Ok(())
+}
+
+fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
+    let cfg = load_config(args.output.config.as_deref())?;
+    let files = whyslow_ingest::discover(&args.inputs).context("listing inputs")?;
+    let mut warnings = Vec::new();
+
+    let mut trace_paths = Vec::new();
+    let mut sample_paths = Vec::new();
+    let mut fingerprints = Vec::new();
+    for file in files {
+        match file {
+            InputFile::Kineto(p) | InputFile::Generic(p) => trace_paths.push(p),
+            InputFile::Samples(p) => sample_paths.push(p),
+            InputFile::Fingerprint(p) => match whyslow_ingest::read_fingerprint(&p) {
+                Ok(fp) => fingerprints.push(fp),
+                Err(e) => skip_or_fail(args.output.strict, e, &mut warnings)?,
+            },
+        }
+    }
+    if trace_paths.is_empty() && fingerprints.is_empty() {
+        bail!(
+            "no traces found in {} (expected Kineto *.json[.gz], generic *.csv/*.jsonl[.gz] or *.fingerprint.json)",
+            display_paths(&args.inputs)
+        );
+    }
+
+    let bar = progress_bar(trace_paths.len(), "reading traces");
+    let (traces, errors) = whyslow_ingest::read_traces(&trace_paths, &|_| bar.inc(1));
+    bar.finish_and_clear();
+    for e in errors {
+        skip_or_fail(args.output.strict, e, &mut warnings)?;
+    }
+
+    let mut samples_by_rank: BTreeMap<u32, BTreeMap<Resource, SampleSeries>> = BTreeMap::new();
+    for p in &sample_paths {
+        match whyslow_ingest::read_samples(p) {
+            Ok(s) => merge_samples(&mut samples_by_rank, p, s, &mut warnings),
+            Err(e) => skip_or_fail(args.output.strict, e, &mut warnings)?,
+        }
+    }
+
+    let opts = SummarizeOptions {
+        steps: args.window.steps,
+        ..SummarizeOptions::default()
+    };
+    let bar = progress_bar(traces.len(), "fingerprinting");
+    let empty = BTreeMap::new();
+    let mut new_fps: Vec<Fingerprint> = traces
+        .par_iter()
+        .map(|t: &WorkerTrace| {
+            let samples = samples_by_rank.get(&t.meta.rank).unwrap_or(&empty);
+            let fp = whyslow_summarize::summarize(t, samples, &opts);
+            bar.inc(1);
+            fp
+        })
+        .collect();
+    bar.finish_and_clear();
+    drop(traces);
+
+    if let Some(dir) = &args.fingerprints_out {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for fp in &new_fps {
+            let path = dir.join(format!("rank-{}.fingerprint.json", fp.worker));
+            whyslow_ingest::write_fingerprint(&path, fp)?;
+        }
+    }
+    fingerprints.append(&mut new_fps);
+    localize_and_report(fingerprints, &cfg, &args.output, &args.inputs, warnings)
+}
+
+fn merge_samples(
+    by_rank: &mut BTreeMap<u32, BTreeMap<Resource, SampleSeries>>,
+    path: &Path,
+    samples: WorkerSamples,
+    warnings: &mut Vec<String>,
+) {
+    let rank = samples
+        .worker
+        .or_else(|| whyslow_ingest::rank_from_file_name(path));
+    let Some(rank) = rank else {
+        let msg = format!(
+            "{}: samples file names no worker (add a `worker` column or name it rank-N.samples.csv); ignored",
+            path.display()
+        );
+        warn(&msg);
+        warnings.push(msg);
+        return;
+    };
+    let entry = by_rank.entry(rank).or_default();
+    for (resource, series) in samples.series {
+        entry.insert(resource, series);
+    }
+}
+
+fn summarize(args: SummarizeArgs) -> Result<ExitCode> {
+    let files = whyslow_ingest::discover(std::slice::from_ref(&args.trace))?;
+    let mut traces = Vec::new();
+    for file in files {
+        match file {
+            InputFile::Kineto(p) => traces.push(whyslow_ingest::read_kineto(&p)?),
+            InputFile::Generic(p) => traces.extend(whyslow_ingest::read_generic(&p)?),
+            other => bail!(
+                "{}: not a trace (expected Kineto JSON[.gz] or a generic events file), found {other:?}",
+                args.trace.display()
+            ),
+        }
+    }
+    let trace = match traces.len() {
+        0 => bail!("{}: no trace found", args.trace.display()),
+        1 => traces.remove(0),
+        n => bail!(
+            "{}: holds {n} workers; `summarize` takes one worker (use `analyze` for several)",
+            args.trace.display()
+        ),
+    };
+    for w in &trace.warnings {
+        warn(&format!("{}: {w}", args.trace.display()));
+    }
+    let samples = match &args.samples {
+        Some(p) => whyslow_ingest::read_samples(p)?.series,
+        None => BTreeMap::new(),
+    };
+    let opts = SummarizeOptions {
+        steps: args.window.steps,
+        ..SummarizeOptions::default()
+    };
+    let fp = whyslow_summarize::summarize(&trace, &samples, &opts);
+    if args.output.as_os_str() == "-" {
+        let mut out = io::stdout().lock();
+        serde_json::to_writer(&mut out, &fp)?;
+        writeln!(out)?;
+    } else {
+        whyslow_ingest::write_fingerprint(&args.output, &fp)?;
+        eprintln!(
+            "whyslow: rank {}: {} functions on the critical path over {:.3} s -> {}",
+            fp.worker,
+            fp.functions.len(),
+            fp.window_us / 1e6,
+            args.output.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn localize(args: LocalizeArgs) -> Result<ExitCode> {
+    let cfg = load_config(args.output.config.as_deref())?;
+    let files = whyslow_ingest::discover(&args.fingerprints)?;
+    let mut warnings = Vec::new();
+    let paths: Vec<PathBuf> = files
+        .into_iter()
+        .filter_map(|f| match f {
+            InputFile::Fingerprint(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    if paths.is_empty() {
+        bail!(
+            "no fingerprints (*.fingerprint.json) in {}",
+            display_paths(&args.fingerprints)
+        );
+    }
+    let bar = progress_bar(paths.len(), "reading fingerprints");
+    let results: Vec<_> = paths
+        .par_iter()
+        .map(|p| {
+            let r = whyslow_ingest::read_fingerprint(p);
+            bar.inc(1);
+            r
+        })
+        .collect();
+    bar.finish_and_clear();
+    let mut fps = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(fp) => fps.push(fp),
+            Err(e) => skip_or_fail(args.output.strict, e, &mut warnings)?,
+        }
+    }
+    localize_and_report(fps, &cfg, &args.output, &args.fingerprints, warnings)
+}
+
+fn localize_and_report(
+    fps: Vec<Fingerprint>,
+    cfg: &LocalizeConfig,
+    out: &OutputArgs,
+    inputs: &[PathBuf],
+    mut warnings: Vec<String>,
+) -> Result<ExitCode> {
+    if fps.is_empty() {
+        bail!("no input could be read in {}", display_paths(inputs));
+    }
+    for fp in &fps {
+        for w in &fp.warnings {
+            warnings.push(format!("rank {}: {w}", fp.worker));
+        }
+    }
+    let mut report = whyslow_localize::localize(&fps, cfg, out.world_size);
+    let mut roots = out.source_root.clone();
+    if let Ok(cwd) = std::env::current_dir() {
+        roots.push(cwd);
+    }
+    whyslow_report::attach_source_excerpts(&mut report, &roots);
+    report.warnings.extend(warnings);
+
+    if let Some(path) = &out.html {
+        fs::write(path, whyslow_report::render_html(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &out.json {
+        fs::write(path, whyslow_report::render_json(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let mut stdout = io::stdout().lock();
+    match out.format {
+        Format::Json => writeln!(stdout, "{}", whyslow_report::render_json(&report))?,
+        Format::Table => {
+            let color = !out.no_color && io::stdout().is_terminal();
+            write!(stdout, "{}", whyslow_report::render_table(&report, color))?;
+        }
+    }
+    stdout.flush()?;
+    Ok(exit_code(&report, out.fail_on_anomaly))
+}
+
+fn exit_code(report: &Report, fail_on_anomaly: bool) -> ExitCode {
+    if fail_on_anomaly && !report.findings.is_empty() {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn display_paths(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
