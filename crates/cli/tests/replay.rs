@@ -277,7 +277,18 @@ fn uniformly_slower_gpu_on_one_worker() {
     };
     let base = base_trace().unwrap();
     let kernels = function_ids(base, FunctionKind::GpuKernel);
-    let comms = function_ids(base, FunctionKind::Comm);
+    // Peers wait on the GPU, inside the NCCL kernels (not the CPU-side launch ops).
+    let comms: Vec<_> = function_ids(base, FunctionKind::Comm)
+        .into_iter()
+        .filter(|&id| {
+            base.functions
+                .get(id)
+                .name
+                .to_ascii_lowercase()
+                .starts_with("nccl")
+        })
+        .collect();
+    assert!(!comms.is_empty(), "the base trace has NCCL kernels");
     // The slow worker's extra time accumulated between consecutive collectives,
     // in the order of the base trace's collectives.
     let slow = &traces[5];
@@ -305,15 +316,17 @@ fn uniformly_slower_gpu_on_one_worker() {
         if r == 5 {
             continue;
         }
-        // Peers wait inside the collective for as long as worker 5 is late.
-        stretch(t, |_, e| {
-            if comms.contains(&e.function) {
-                let k = extra_before_comm.partition_point(|&(s, _)| s < e.start_ns);
-                extra_before_comm.get(k).map_or(0, |&(_, x)| x)
-            } else {
-                0
-            }
-        });
+        // Peers wait inside the k-th collective for as long as worker 5 is
+        // late to it (collectives match by order, as they do in NCCL).
+        let mut peer_comms: Vec<usize> = (0..t.executions.len())
+            .filter(|&i| comms.contains(&t.executions[i].function))
+            .collect();
+        peer_comms.sort_by_key(|&i| t.executions[i].start_ns);
+        let mut wait = vec![0i64; t.executions.len()];
+        for (k, &i) in peer_comms.iter().enumerate() {
+            wait[i] = extra_before_comm.get(k).map_or(0, |&(_, x)| x);
+        }
+        stretch(t, |i, _| wait[i]);
     }
     let report = diagnose(&traces, &BTreeMap::new());
     let partial = partial_findings(&report);

@@ -150,6 +150,9 @@ pub struct LocalizeConfig {
     /// Values below this are treated as 0 in the Δ computation, so that a
     /// dimension that is ~0 everywhere is not blown up by max-normalization. Default 1e-9.
     pub zero_floor: f64,
+    /// Eq. 8 divides each dimension by max(max over workers, this), so that a
+    /// dimension that is small everywhere is not blown up by noise. Default 0.01.
+    pub norm_floor: f64,
 }
 
 impl Default for LocalizeConfig {
@@ -166,6 +169,7 @@ impl Default for LocalizeConfig {
             min_peer_workers: 3,
             max_points: 5000,
             zero_floor: 1e-9,
+            norm_floor: 0.01,
         }
     }
 }
@@ -210,6 +214,7 @@ struct RawConfig {
     min_peer_workers: Option<u64>,
     max_points: Option<u64>,
     zero_floor: Option<f64>,
+    norm_floor: Option<f64>,
     expected: Option<RawExpected>,
     #[serde(default, rename = "override")]
     overrides: Vec<RawOverride>,
@@ -272,6 +277,9 @@ impl LocalizeConfig {
         }
         if let Some(v) = raw.max_points {
             cfg.max_points = usize::try_from(v).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = raw.norm_floor {
+            cfg.norm_floor = check_num("norm_floor", v, 0.0, false)?;
         }
         if let Some(v) = raw.zero_floor {
             cfg.zero_floor = check_num("zero_floor", v, 0.0, false)?;

@@ -35,6 +35,10 @@
 //!   groups). `min_margin = 0` gives Eq. 11 exactly.
 //! * **Near-zero values.** Values below `zero_floor` (1e-9) count as 0, and a
 //!   dimension whose maximum is 0 stays 0 after normalization.
+//! * **Normalization floor.** Eq. 8 divides by max(max_w, `norm_floor`)
+//!   (default 0.01): all of β, μ, σ live in [0, 1], and a dimension whose
+//!   largest value is below 1% carries only noise (f32 rounding of occupancy,
+//!   jitter), which plain max-normalization would blow up to 1.0.
 //! * **Invalid values.** NaN, infinite or negative β/μ/σ are read as 0 (warned).
 //! * **Duplicate ranks.** The first fingerprint of a rank (in input order) is
 //!   kept, the others are dropped with a warning. A function listed twice in
@@ -77,6 +81,7 @@
 //! min_peer_workers = 3   # smallest group for the Δ rule
 //! max_points = 5000      # plot points kept per finding
 //! zero_floor = 1e-9      # values below are 0 for Δ
+//! norm_floor = 0.01      # Eq. 8 divides by at least this
 //!
 //! [expected.cpu_op]      # R_f per kind: gpu_kernel, memory, comm, python, cpu_op
 //! beta = [0.0, 1.0]      # e.g. a CPU-only job
@@ -521,7 +526,9 @@ fn analyze_bucket(
         for dim in [&mut *b, &mut *m, &mut *s] {
             let mx = dim.iter().copied().fold(0f32, f32::max);
             if mx > 0.0 && (mx as f64) >= cfg.zero_floor {
-                let inv = 1.0 / mx;
+                // Dividing by at least `norm_floor` keeps differences that are
+                // tiny in absolute terms (σ of 1e-4 vs 0) from becoming 1.0.
+                let inv = 1.0 / mx.max(cfg.norm_floor as f32);
                 dim.iter_mut().for_each(|x| *x *= inv);
             } else {
                 dim.iter_mut().for_each(|x| *x = 0.0);
