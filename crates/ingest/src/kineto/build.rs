@@ -255,7 +255,7 @@ impl Builder {
             return i;
         }
         let i = self.names.len() as u32;
-        let s: Box<str> = String::from_utf8_lossy(raw).into();
+        let s: Box<str> = strip_addresses(&String::from_utf8_lossy(raw)).into();
         self.classes.push(classify_name(&s));
         self.names.push(s);
         self.name_ix.insert(raw.into(), i);
@@ -802,5 +802,44 @@ mod tests {
                 assert_eq!(links.find(id, near), want, "n={n} id={id} near={near}");
             }
         }
+    }
+}
+
+/// Removes object addresses (`<built-in method run_backward of … object at
+/// 0x7f3a…>`) from a name: they differ per process, and a function must have
+/// the same identity on every worker (PerfTracker §4.2 compares functions
+/// across workers by name and call stack).
+fn strip_addresses(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.contains(" at 0x") {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
+    while let Some(i) = rest.find(" at 0x") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + " at 0x".len()..];
+        let hex = after
+            .find(|c: char| !c.is_ascii_hexdigit())
+            .unwrap_or(after.len());
+        rest = &after[hex..];
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod strip_tests {
+    use super::strip_addresses;
+
+    #[test]
+    fn object_addresses_are_removed_so_ranks_agree() {
+        assert_eq!(
+            strip_addresses(
+                "<built-in method run_backward of torch._C._EngineBase object at 0x7f3a12bc>"
+            ),
+            "<built-in method run_backward of torch._C._EngineBase object>"
+        );
+        assert_eq!(strip_addresses("aten::mm"), "aten::mm");
+        assert_eq!(strip_addresses("x at 0x"), "x");
     }
 }
