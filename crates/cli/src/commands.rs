@@ -37,6 +37,9 @@ enum Command {
     Summarize(SummarizeArgs),
     /// Compare fingerprints of all workers and name the abnormal ones (PerfTracker §4.3).
     Localize(LocalizeArgs),
+    /// Black-box diagnosis from switch-level network flow records (LLMPrism).
+    #[command(subcommand)]
+    Flows(crate::flows::FlowsCommand),
 }
 
 #[derive(Args, Debug)]
@@ -142,6 +145,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Analyze(args) => analyze(args),
         Command::Summarize(args) => summarize(args),
         Command::Localize(args) => localize(args),
+        Command::Flows(cmd) => crate::flows::run(cmd),
     }
 }
 

@@ -13,6 +13,7 @@
 //! - 3: anomalies were found and `--fail-on-anomaly` was given.
 
 mod commands;
+mod flows;
 
 use std::io::{self, Write};
 use std::process::ExitCode;

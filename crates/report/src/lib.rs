@@ -11,11 +11,13 @@
 
 mod format;
 mod html;
+mod lines;
 mod source;
 mod table;
 
 pub use format::compact_ranks;
 pub use html::{escape as escape_html, render_html};
+pub use lines::{render_lines_page, LineSeries};
 pub use source::attach_source_excerpts;
 pub use table::render_table;
 

@@ -1,0 +1,170 @@
+//! `whyslow flows …`: black-box diagnosis from network flow records (LLMPrism).
+
+use std::fs;
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+
+use whyslow_flows::{FlowConfig, FlowRecord};
+use whyslow_report::LineSeries;
+
+/// Flow subcommands.
+#[derive(Subcommand, Debug)]
+pub enum FlowsCommand {
+    /// Recognize jobs, DP/PP pairs and per-rank steps from flow records, and flag
+    /// slow steps, groups and switches (LLMPrism §IV).
+    ///
+    /// Inputs: CSV (`start_us,src,dst,bytes,dur_us[,switches,src_port,dst_port,proto]`),
+    /// captured IPFIX / NetFlow v9 messages, pcap (IPFIX export traffic, or raw
+    /// packets split into flowlets), optionally .gz.
+    Analyze(FlowsAnalyzeArgs),
+    /// Receive IPFIX / NetFlow v9 over UDP and write the flow records as CSV.
+    Collect(FlowsCollectArgs),
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum FlowFormat {
+    Table,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct FlowsAnalyzeArgs {
+    /// Flow record files.
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+    /// Machines ↔ addresses and the switch graph (JSON; see the README).
+    #[arg(long, value_name = "FILE")]
+    topology: Option<PathBuf>,
+    /// Output format on stdout.
+    #[arg(long, value_enum, default_value_t = FlowFormat::Table)]
+    format: FlowFormat,
+    /// Also write an HTML page with the per-switch DP bandwidth plot (LLMPrism Fig. 5).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// Also write per-rank timelines as Chrome/Perfetto trace JSON (LLMPrism Fig. 4).
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
+    /// Treat any unreadable input as fatal instead of skipping it.
+    #[arg(long)]
+    strict: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct FlowsCollectArgs {
+    /// UDP address to listen on.
+    #[arg(long, default_value = "127.0.0.1:4739")]
+    listen: SocketAddr,
+    /// CSV file to write (`-` for stdout).
+    #[arg(short, long, default_value = "-")]
+    output: PathBuf,
+    /// Stop after this many seconds (default: run until interrupted).
+    #[arg(long, value_name = "SECONDS")]
+    duration: Option<f64>,
+}
+
+/// Runs one flows subcommand.
+pub fn run(cmd: FlowsCommand) -> Result<ExitCode> {
+    match cmd {
+        FlowsCommand::Analyze(a) => analyze(a),
+        FlowsCommand::Collect(c) => collect(c),
+    }
+}
+
+fn analyze(args: FlowsAnalyzeArgs) -> Result<ExitCode> {
+    let topology = match &args.topology {
+        Some(p) => Some(whyslow_flows_ingest::read_topology(p)?),
+        None => None,
+    };
+    let mut records: Vec<FlowRecord> = Vec::new();
+    let mut read_any = false;
+    for path in &args.inputs {
+        match whyslow_flows_ingest::read_flow_file(path) {
+            Ok(mut r) => {
+                read_any = true;
+                records.append(&mut r);
+            }
+            Err(e) if !args.strict => eprintln!("whyslow: warning: skipped {e}"),
+            Err(e) => bail!("{e} (--strict)"),
+        }
+    }
+    if !read_any {
+        bail!("no flow file could be read");
+    }
+    let report = whyslow_flows::analyze(&records, topology.as_ref(), &FlowConfig::default());
+    if let Some(path) = &args.timeline {
+        fs::write(path, whyslow_flows::to_perfetto_trace(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let table = whyslow_flows::render_table(&report);
+    if let Some(path) = &args.html {
+        let series: Vec<LineSeries> = whyslow_flows::switch_bandwidth_series(&report)
+            .into_iter()
+            .map(|s| LineSeries {
+                label: s.switch,
+                flagged: s.flagged,
+                points: s.points,
+            })
+            .collect();
+        let page = whyslow_report::render_lines_page(
+            "whyslow flows: mean DP bandwidth per switch",
+            &table,
+            &series,
+            "time since window start (s)",
+            "mean DP bandwidth (Gb/s)",
+        );
+        fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let mut out = io::stdout().lock();
+    match args.format {
+        FlowFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+        FlowFormat::Table => write!(out, "{table}")?,
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn collect(args: FlowsCollectArgs) -> Result<ExitCode> {
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
+            .context("installing the Ctrl-C handler")?;
+    }
+    if let Some(secs) = args.duration {
+        let stop = stop.clone();
+        let until = Instant::now() + Duration::from_secs_f64(secs.max(0.0));
+        std::thread::spawn(move || {
+            while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+    }
+    eprintln!(
+        "whyslow: collecting IPFIX/NetFlow v9 on udp://{} (Ctrl-C to stop)",
+        args.listen
+    );
+    let mut records = Vec::new();
+    let stats = whyslow_flows_ingest::collect_udp(args.listen, &stop, |r| records.push(r))?;
+    eprintln!(
+        "whyslow: {} datagrams, {} flow records, {} malformed skipped",
+        stats.packets, stats.records, stats.errors
+    );
+    if args.output.as_os_str() == "-" {
+        whyslow_flows_ingest::write_csv(&records, io::stdout().lock())?;
+    } else {
+        let file = fs::File::create(&args.output)
+            .with_context(|| format!("creating {}", args.output.display()))?;
+        whyslow_flows_ingest::write_csv(&records, io::BufWriter::new(file))
+            .with_context(|| format!("writing {}", args.output.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
