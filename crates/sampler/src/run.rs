@@ -1,0 +1,241 @@
+//! The sampling loop (background thread).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use whyslow_model::{Resource, SampleSeries};
+
+use crate::clock::{monotonic_ns, realtime_ns, sleep_until_monotonic, tighten_timer_slack};
+use crate::cpu::{list_tids, CpuSource, ThreadClock};
+use crate::gpu::{GpuSampler, GpuStatus};
+use crate::net::NicCounter;
+use crate::{InterfaceSeries, SamplerConfig, Samples, ThreadSeries};
+
+fn thread_cpu_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid timespec pointer; the clock id is always supported.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+}
+
+fn push(s: &mut SampleSeries, ts: i64, v: f32) {
+    s.ts_ns.push(ts);
+    s.values.push(v);
+}
+
+struct Cpu {
+    pid: i32,
+    training_tid: i32,
+    all: bool,
+    prefer: CpuSource,
+    /// Open threads and their index in `Samples::threads`.
+    open: Vec<(ThreadClock, usize)>,
+    known: HashSet<i32>,
+    coarse_noted: bool,
+    training_gone_noted: bool,
+}
+
+impl Cpu {
+    fn rescan(&mut self, out: &mut Samples) {
+        let tids = if self.all {
+            list_tids(self.pid)
+        } else {
+            vec![self.training_tid]
+        };
+        for tid in tids {
+            if !self.known.insert(tid) {
+                continue;
+            }
+            let Some(tc) = ThreadClock::open(self.pid, tid, self.prefer) else {
+                continue;
+            };
+            if tc.source() == CpuSource::StatTicks && !self.coarse_noted {
+                self.coarse_noted = true;
+                out.notes.push(format!(
+                    "cpu: /proc/{}/task/*/schedstat unreadable: using stat ticks ({} Hz), \
+                     utilization is quantized to {} ms",
+                    self.pid,
+                    crate::cpu::user_hz(),
+                    1000 / crate::cpu::user_hz()
+                ));
+            }
+            out.threads.push(ThreadSeries {
+                tid,
+                name: tc.name.clone(),
+                training: tid == self.training_tid,
+                series: SampleSeries::default(),
+            });
+            self.open.push((tc, out.threads.len() - 1));
+        }
+    }
+
+    fn sample(&mut self, out: &mut Samples, ts: i64, dt: i64) {
+        let mut training_seen = false;
+        let training_tid = self.training_tid;
+        let mut cpu_value = None;
+        self.open.retain_mut(|(tc, idx)| {
+            let Some(ns) = tc.read_ns() else {
+                return false; // exited: drop silently
+            };
+            let prev = tc.last_ns.replace(ns).unwrap_or(ns);
+            let u = ((ns - prev).max(0) as f64 / dt as f64).clamp(0.0, 1.0) as f32;
+            push(&mut out.threads[*idx].series, ts, u);
+            if tc.tid == training_tid {
+                training_seen = true;
+                cpu_value = Some(u);
+            }
+            true
+        });
+        if let Some(u) = cpu_value {
+            push(out.series.entry(Resource::Cpu).or_default(), ts, u);
+        }
+        if !training_seen && !self.training_gone_noted && self.known.contains(&training_tid) {
+            self.training_gone_noted = true;
+            out.notes.push(format!(
+                "cpu: training thread {training_tid} of process {} is gone",
+                self.pid
+            ));
+        }
+    }
+}
+
+pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
+    tighten_timer_slack();
+    let mut out = Samples::default();
+    out.stats.rate_hz = cfg.rate_hz;
+    let period = ((1e9 / cfg.rate_hz).round() as i64).max(1);
+    let offset = cfg.time_base.offset_ns();
+
+    let mut cpu = cfg.pid.map(|pid| Cpu {
+        pid,
+        training_tid: cfg.training_tid.unwrap_or(pid),
+        all: cfg.all_threads,
+        prefer: cfg.cpu_source,
+        open: Vec::new(),
+        known: HashSet::new(),
+        coarse_noted: false,
+        training_gone_noted: false,
+    });
+    if let Some(c) = cpu.as_mut() {
+        c.rescan(&mut out);
+        if !c.known.contains(&c.training_tid) {
+            out.notes.push(format!(
+                "cpu: training thread {} not found in process {}",
+                c.training_tid, c.pid
+            ));
+        }
+    }
+
+    let mut nics: Vec<(NicCounter, usize)> = Vec::new();
+    for iface in &cfg.interfaces {
+        match NicCounter::open(iface) {
+            Ok(c) => {
+                out.interfaces.push(InterfaceSeries {
+                    name: c.name.clone(),
+                    ..Default::default()
+                });
+                nics.push((c, out.interfaces.len() - 1));
+            }
+            Err(note) => out.notes.push(note),
+        }
+    }
+
+    let mut gpu = None;
+    out.gpu = if cfg.gpu {
+        match GpuSampler::open(cfg.gpu_index) {
+            Ok(g) => {
+                let st = GpuStatus::Sampling {
+                    name: g.name().to_string(),
+                    notes: g.notes().to_vec(),
+                };
+                gpu = Some(g);
+                st
+            }
+            Err(why) => GpuStatus::NotAvailable(why),
+        }
+    } else {
+        GpuStatus::NotRequested
+    };
+
+    let cpu0 = thread_cpu_ns();
+    let start = monotonic_ns();
+    let mut prev_mono = start;
+    let mut prev_real = realtime_ns();
+    let mut next = start + period;
+    let mut last_rescan = start;
+    let rescan_ns = cfg.thread_rescan.as_nanos().min(i64::MAX as u128) as i64;
+
+    while !stop.load(Ordering::Acquire) {
+        if out.stats.ticks as usize >= cfg.max_ticks {
+            out.notes.push(format!(
+                "stopped recording after max_ticks = {}",
+                cfg.max_ticks
+            ));
+            break;
+        }
+        sleep_until_monotonic(next);
+        let mono = monotonic_ns();
+        let real = realtime_ns();
+        if mono > next + period {
+            out.stats.overruns += 1;
+            next = mono + period;
+        } else {
+            next += period;
+        }
+        let dt = mono - prev_mono;
+        if dt <= 0 {
+            continue;
+        }
+        // Midpoint of the interval the sample stands for, on the trace clock.
+        let ts = prev_real + (real - prev_real) / 2 - offset;
+
+        if let Some(c) = cpu.as_mut() {
+            c.sample(&mut out, ts, dt);
+        }
+
+        if !nics.is_empty() {
+            let mut any = false;
+            let mut max = 0f32;
+            for (c, idx) in nics.iter_mut() {
+                if let Some((tx, rx)) = c.sample(dt) {
+                    let s = &mut out.interfaces[*idx];
+                    push(&mut s.tx, ts, tx);
+                    push(&mut s.rx, ts, rx);
+                    max = max.max(tx.max(rx));
+                    any = true;
+                }
+            }
+            if any {
+                push(out.series.entry(Resource::Nic).or_default(), ts, max);
+            }
+        }
+
+        if let Some(g) = gpu.as_mut() {
+            for (r, v) in g.sample() {
+                push(out.series.entry(r).or_default(), ts, v);
+            }
+        }
+
+        prev_mono = mono;
+        prev_real = real;
+        out.stats.ticks += 1;
+
+        if let Some(c) = cpu.as_mut() {
+            if c.all && mono - last_rescan >= rescan_ns {
+                last_rescan = mono;
+                if !crate::cpu::task_dir(c.pid).is_dir() {
+                    out.notes.push(format!("cpu: process {} exited", c.pid));
+                    cpu = None;
+                } else {
+                    c.rescan(&mut out);
+                }
+            }
+        }
+    }
+    out.stats.elapsed_ns = prev_mono - start;
+    out.stats.sampler_cpu_ns = thread_cpu_ns() - cpu0;
+    out
+}
