@@ -112,13 +112,24 @@ pub fn hint(f: &Finding) -> Option<String> {
                         .into(),
                 );
             }
-            if is_gc(&frames) || (!all && on_subset(f, 0.5) && f.beta.peers < f.beta.value * 0.5) {
+            if is_gc(&frames) {
                 return Some(
-                    "High β on a random subset of workers in a function that is not \
-                     CPU-heavy is the signature of Python garbage-collection pauses: every \
-                     other worker waits for the one collecting. Call gc.freeze() after \
-                     setup and gc.disable(), then run gc.collect() on all ranks at the same \
-                     step boundary (e.g. every 100-200 steps)."
+                    "Python garbage-collection pauses on these workers: every other worker \
+                     waits for the one collecting. Call gc.freeze() after setup and \
+                     gc.disable(), then run gc.collect() on all ranks at the same step \
+                     boundary (e.g. every 100-200 steps)."
+                        .into(),
+                );
+            }
+            if !all && on_subset(f, 0.5) && f.beta.peers < f.beta.value * 0.5 {
+                return Some(
+                    "Only these workers spend this time in this Python function, and every \
+                     other worker waits for them at the next collective: look for \
+                     rank-dependent work (logging, checkpointing, evaluation or extra \
+                     preprocessing on some ranks) or uneven data. If the function itself \
+                     does little (a context manager's __init__, an accessor), it is more \
+                     likely Python garbage-collection pauses landing in it (PerfTracker §6): \
+                     gc.freeze() after setup, then gc.collect() on all ranks at the same step."
                         .into(),
                 );
             }
