@@ -68,7 +68,9 @@ fn read_u64(f: &File) -> Option<u64> {
 impl NicCounter {
     /// Opens the counters; `Err(note)` explains why the interface is skipped.
     pub fn open(iface: &NetInterface) -> Result<NicCounter, String> {
-        let dir = Path::new("/sys/class/net").join(&iface.name).join("statistics");
+        let dir = Path::new("/sys/class/net")
+            .join(&iface.name)
+            .join("statistics");
         let mbit = match iface.capacity_mbit.or_else(|| link_speed_mbit(&iface.name)) {
             Some(m) if m > 0.0 && m.is_finite() => m,
             _ => {
@@ -78,9 +80,8 @@ impl NicCounter {
                 ))
             }
         };
-        let open = |f: &str| {
-            File::open(dir.join(f)).map_err(|e| format!("nic {}: {f}: {e}", iface.name))
-        };
+        let open =
+            |f: &str| File::open(dir.join(f)).map_err(|e| format!("nic {}: {f}: {e}", iface.name));
         let mut c = NicCounter {
             name: iface.name.clone(),
             bytes_per_ns: mbit * 1e6 / 8.0 / 1e9,

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use whyslow_model::{Resource, SampleSeries};
 
-use crate::{Samples, SamplerError};
+use crate::{SamplerError, Samples};
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> SamplerError + '_ {
     move |source| SamplerError::Io {
@@ -139,6 +139,9 @@ mod tests {
             extra_path_for(Path::new("x.csv")),
             Path::new("x.sampler-extra.csv")
         );
-        assert_eq!(extra_path_for(Path::new("x")), Path::new("x.sampler-extra.csv"));
+        assert_eq!(
+            extra_path_for(Path::new("x")),
+            Path::new("x.sampler-extra.csv")
+        );
     }
 }
