@@ -73,7 +73,10 @@ fn clock_ns(id: libc::clockid_t) -> i64 {
     // SAFETY: `ts` is a valid, writable timespec; the clock ids used are
     // always supported on Linux, and on failure `ts` stays zeroed.
     unsafe { libc::clock_gettime(id, &mut ts) };
-    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+    // time_t / c_long are i32 on 32-bit targets.
+    #[allow(clippy::unnecessary_cast)]
+    let ns = ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64;
+    ns
 }
 
 /// `CLOCK_REALTIME` in ns since the Unix epoch (the clock Kineto uses).
@@ -84,6 +87,11 @@ pub fn realtime_ns() -> i64 {
 /// `CLOCK_MONOTONIC` in ns (pacing and interval lengths: immune to NTP steps).
 pub fn monotonic_ns() -> i64 {
     clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CPU time of the calling thread in ns (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_ns() -> i64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// Sleeps until `CLOCK_MONOTONIC` reaches `deadline_ns` (absolute).

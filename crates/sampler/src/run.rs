@@ -5,21 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use whyslow_model::{Resource, SampleSeries};
 
-use crate::clock::{monotonic_ns, realtime_ns, sleep_until_monotonic, tighten_timer_slack};
+use crate::clock::{
+    monotonic_ns, realtime_ns, sleep_until_monotonic, thread_cpu_ns, tighten_timer_slack,
+};
 use crate::cpu::{list_tids, CpuSource, ThreadClock};
 use crate::gpu::{GpuSampler, GpuStatus};
 use crate::net::NicCounter;
 use crate::{InterfaceSeries, SamplerConfig, Samples, ThreadSeries};
-
-fn thread_cpu_ns() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid timespec pointer; the clock id is always supported.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
-}
 
 fn push(s: &mut SampleSeries, ts: i64, v: f32) {
     s.ts_ns.push(ts);

@@ -22,16 +22,6 @@ fn mean(v: &[f32]) -> f64 {
     v.iter().map(|&x| x as f64).sum::<f64>() / v.len().max(1) as f64
 }
 
-fn thread_cpu_ns() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
-}
-
 /// The busy thread's own CPU time (ns), published as it spins.
 static BUSY_CPU_NS: AtomicI64 = AtomicI64::new(0);
 
@@ -47,7 +37,7 @@ fn busy_and_idle() -> (i32, i32, Arc<AtomicBool>, Vec<std::thread::JoinHandle<()
             tx.send((busy, gettid())).unwrap();
             while !stop.load(Ordering::Relaxed) {
                 if busy {
-                    BUSY_CPU_NS.store(thread_cpu_ns(), Ordering::Relaxed);
+                    BUSY_CPU_NS.store(whyslow_sampler::clock::thread_cpu_ns(), Ordering::Relaxed);
                 } else {
                     std::thread::sleep(Duration::from_millis(5));
                 }
