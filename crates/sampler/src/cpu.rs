@@ -19,7 +19,14 @@
 //! the content at offset 0), so a sample costs one syscall per thread. The
 //! thread list is rescanned every [`SamplerConfig::thread_rescan`]; a thread
 //! whose files fail to read (it exited: `ESRCH`/`ENOENT`) is dropped
-//! silently, never a panic.
+//! silently, never a panic. A tid is opened once: a new thread that reuses
+//! the tid of one that exited during the run is not followed.
+//!
+//! Cost: each sampled thread adds one `pread` per tick (≈ 0.37 µs measured,
+//! see the crate docs), so at 10 kHz a process with 32 threads costs ≈ 12 %
+//! of a core more than one with 2; set
+//! [`SamplerConfig::all_threads`](crate::SamplerConfig::all_threads) to
+//! `false` to read the training thread only.
 //!
 //! [`SamplerConfig::thread_rescan`]: crate::SamplerConfig::thread_rescan
 

@@ -94,6 +94,9 @@ impl Cpu {
     }
 }
 
+/// Longest single sleep, so that a stop request is seen within 10 ms.
+const STOP_POLL_NS: i64 = 10_000_000;
+
 pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
     tighten_timer_slack();
     let mut out = Samples::default();
@@ -168,7 +171,23 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
             ));
             break;
         }
-        sleep_until_monotonic(next);
+        // Sleep in slices of at most STOP_POLL_NS so that stop() returns
+        // promptly at low rates (1 Hz).
+        let mut stopped = false;
+        loop {
+            let now = monotonic_ns();
+            if now >= next {
+                break;
+            }
+            if stop.load(Ordering::Acquire) {
+                stopped = true;
+                break;
+            }
+            sleep_until_monotonic(next.min(now + STOP_POLL_NS));
+        }
+        if stopped {
+            break;
+        }
         let mono = monotonic_ns();
         let real = realtime_ns();
         if mono > next + period {
@@ -216,7 +235,7 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
         out.stats.ticks += 1;
 
         if let Some(c) = cpu.as_mut() {
-            if c.all && mono - last_rescan >= rescan_ns {
+            if mono - last_rescan >= rescan_ns {
                 last_rescan = mono;
                 if !crate::cpu::task_dir(c.pid).is_dir() {
                     out.notes.push(format!("cpu: process {} exited", c.pid));

@@ -317,3 +317,47 @@ fn samples_file_round_trips_through_whyslow_ingest() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn kineto_time_base_shifts_timestamps() {
+    let base = whyslow_sampler::kineto_base_time_ns(whyslow_sampler::clock::realtime_ns());
+    let out = Sampler::start(SamplerConfig {
+        rate_hz: 1000.0,
+        pid: Some(std::process::id() as i32),
+        all_threads: false,
+        time_base: whyslow_sampler::TimeBase::KinetoBase { base_ns: base },
+        gpu: false,
+        ..Default::default()
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let out = out.stop().unwrap();
+    let cpu = &out.series[&Resource::Cpu];
+    let now_rel = whyslow_sampler::clock::realtime_ns() - base;
+    // Relative to the 3-month base: between 0 and ~92 days, and recent.
+    assert!(cpu.ts_ns.iter().all(|&t| t >= 0 && t <= now_rel));
+    assert!(now_rel - cpu.ts_ns[0] < 5_000_000_000);
+    // all_threads = false: only the training (main) thread.
+    assert_eq!(out.threads.len(), 1);
+    assert!(out.threads[0].training);
+}
+
+#[test]
+fn stop_is_prompt_at_1hz() {
+    let s = Sampler::start(SamplerConfig {
+        rate_hz: 1.0,
+        pid: Some(std::process::id() as i32),
+        gpu: false,
+        ..Default::default()
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let t0 = Instant::now();
+    let out = s.stop().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(out.stats.ticks, 0);
+}
