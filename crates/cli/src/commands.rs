@@ -385,10 +385,15 @@ fn localize_and_report(
     }
     for fp in &fps {
         for w in &fp.warnings {
-            warnings.push(format!("rank {}: {w}", fp.worker));
+            let msg = format!("rank {} ({}): {w}", fp.worker, fp.source);
+            warn(&msg);
+            warnings.push(msg);
         }
     }
     let mut report = whyslow_localize::localize(&fps, cfg, out.world_size);
+    for w in &report.warnings {
+        warn(w);
+    }
     let mut roots = out.source_root.clone();
     if let Ok(cwd) = std::env::current_dir() {
         roots.push(cwd);

@@ -1,0 +1,205 @@
+//! The `whyslow` binary end to end on the example job shipped in the repo
+//! (`examples/data/slow-rank-cpu-gloo`: 4 CPU ranks, rank 2 slowed by
+//! `injected_slow_rank_work`), including bad inputs mixed into the directory.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn whyslow(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_whyslow"))
+        .args(args)
+        .output()
+        .expect("run whyslow")
+}
+
+fn example_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/data/slow-rank-cpu-gloo")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("whyslow-cli-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn copy_example(to: &Path) {
+    for entry in fs::read_dir(example_dir()).unwrap() {
+        let p = entry.unwrap().path();
+        fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+fn json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "whyslow failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+/// The finding for `needle` (a substring of the function), if any.
+fn finding<'a>(report: &'a Value, needle: &str) -> Option<&'a Value> {
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"].as_str().unwrap().contains(needle))
+}
+
+#[test]
+fn analyze_names_the_injected_function_on_the_slow_rank() {
+    let report = json(&whyslow(&[
+        "analyze",
+        example_dir().to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    assert_eq!(report["workers"], 4);
+    assert_eq!(report["missing_workers"], serde_json::json!([]));
+    let f = finding(&report, "injected_slow_rank_work").expect("injected function named");
+    assert_eq!(f["workers"], serde_json::json!([2]));
+    assert_eq!(f["kind"], "python");
+    assert!(f["beta"]["value"].as_f64().unwrap() > 0.1);
+    assert!(f["beta"]["peers"].as_f64().unwrap() < 0.01);
+    // Nothing else singles out rank 2 alone.
+    for f in report["findings"].as_array().unwrap() {
+        if f["workers"] == serde_json::json!([2]) {
+            assert!(f["function"]
+                .as_str()
+                .unwrap()
+                .contains("injected_slow_rank_work"));
+        }
+    }
+}
+
+#[test]
+fn bad_files_are_skipped_with_one_clear_line_each_and_the_rest_is_analyzed() {
+    let dir = temp_dir("bad");
+    copy_example(&dir);
+    let good = fs::read(dir.join("rank-0.json.gz")).unwrap();
+    fs::write(dir.join("truncated.json.gz"), &good[..good.len() / 2]).unwrap();
+    fs::write(dir.join("not-json.json"), b"this is not json\n").unwrap();
+    fs::write(dir.join("empty.json"), b"").unwrap();
+    fs::write(dir.join("no-events.json"), br#"{"schemaVersion": 1}"#).unwrap();
+
+    let out = whyslow(&["analyze", dir.to_str().unwrap(), "--format", "json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let report = json(&out);
+    for bad in ["not-json.json", "empty.json", "no-events.json"] {
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(bad))
+            .unwrap_or_else(|| panic!("no warning for {bad}: {stderr}"));
+        assert!(line.starts_with("whyslow: warning: skipped"), "{line}");
+    }
+    // The truncated copy is either skipped or kept as a partial rank-0 duplicate,
+    // but never stops the analysis.
+    assert!(stderr.contains("truncated.json.gz"), "{stderr}");
+    let f = finding(&report, "injected_slow_rank_work").expect("still diagnosed");
+    assert_eq!(f["workers"], serde_json::json!([2]));
+
+    let strict = whyslow(&["analyze", dir.to_str().unwrap(), "--strict"]);
+    assert_eq!(
+        strict.status.code(),
+        Some(1),
+        "--strict makes a bad file fatal"
+    );
+    let err = String::from_utf8_lossy(&strict.stderr);
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.starts_with("whyslow: error:"))
+            .count(),
+        1
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn summarize_then_localize_gives_the_same_answer_as_analyze() {
+    let dir = temp_dir("fp");
+    for r in 0..4 {
+        let trace = example_dir().join(format!("rank-{r}.json.gz"));
+        let fp = dir.join(format!("rank-{r}.fingerprint.json"));
+        let out = whyslow(&[
+            "summarize",
+            trace.to_str().unwrap(),
+            "-o",
+            fp.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let size = fs::metadata(&fp).unwrap().len();
+        assert!(size <= 30 * 1024, "fingerprint of rank {r} is {size} bytes");
+    }
+    let central = json(&whyslow(&[
+        "localize",
+        dir.to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let whole = json(&whyslow(&[
+        "analyze",
+        example_dir().to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let names = |r: &Value| -> Vec<(String, Value)> {
+        r["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["function"].as_str().unwrap().to_string(),
+                    f["workers"].clone(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(names(&central), names(&whole));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn html_report_is_written_and_self_contained() {
+    let dir = temp_dir("html");
+    let html = dir.join("report.html");
+    let out = whyslow(&[
+        "analyze",
+        example_dir().to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+        "--no-color",
+    ]);
+    assert!(out.status.success());
+    let page = fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<svg") && page.contains("injected_slow_rank_work"));
+    assert!(!page.contains("<script src"));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("injected_slow_rank_work"), "{table}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fail_on_anomaly_and_usage_exit_codes() {
+    let out = whyslow(&[
+        "analyze",
+        example_dir().to_str().unwrap(),
+        "--fail-on-anomaly",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let out = whyslow(&["analyze"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = whyslow(&["analyze", "/nonexistent/whyslow-input"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/whyslow-input"), "{err}");
+}
