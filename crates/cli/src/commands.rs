@@ -37,6 +37,8 @@ enum Command {
     Summarize(SummarizeArgs),
     /// Compare fingerprints of all workers and name the abnormal ones (PerfTracker §4.3).
     Localize(LocalizeArgs),
+    /// Sample a training process's CPU and network utilization into a samples file.
+    Sample(crate::sample::SampleArgs),
     /// Black-box diagnosis from switch-level network flow records (LLMPrism).
     #[command(subcommand)]
     Flows(crate::flows::FlowsCommand),
@@ -146,6 +148,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Summarize(args) => summarize(args),
         Command::Localize(args) => localize(args),
         Command::Flows(cmd) => crate::flows::run(cmd),
+        Command::Sample(args) => crate::sample::run(args),
     }
 }
 

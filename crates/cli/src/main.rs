@@ -14,6 +14,7 @@
 
 mod commands;
 mod flows;
+mod sample;
 
 use std::io::{self, Write};
 use std::process::ExitCode;

@@ -203,3 +203,40 @@ fn fail_on_anomaly_and_usage_exit_codes() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/whyslow-input"), "{err}");
 }
+
+/// `whyslow sample` on a busy process writes a samples file that `analyze`
+/// reads (resource `cpu` of the training thread, PerfTracker §4.2).
+#[test]
+fn sample_writes_a_readable_samples_file_for_a_busy_process() {
+    let mut busy = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .expect("spawn a busy loop");
+    let dir = temp_dir("sample");
+    let file = dir.join("rank-0.samples.csv");
+    let out = whyslow(&[
+        "sample",
+        "--pid",
+        &busy.id().to_string(),
+        "--rate",
+        "500",
+        "--duration",
+        "1",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let samples = whyslow_ingest::read_samples(&file).expect("ingest reads what sample wrote");
+    let cpu = &samples.series[&whyslow_model::Resource::Cpu];
+    assert!(cpu.values.len() > 200, "{} samples", cpu.values.len());
+    let mean = cpu.values.iter().map(|&v| v as f64).sum::<f64>() / cpu.values.len() as f64;
+    // A spinning thread on a shared 2-core machine: clearly busy, never above 1.
+    assert!(mean > 0.05 && mean <= 1.0, "mean cpu {mean}");
+    let _ = fs::remove_dir_all(&dir);
+}
