@@ -42,7 +42,22 @@ class Config:
     signal                        WHYSLOW_SIGNAL               1 (SIGUSR2 asks for a profile)
     exit_wait_s                   WHYSLOW_EXIT_WAIT_S          60 (at exit, wait for the report)
     log_level                     WHYSLOW_LOG_LEVEL            INFO
+    sample_hz                     WHYSLOW_SAMPLE_HZ            0 (off; >0: sample utilization)
+    sample_ifaces                 WHYSLOW_SAMPLE_IFACES        "" (e.g. ``eth0`` or ``veth0:1000``)
     ============================  ===========================  ===================
+
+    ``sample_hz``: when > 0, the utilization sampler (whyslow-sampler) runs
+    in this process during each profiling window at this rate (1–10000 Hz):
+    CPU of the training thread, NIC throughput of ``sample_ifaces`` (a comma
+    list of ``name`` or ``name:mbit`` for links without a reported speed),
+    the GPU when built with NVML. The samples go next to the trace
+    (``rank-<r>.samples.csv``) and the fingerprint's μ/σ then come from them
+    (``util_source: "samples"``) instead of the trace alone. Off by default
+    because on shared CPU machines (CI, test hosts) the CPU availability of
+    the training threads differs across ranks for reasons outside the job,
+    and the μ/σ of CPU work would then differ across ranks spuriously; in
+    production, 1000 Hz is recommended (the sampler's own measured cost is
+    in the crates/sampler crate docs).
     """
 
     disable: bool = False
@@ -70,6 +85,8 @@ class Config:
     signal: bool = True
     exit_wait_s: float = 60.0
     log_level: str = "INFO"
+    sample_hz: float = 0.0
+    sample_ifaces: str = ""
 
     @classmethod
     def from_env(

@@ -77,6 +77,7 @@ class Tracker:
         self.session = 0  # sessions seen (the next one is session + 1)
         self.pending: Optional[Dict[str, Any]] = None  # agreed, not started
         self.prof: Any = None
+        self.sampler: Any = None  # _whyslow.Sampler during a window
         self.prof_info: Optional[Dict[str, Any]] = None
         self.want: Optional[str] = None  # reason to propose a session
         self.signal_flag = False
@@ -409,6 +410,39 @@ class Tracker:
             self.prof_info = None
             raise
         self.prof = prof
+        self._start_sampler()
+
+    def _start_sampler(self) -> None:
+        """Utilization sampling over the window (issue 4); failures only log."""
+        self.sampler = None
+        hz = self.cfg.sample_hz
+        if not hz or hz <= 0:
+            return
+        try:
+            _test_fault("sampler_start", self.rank)
+            ifaces = [i.strip() for i in str(self.cfg.sample_ifaces).split(",") if i.strip()]
+            self.sampler = _whyslow.Sampler.start(
+                float(hz),
+                pid=os.getpid(),
+                tid=threading.main_thread().native_id,
+                interfaces=ifaces,
+            )
+        except Exception as e:
+            self.sampler = None
+            log.warning("whyslow: utilization sampler not started, continuing without samples: %s", e)
+
+    def _stop_sampler(self) -> Any:
+        """Stops the window's sampler; returns it (to write later) or None."""
+        sampler = self.sampler
+        self.sampler = None
+        if sampler is None:
+            return None
+        try:
+            sampler.stop()
+            return sampler
+        except Exception as e:
+            log.warning("whyslow: utilization sampler failed, continuing without samples: %s", e)
+            return None
 
     def _profile_tick(self, t: int) -> None:
         info = self.prof_info
@@ -435,6 +469,7 @@ class Tracker:
         sdir = self._session_dir(s)
         tdir = os.path.join(sdir, "traces")
         trace = os.path.join(tdir, "rank-%d.json" % self.rank)
+        sampler = self._stop_sampler()
         try:
             prof.stop()
             os.makedirs(tdir, exist_ok=True)
@@ -454,7 +489,7 @@ class Tracker:
         )
         th = threading.Thread(
             target=self._after_window,
-            args=(s, sdir, trace),
+            args=(s, sdir, trace, sampler),
             name="whyslow-summarize",
             daemon=True,
         )
@@ -476,6 +511,7 @@ class Tracker:
             pass
 
     def _stop_profiler_quietly(self) -> None:
+        self._stop_sampler()
         prof = self.prof
         self.prof = None
         self.prof_info = None
@@ -487,20 +523,55 @@ class Tracker:
 
     # ------------------------------------------------------------ background
 
-    def _after_window(self, s: Dict[str, Any], sdir: str, trace: str) -> None:
+    def _write_samples(self, sampler: Any, trace: str) -> Optional[str]:
+        """Writes the window's samples next to the trace, on the trace's time
+        origin (newer Kineto: ``ts`` relative to ``baseTimeNanoseconds``,
+        which whyslow-ingest keeps; older: Unix epoch). None on failure."""
+        path = os.path.join(os.path.dirname(trace), "rank-%d.samples.csv" % self.rank)
+        try:
+            _test_fault("sampler_write", self.rank)
+            base = _whyslow.kineto_base_ns(trace) or 0
+            info = sampler.write(path, worker=self.rank, base_ns=base)
+            log.debug("whyslow: samples %s: %s", path, info)
+            if not info.get("series"):
+                notes = "; ".join(info.get("notes") or [])
+                log.warning("whyslow: the utilization sampler recorded nothing (%s)", notes)
+                return None
+            return path
+        except Exception as e:
+            log.warning("whyslow: utilization samples not written, continuing without: %s", e)
+            return None
+
+    def _after_window(
+        self, s: Dict[str, Any], sdir: str, trace: str, sampler: Any = None
+    ) -> None:
         """Background thread: summarize, publish, (rank 0) collect and localize."""
         try:
             fp_dir = os.path.join(sdir, "fingerprints")
             os.makedirs(fp_dir, exist_ok=True)
-            fp_json = _whyslow.summarize_trace(
-                trace,
-                os.path.join(fp_dir, "rank-%d.json" % self.rank),
-                rank=self.rank,
-                host=self.host,
-            )
+            samples = self._write_samples(sampler, trace) if sampler is not None else None
+            fp_out = os.path.join(fp_dir, "rank-%d.json" % self.rank)
+            fp_json = None
+            if samples is not None:
+                try:
+                    fp_json = _whyslow.summarize_trace(
+                        trace, fp_out, rank=self.rank, host=self.host, samples_path=samples
+                    )
+                except Exception as e:
+                    log.warning("whyslow: summarizing with samples failed, without them: %s", e)
+            if fp_json is None:
+                fp_json = _whyslow.summarize_trace(
+                    trace,
+                    fp_out,
+                    rank=self.rank,
+                    host=self.host,
+                )
             if not self.cfg.keep_traces:
                 try:
                     os.remove(trace)
+                    sp = os.path.join(os.path.dirname(trace), "rank-%d.samples.csv" % self.rank)
+                    if os.path.exists(sp):
+                        os.remove(sp)
                     os.rmdir(os.path.dirname(trace))
                 except OSError:
                     pass

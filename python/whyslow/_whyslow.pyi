@@ -1,6 +1,6 @@
 """Type stubs of the native module whyslow._whyslow (crates/python)."""
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __version__: str
 NOTHING: int
@@ -66,6 +66,7 @@ def summarize_trace(
     group: Optional[str] = None,
     max_functions: int = 100,
     beta_floor: float = 0.001,
+    samples_path: Optional[str] = None,
 ) -> str: ...
 def localize_fingerprints(
     fingerprints: Sequence[str],
@@ -75,3 +76,20 @@ def localize_fingerprints(
     source_roots: Optional[Sequence[str]] = None,
     warnings: Optional[Sequence[str]] = None,
 ) -> str: ...
+def kineto_base_ns(trace_path: str) -> Optional[int]: ...
+
+class Sampler:
+    @staticmethod
+    def start(
+        rate_hz: float,
+        pid: Optional[int] = None,
+        tid: Optional[int] = None,
+        interfaces: Optional[Sequence[str]] = None,
+    ) -> "Sampler": ...
+    def stop(self) -> None: ...
+    def write(self, path: str, worker: Optional[int] = None, base_ns: int = 0) -> Dict[str, Any]: ...
+    def stop_and_write(
+        self, path: str, worker: Optional[int] = None, base_ns: int = 0
+    ) -> Dict[str, Any]: ...
+    @property
+    def running(self) -> bool: ...

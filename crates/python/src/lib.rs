@@ -4,8 +4,9 @@
 //! entry points over the analysis library: `summarize_trace` (Kineto trace →
 //! fingerprint, via `whyslow-ingest` and `whyslow-summarize`) and
 //! `localize_fingerprints` (fingerprints → report, via `whyslow-localize` and
-//! `whyslow-report`). The heavy calls release the GIL so that a background
-//! Python thread can run them while training goes on.
+//! `whyslow-report`), and the utilization `Sampler` (`whyslow-sampler`) that
+//! runs during a profiling window. The heavy and blocking calls release the
+//! GIL so that a background Python thread can run them while training goes on.
 #![deny(missing_docs)]
 
 use std::collections::BTreeMap;
@@ -255,8 +256,17 @@ fn summarize_impl(
     rank: Option<u32>,
     host: Option<String>,
     group: Option<String>,
+    samples_path: Option<&Path>,
     opts: &whyslow_summarize::SummarizeOptions,
 ) -> Result<String, String> {
+    let samples = match samples_path {
+        Some(p) => {
+            whyslow_ingest::read_samples(p)
+                .map_err(|e| e.to_string())?
+                .series
+        }
+        None => BTreeMap::new(),
+    };
     let mut trace = whyslow_ingest::read_kineto(trace_path).map_err(|e| e.to_string())?;
     if let Some(r) = rank {
         if trace.meta.rank != r {
@@ -270,7 +280,7 @@ fn summarize_impl(
     if group.is_some() {
         trace.meta.group = group;
     }
-    let fp = whyslow_summarize::summarize(&trace, &BTreeMap::new(), opts);
+    let fp = whyslow_summarize::summarize(&trace, &samples, opts);
     if let Some(out) = out_path {
         whyslow_ingest::write_fingerprint(out, &fp).map_err(|e| e.to_string())?;
     }
@@ -279,9 +289,12 @@ fn summarize_impl(
 
 /// Reads a Kineto (Chrome) trace, summarizes it into the worker's fingerprint
 /// and returns the fingerprint as JSON; also writes it to `out_path` when
-/// given. `rank` overrides the rank the trace declares. Releases the GIL.
+/// given. `rank` overrides the rank the trace declares. `samples_path` is a
+/// whyslow samples file of this worker (e.g. written by
+/// `Sampler.stop_and_write`) on the trace's time origin; its utilization then
+/// gives the fingerprint's μ/σ. Releases the GIL.
 #[pyfunction]
-#[pyo3(signature = (trace_path, out_path=None, rank=None, host=None, group=None, max_functions=100, beta_floor=0.001))]
+#[pyo3(signature = (trace_path, out_path=None, rank=None, host=None, group=None, max_functions=100, beta_floor=0.001, samples_path=None))]
 #[allow(clippy::too_many_arguments)]
 fn summarize_trace(
     py: Python<'_>,
@@ -292,14 +305,25 @@ fn summarize_trace(
     group: Option<String>,
     max_functions: usize,
     beta_floor: f64,
+    samples_path: Option<PathBuf>,
 ) -> PyResult<String> {
     let opts = whyslow_summarize::SummarizeOptions {
         max_functions,
         beta_floor,
         ..Default::default()
     };
-    py.allow_threads(|| summarize_impl(&trace_path, out_path.as_deref(), rank, host, group, &opts))
-        .map_err(PyValueError::new_err)
+    py.allow_threads(|| {
+        summarize_impl(
+            &trace_path,
+            out_path.as_deref(),
+            rank,
+            host,
+            group,
+            samples_path.as_deref(),
+            &opts,
+        )
+    })
+    .map_err(PyValueError::new_err)
 }
 
 fn load_fingerprint(s: &str) -> Result<Fingerprint, String> {
@@ -356,6 +380,195 @@ fn localize_fingerprints(
     })
 }
 
+/// Parses `name` or `name:mbit` (capacity in Mbit/s, for virtual links).
+fn parse_interface(s: &str) -> PyResult<whyslow_sampler::NetInterface> {
+    let s = s.trim();
+    match s.split_once(':') {
+        None if !s.is_empty() => Ok(whyslow_sampler::NetInterface::new(s)),
+        Some((name, mbit)) if !name.is_empty() => {
+            let c: f64 = mbit.trim().parse().map_err(|_| {
+                PyValueError::new_err(format!(
+                    "interface {s:?}: capacity {mbit:?} is not a number"
+                ))
+            })?;
+            Ok(whyslow_sampler::NetInterface::with_capacity_mbit(name, c))
+        }
+        _ => Err(PyValueError::new_err(format!(
+            "interface {s:?}: expected name or name:mbit"
+        ))),
+    }
+}
+
+/// The `baseTimeNanoseconds` a (plain JSON) Kineto trace declares, if any.
+/// Kineto writes it at the end of the file, so the tail is looked at first.
+fn trace_base_ns(path: &Path) -> std::io::Result<Option<i64>> {
+    use std::io::{Read, Seek, SeekFrom};
+    const KEY: &[u8] = b"\"baseTimeNanoseconds\"";
+    fn find(buf: &[u8]) -> Option<i64> {
+        let at = buf.windows(KEY.len()).rposition(|w| w == KEY)?;
+        let rest = &buf[at + KEY.len()..];
+        let rest = rest
+            .iter()
+            .skip_while(|b| b.is_ascii_whitespace() || **b == b':');
+        let digits: String = rest
+            .take_while(|b| b.is_ascii_digit() || **b == b'-')
+            .map(|&b| b as char)
+            .collect();
+        digits.parse().ok()
+    }
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let tail = 64 * 1024;
+    if len > tail {
+        f.seek(SeekFrom::Start(len - tail))?;
+        let mut buf = Vec::with_capacity(tail as usize);
+        f.read_to_end(&mut buf)?;
+        if let Some(v) = find(&buf) {
+            return Ok(Some(v));
+        }
+        f.seek(SeekFrom::Start(0))?;
+    }
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)?;
+    Ok(find(&buf))
+}
+
+/// Returns the `baseTimeNanoseconds` of a plain-JSON Kineto trace (newer
+/// PyTorch writes event `ts` relative to it), or None when it has none (its
+/// `ts` are then Unix-epoch µs). Releases the GIL.
+#[pyfunction]
+fn kineto_base_ns(py: Python<'_>, trace_path: PathBuf) -> PyResult<Option<i64>> {
+    py.allow_threads(|| trace_base_ns(&trace_path))
+        .map_err(|e| PyOSError::new_err(format!("{}: {e}", trace_path.display())))
+}
+
+/// Hardware utilization sampler (`whyslow-sampler`) running in a thread of
+/// this process: CPU of the training thread (and the process's other
+/// threads), NIC throughput of the given interfaces, the GPU through NVML
+/// when built with it. Timestamps are Unix-epoch; `stop_and_write` shifts
+/// them onto a trace's origin.
+#[pyclass(name = "Sampler", module = "whyslow._whyslow")]
+struct PySampler {
+    inner: Option<whyslow_sampler::Sampler>,
+    samples: Option<whyslow_sampler::Samples>,
+}
+
+#[pymethods]
+impl PySampler {
+    /// Starts sampling `pid` (default: this process) at `rate_hz`; `tid` is
+    /// the training thread (default: found by the sampler); `interfaces` are
+    /// `"name"` or `"name:mbit"`.
+    #[staticmethod]
+    #[pyo3(signature = (rate_hz, pid=None, tid=None, interfaces=None))]
+    fn start(
+        py: Python<'_>,
+        rate_hz: f64,
+        pid: Option<i32>,
+        tid: Option<i32>,
+        interfaces: Option<Vec<String>>,
+    ) -> PyResult<Self> {
+        let interfaces = interfaces
+            .unwrap_or_default()
+            .iter()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| parse_interface(s))
+            .collect::<PyResult<Vec<_>>>()?;
+        let cfg = whyslow_sampler::SamplerConfig {
+            rate_hz,
+            pid,
+            training_tid: tid,
+            interfaces,
+            time_base: whyslow_sampler::TimeBase::UnixEpoch,
+            ..Default::default()
+        };
+        let inner = py
+            .allow_threads(|| whyslow_sampler::Sampler::start(cfg))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(PySampler {
+            inner: Some(inner),
+            samples: None,
+        })
+    }
+
+    /// Stops sampling (joins the sampler thread; returns within ~10 ms) and
+    /// keeps the samples for `write`. Idempotent. Releases the GIL.
+    fn stop(&mut self, py: Python<'_>) -> PyResult<()> {
+        if let Some(s) = self.inner.take() {
+            let samples = py
+                .allow_threads(|| s.stop())
+                .map_err(|e| PyOSError::new_err(e.to_string()))?;
+            self.samples = Some(samples);
+        }
+        Ok(())
+    }
+
+    /// Writes the samples file at `path` (column `worker` when given) with
+    /// timestamps relative to `base_ns` (a trace's `baseTimeNanoseconds`; 0:
+    /// Unix epoch) and returns `{"ticks", "overruns", "achieved_hz",
+    /// "sampler_cpu_fraction", "elapsed_s", "series", "notes"}`. Stops first
+    /// if still running. Releases the GIL.
+    #[pyo3(signature = (path, worker=None, base_ns=0))]
+    fn write(
+        &mut self,
+        py: Python<'_>,
+        path: PathBuf,
+        worker: Option<u32>,
+        base_ns: i64,
+    ) -> PyResult<PyObject> {
+        self.stop(py)?;
+        let samples = self
+            .samples
+            .as_ref()
+            .ok_or_else(|| PyValueError::new_err("sampler has no samples"))?;
+        let mut series = samples.series.clone();
+        py.allow_threads(|| {
+            if base_ns != 0 {
+                for s in series.values_mut() {
+                    for t in s.ts_ns.iter_mut() {
+                        *t -= base_ns;
+                    }
+                }
+            }
+            whyslow_sampler::write_samples_csv(&path, worker, &series)
+        })
+        .map_err(|e| PyOSError::new_err(e.to_string()))?;
+        let st = samples.stats;
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("ticks", st.ticks)?;
+        d.set_item("overruns", st.overruns)?;
+        d.set_item("achieved_hz", st.achieved_hz())?;
+        d.set_item("sampler_cpu_fraction", st.sampler_cpu_fraction())?;
+        d.set_item("elapsed_s", st.elapsed_ns as f64 / 1e9)?;
+        let names: Vec<&str> = series
+            .iter()
+            .filter(|(_, s)| !s.ts_ns.is_empty())
+            .map(|(r, _)| r.as_str())
+            .collect();
+        d.set_item("series", names)?;
+        d.set_item("notes", samples.notes.clone())?;
+        Ok(d.into_any().unbind())
+    }
+
+    /// `stop` then `write`.
+    #[pyo3(signature = (path, worker=None, base_ns=0))]
+    fn stop_and_write(
+        &mut self,
+        py: Python<'_>,
+        path: PathBuf,
+        worker: Option<u32>,
+        base_ns: i64,
+    ) -> PyResult<PyObject> {
+        self.stop(py)?;
+        self.write(py, path, worker, base_ns)
+    }
+
+    /// Whether the sampler thread is running.
+    #[getter]
+    fn running(&self) -> bool {
+        self.inner.is_some()
+    }
+}
+
 /// The native module.
 #[pymodule]
 fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -363,6 +576,8 @@ fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTriggerPolicy>()?;
     m.add_function(wrap_pyfunction!(summarize_trace, m)?)?;
     m.add_function(wrap_pyfunction!(localize_fingerprints, m)?)?;
+    m.add_function(wrap_pyfunction!(kineto_base_ns, m)?)?;
+    m.add_class::<PySampler>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("NOTHING", NOTHING)?;
     m.add("ITERATION", ITERATION)?;
