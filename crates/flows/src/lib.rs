@@ -37,8 +37,6 @@ pub mod synth;
 pub mod timeline;
 pub mod topology;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
@@ -372,56 +370,8 @@ fn analyze_merged(
     output::assemble(&index, &jobs, &classified, timelines, switches, findings)
 }
 
-/// Fast hasher for integer keys (FxHash), to keep the pipeline above 1 M flows/s.
-#[derive(Default, Clone, Copy)]
-pub struct FxHasher {
-    hash: u64,
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(b));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(i as u64)
-    }
-    #[inline]
-    fn write_u16(&mut self, i: u16) {
-        self.add(i as u64)
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(i as u64)
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i)
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64)
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, w: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-/// `HashMap` with [`FxHasher`].
-pub type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// Fast hasher for integer keys (rustc's FxHash), to keep the pipeline above 1 M flows/s.
+pub use rustc_hash::{FxHashMap, FxHasher};
 
 /// Addresses interned to dense ids and flows grouped by unordered pair; shared by all
 /// phases.

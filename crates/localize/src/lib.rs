@@ -105,7 +105,6 @@ mod config;
 mod hint;
 
 use std::collections::{BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 
 pub use config::{ExpectedRange, ExpectedRanges, LocalizeConfig, RangeOverride};
 pub use hint::hint;
@@ -133,49 +132,7 @@ const MAX_MISSING_LISTED: usize = 1 << 22;
 // ---------------------------------------------------------------- hashing / rng
 
 /// FxHash (rustc's): fast, non-cryptographic, for interning names.
-#[derive(Default, Clone, Copy)]
-struct FxHasher {
-    hash: u64,
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, w: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(c);
-            self.add(u64::from_le_bytes(a));
-        }
-        let rem = chunks.remainder();
-        if !rem.is_empty() {
-            let mut a = [0u8; 8];
-            a[..rem.len()].copy_from_slice(rem);
-            self.add(u64::from_le_bytes(a) ^ ((rem.len() as u64) << 59));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
-
-type FxBuild = BuildHasherDefault<FxHasher>;
+type FxBuild = rustc_hash::FxBuildHasher;
 
 /// FNV-1a: a stable hash (same on every platform and version) for seeds.
 fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {

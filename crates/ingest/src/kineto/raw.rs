@@ -481,65 +481,12 @@ pub(crate) struct DeviceProp<'a> {
 
 /// FxHash (rustc's hasher): fast, non-cryptographic.
 pub(crate) fn fx_hash(bytes: &[u8]) -> u64 {
-    let mut h = FxHasher::default();
+    let mut h = rustc_hash::FxHasher::default();
     std::hash::Hasher::write(&mut h, bytes);
     std::hash::Hasher::finish(&h)
 }
 
-/// FxHasher, for the interning maps of the hot loop.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher {
-    hash: u64,
-}
-
-const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, w: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ w).wrapping_mul(SEED);
-    }
-}
-
-impl std::hash::Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(c);
-            self.add(u64::from_le_bytes(a));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut a = [0u8; 8];
-            a[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(a) ^ ((rest.len() as u64) << 56));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
-
-/// BuildHasher for [`FxHasher`].
-pub(crate) type FxBuild = std::hash::BuildHasherDefault<FxHasher>;
-/// A HashMap with [`FxHasher`].
+/// BuildHasher for rustc's FxHash (fast, non-cryptographic) in the hot loop's interning maps.
+pub(crate) type FxBuild = rustc_hash::FxBuildHasher;
+/// A HashMap with FxHash.
 pub(crate) type FxMap<K, V> = std::collections::HashMap<K, V, FxBuild>;
