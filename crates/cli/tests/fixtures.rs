@@ -2,28 +2,13 @@
 //! checked against snapshots in `tests/snapshots/`. Regenerate after an
 //! intended change with `WHYSLOW_UPDATE_SNAPSHOTS=1 cargo test -p whyslow --test fixtures`.
 
+mod common;
+use common::fixtures;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
 use whyslow_summarize::SummarizeOptions;
-
-fn fixtures() -> Option<PathBuf> {
-    let dir = std::env::var_os("WHYSLOW_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        });
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIP: fixtures not found at {} (set WHYSLOW_FIXTURES to ../shared/fixtures)",
-            dir.display()
-        );
-        None
-    }
-}
 
 fn round(x: f64, digits: i32) -> f64 {
     let p = 10f64.powi(digits);

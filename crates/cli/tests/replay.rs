@@ -8,8 +8,9 @@
 //! length (β is a share of that window, PerfTracker Eq. 2), so a slow worker's
 //! extra time is not normalized away.
 
+mod common;
+use common::fixtures;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use whyslow_localize::LocalizeConfig;
@@ -19,23 +20,6 @@ use whyslow_model::{
 use whyslow_summarize::SummarizeOptions;
 
 const WORKERS: u32 = 16;
-
-fn fixtures() -> Option<PathBuf> {
-    let dir = std::env::var_os("WHYSLOW_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        });
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIP: fixtures not found at {} (set WHYSLOW_FIXTURES to ../shared/fixtures)",
-            dir.display()
-        );
-        None
-    }
-}
 
 /// The real trace every replay starts from: A100, NCCL collectives, ProfilerSteps.
 fn base_trace() -> Option<&'static WorkerTrace> {

@@ -254,11 +254,7 @@ impl Collector<'_> {
 }
 
 fn read_csv<R: Read>(r: R, path: &Path) -> Result<Vec<WorkerTrace>, IngestError> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .from_reader(r);
+    let mut rdr = csv_reader(r);
     let headers = rdr.headers().map_err(|e| csv_err(path, &e))?.clone();
     let col = |n: &str| headers.iter().position(|h| h.eq_ignore_ascii_case(n));
     let need = |n: &str| {
@@ -321,6 +317,16 @@ fn read_csv<R: Read>(r: R, path: &Path) -> Result<Vec<WorkerTrace>, IngestError>
         )?;
     }
     Ok(c.finish())
+}
+
+/// The CSV reader every whyslow CSV input uses: a header row, trimmed fields,
+/// rows that may be shorter than the header (optional trailing columns).
+pub(crate) fn csv_reader<R: Read>(r: R) -> csv::Reader<R> {
+    csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(r)
 }
 
 pub(crate) fn csv_err(path: &Path, e: &csv::Error) -> IngestError {

@@ -48,11 +48,7 @@ pub fn read_samples(path: &Path) -> Result<WorkerSamples, IngestError> {
 /// (ascending), or a single one with `worker: None` without that column.
 pub fn read_samples_all(path: &Path) -> Result<Vec<WorkerSamples>, IngestError> {
     let (r, _) = open(path)?;
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .from_reader(r);
+    let mut rdr = crate::generic::csv_reader(r);
     let headers = rdr.headers().map_err(|e| csv_err(path, &e))?.clone();
     let col = |n: &str| headers.iter().position(|h| h.eq_ignore_ascii_case(n));
     let need = |n: &str| {
