@@ -18,9 +18,15 @@
 //! - `nic`: per-interface tx/rx bytes over link capacity; the `nic` series is
 //!   the maximum over the configured interfaces of max(tx, rx) (module
 //!   [`net`]); per-interface tx and rx go to the extra file.
-//! - `sm`, `pcie` (feature `nvml`, NVML loaded at run time): see module
-//!   [`gpu`]. Without the feature or without a GPU, GPU sampling is reported
-//!   as not available in [`Samples::gpu`], never as an error.
+//! - `cpu_freq` (extra file): the clock of the core the training thread runs
+//!   on, as a fraction of its maximum, from `cpufreq` in sysfs (module
+//!   [`cpufreq`]); reported as not available in [`Samples::cpu_freq`] where
+//!   sysfs has no `cpufreq` (VMs), never as an error.
+//! - `sm`, `dram`, `pcie`, `nvlink` and, in the extra file, SM clock, power,
+//!   temperature and throttle reasons (feature `nvml`, NVML loaded at run
+//!   time; untested on GPU hardware): see module [`gpu`]. Without the feature
+//!   or without a GPU, GPU sampling is reported as not available in
+//!   [`Samples::gpu`], never as an error.
 //!
 //! Timestamps are on the profiler's clock (module [`clock`]): `CLOCK_REALTIME`
 //! minus a [`TimeBase`] (0 for traces without `baseTimeNanoseconds`, that
@@ -48,6 +54,7 @@
 
 pub mod clock;
 pub mod cpu;
+pub mod cpufreq;
 pub mod gpu;
 pub mod net;
 mod write;
@@ -60,6 +67,7 @@ use std::time::Duration;
 
 pub use clock::{kineto_base_time_ns, TimeBase};
 pub use cpu::CpuSource;
+pub use cpufreq::CpuFreqStatus;
 pub use gpu::GpuStatus;
 pub use net::NetInterface;
 pub use whyslow_model::{Resource, SampleSeries};
@@ -110,6 +118,9 @@ pub struct SamplerConfig {
     pub cpu_source: CpuSource,
     /// Network interfaces to sample.
     pub interfaces: Vec<NetInterface>,
+    /// Sample the clock frequency of the training thread's core (module
+    /// [`cpufreq`]; at most [`cpufreq::CPU_FREQ_MAX_HZ`] readings a second).
+    pub cpu_freq: bool,
     /// Sample the GPU through NVML when the `nvml` feature is on.
     pub gpu: bool,
     /// Which GPU (NVML index).
@@ -131,6 +142,7 @@ impl Default for SamplerConfig {
             thread_rescan: Duration::from_millis(100),
             cpu_source: CpuSource::Schedstat,
             interfaces: Vec::new(),
+            cpu_freq: true,
             gpu: true,
             gpu_index: 0,
             time_base: TimeBase::UnixEpoch,
@@ -164,6 +176,20 @@ pub struct InterfaceSeries {
     pub tx: SampleSeries,
     /// Receive utilization.
     pub rx: SampleSeries,
+}
+
+/// A series of the extra file that is neither a thread's CPU nor an
+/// interface's tx/rx: `cpu_freq`, `nvlink_tx`, `nvlink_rx`, `gpu_sm_clock`,
+/// `gpu_power_w`, `gpu_temp_c`, `gpu_throttle` (units in module `write` and
+/// the modules [`cpufreq`] and [`gpu`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ExtraSeries {
+    /// The extra file's `kind` column.
+    pub kind: String,
+    /// The `id` column: core number (`cpu_freq`), NVML index (GPU kinds).
+    pub id: String,
+    /// Values in the kind's unit (not clamped to [0, 1]).
+    pub series: SampleSeries,
 }
 
 /// How the sampling went.
@@ -205,13 +231,18 @@ impl SamplerStats {
 /// Everything a sampling run produced.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Samples {
-    /// The samples-file series, per resource (`cpu`, `nic`, `sm`, `pcie`
-    /// as available).
+    /// The samples-file series, per resource (`cpu`, `nic`, `sm`, `dram`,
+    /// `pcie`, `nvlink` as available).
     pub series: BTreeMap<Resource, SampleSeries>,
     /// Per-thread CPU series of the target process (extra file).
     pub threads: Vec<ThreadSeries>,
     /// Per-interface tx/rx series (extra file).
     pub interfaces: Vec<InterfaceSeries>,
+    /// Other extra-file series (CPU frequency, NVLink tx/rx, GPU clock,
+    /// power, temperature, throttle reasons).
+    pub extra: Vec<ExtraSeries>,
+    /// CPU frequency availability.
+    pub cpu_freq: CpuFreqStatus,
     /// GPU availability.
     pub gpu: GpuStatus,
     /// Why something was not sampled, or sampled coarsely.

@@ -1,6 +1,6 @@
 //! The sampling loop (background thread).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use whyslow_model::{Resource, SampleSeries};
@@ -9,13 +9,39 @@ use crate::clock::{
     monotonic_ns, realtime_ns, sleep_until_monotonic, thread_cpu_ns, tighten_timer_slack,
 };
 use crate::cpu::{list_tids, CpuSource, ThreadClock};
-use crate::gpu::{GpuSampler, GpuStatus};
+use crate::cpufreq::{CpuFreqReader, CpuFreqStatus, CPU_FREQ_MAX_HZ};
+use crate::gpu::{throttle_reason_names, GpuSampler, GpuStatus, GPU_SLOW_MAX_HZ};
 use crate::net::NicCounter;
-use crate::{InterfaceSeries, SamplerConfig, Samples, ThreadSeries};
+use crate::{ExtraSeries, InterfaceSeries, SamplerConfig, Samples, ThreadSeries};
 
 fn push(s: &mut SampleSeries, ts: i64, v: f32) {
     s.ts_ns.push(ts);
     s.values.push(v);
+}
+
+/// `Samples::extra`, indexed by (kind, id).
+#[derive(Default)]
+struct Extra {
+    index: HashMap<(&'static str, u32), usize>,
+}
+
+impl Extra {
+    fn push(&mut self, out: &mut Samples, kind: &'static str, id: u32, ts: i64, v: f32) {
+        let i = *self.index.entry((kind, id)).or_insert_with(|| {
+            out.extra.push(ExtraSeries {
+                kind: kind.to_string(),
+                id: id.to_string(),
+                series: SampleSeries::default(),
+            });
+            out.extra.len() - 1
+        });
+        push(&mut out.extra[i].series, ts, v);
+    }
+}
+
+/// Every how many ticks a counter limited to `max_hz` is read at `rate_hz`.
+fn every(rate_hz: f64, max_hz: f64) -> u64 {
+    (rate_hz / max_hz).ceil().max(1.0) as u64
 }
 
 struct Cpu {
@@ -124,6 +150,29 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
         }
     }
 
+    let mut extra = Extra::default();
+    let mut freq = None;
+    out.cpu_freq = match cpu.as_ref() {
+        Some(c) if cfg.cpu_freq => {
+            let stat = crate::cpu::task_dir(c.pid)
+                .join(c.training_tid.to_string())
+                .join("stat");
+            match CpuFreqReader::open(&stat, std::path::Path::new("/sys/devices/system/cpu")) {
+                Ok(r) => {
+                    freq = Some(r);
+                    CpuFreqStatus::Sampling
+                }
+                Err(why) => {
+                    out.notes.push(why.clone());
+                    CpuFreqStatus::NotAvailable(why)
+                }
+            }
+        }
+        _ => CpuFreqStatus::NotRequested,
+    };
+    let freq_every = every(cfg.rate_hz, CPU_FREQ_MAX_HZ);
+    let gpu_slow_every = every(cfg.rate_hz, GPU_SLOW_MAX_HZ);
+
     let mut nics: Vec<(NicCounter, usize)> = Vec::new();
     for iface in &cfg.interfaces {
         match NicCounter::open(iface) {
@@ -224,9 +273,22 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
             }
         }
 
+        if let Some(f) = freq.as_mut() {
+            if out.stats.ticks % freq_every == 0 {
+                if let Some((core, v)) = f.sample() {
+                    extra.push(&mut out, "cpu_freq", core, ts, v);
+                }
+            }
+        }
+
         if let Some(g) = gpu.as_mut() {
-            for (r, v) in g.sample() {
+            let reading = g.sample(dt, out.stats.ticks % gpu_slow_every == 0);
+            for (r, v) in reading.resources {
                 push(out.series.entry(r).or_default(), ts, v);
+            }
+            let id = g.index();
+            for (kind, v) in reading.extra {
+                extra.push(&mut out, kind, id, ts, v);
             }
         }
 
@@ -244,6 +306,16 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
                     c.rescan(&mut out);
                 }
             }
+        }
+    }
+    if let Some(g) = gpu.as_ref() {
+        let seen = throttle_reason_names(g.throttle_seen());
+        if !seen.is_empty() {
+            out.notes.push(format!(
+                "gpu {}: clock throttle reasons seen: {}",
+                g.index(),
+                seen.join(", ")
+            ));
         }
     }
     out.stats.elapsed_ns = prev_mono - start;

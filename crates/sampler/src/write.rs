@@ -12,7 +12,18 @@
 //! `*.samples.csv` pattern the `whyslow` CLI collects from a directory. Its
 //! header is `kind,id,name,ts_us,value[,worker]` with `kind` one of
 //! `thread_cpu` (id = tid, name = thread name, `training` marked by a `*`
-//! prefix on the name), `nic_tx`, `nic_rx` (id = interface, name empty).
+//! prefix on the name), `nic_tx`, `nic_rx` (id = interface, name empty),
+//! all fractions in [0, 1]; then the [`ExtraSeries`](crate::ExtraSeries)
+//! kinds, name empty, values in their own unit (not clamped):
+//!
+//! | kind | id | value |
+//! |---|---|---|
+//! | `cpu_freq` | core the training thread ran on | current / max clock of that core (module [`cpufreq`](crate::cpufreq)) |
+//! | `nvlink_tx`, `nvlink_rx` | NVML GPU index | NVLink data throughput / capacity, [0, 1] |
+//! | `gpu_sm_clock` | NVML GPU index | SM clock / max SM clock |
+//! | `gpu_power_w` | NVML GPU index | board power, W |
+//! | `gpu_temp_c` | NVML GPU index | GPU temperature, °C |
+//! | `gpu_throttle` | NVML GPU index | NVML clock throttle reasons bitmask (integer; [`throttle_reason_names`](crate::gpu::throttle_reason_names)) |
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -80,8 +91,9 @@ pub fn extra_path_for(samples_path: &Path) -> PathBuf {
     samples_path.with_file_name(format!("{stem}.sampler-extra.csv"))
 }
 
-/// Writes per-thread CPU and per-interface tx/rx series of `samples` to
-/// `path` (the extra file; see the module docs).
+/// Writes per-thread CPU, per-interface tx/rx and the other extra series
+/// (CPU frequency, GPU clock/power/temperature/throttle, NVLink tx/rx) of
+/// `samples` to `path` (the extra file; see the module docs).
 pub fn write_extra_csv(
     path: &Path,
     worker: Option<u32>,
@@ -112,6 +124,14 @@ pub fn write_extra_csv(
                 if let Some(v) = clean(v) {
                     writeln!(w, "{kind},{id},,{},{v}{wcol}", fmt_us(ts)).map_err(&e)?;
                 }
+            }
+        }
+    }
+    for x in &samples.extra {
+        let (kind, id) = (safe(&x.kind), safe(&x.id));
+        for (&ts, &v) in x.series.ts_ns.iter().zip(&x.series.values) {
+            if v.is_finite() {
+                writeln!(w, "{kind},{id},,{},{v}{wcol}", fmt_us(ts)).map_err(&e)?;
             }
         }
     }

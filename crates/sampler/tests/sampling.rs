@@ -369,3 +369,45 @@ fn stop_is_prompt_at_1hz() {
     );
     assert_eq!(out.stats.ticks, 0);
 }
+
+#[test]
+fn cpu_freq_is_sampled_or_reported_not_available() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = Sampler::start(SamplerConfig {
+        rate_hz: 500.0,
+        pid: Some(std::process::id() as i32),
+        training_tid: Some(gettid()),
+        gpu: false,
+        ..Default::default()
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = out.stop().unwrap();
+    let freq: Vec<_> = out.extra.iter().filter(|x| x.kind == "cpu_freq").collect();
+    match &out.cpu_freq {
+        whyslow_sampler::CpuFreqStatus::Sampling => {
+            assert!(!freq.is_empty());
+            // ≤ 100 readings a second at 500 Hz.
+            let n: usize = freq.iter().map(|x| x.series.values.len()).sum();
+            assert!((5..=40).contains(&n), "{n}");
+            assert!(freq
+                .iter()
+                .flat_map(|x| &x.series.values)
+                .all(|&v| v > 0.0 && v < 2.0));
+        }
+        whyslow_sampler::CpuFreqStatus::NotAvailable(why) => {
+            // This VM: no cpufreq in sysfs. A note, the CPU series unaffected.
+            assert!(freq.is_empty());
+            assert!(why.contains("cpu_freq"), "{why}");
+            assert!(out.notes.iter().any(|n| n.contains("cpu_freq")));
+            assert!(
+                std::path::Path::new("/sys/devices/system/cpu/cpu0/cpufreq")
+                    .read_dir()
+                    .is_err()
+                    || !why.is_empty()
+            );
+        }
+        s => panic!("{s:?}"),
+    }
+    assert!(out.series[&Resource::Cpu].values.len() > 50);
+}
