@@ -39,6 +39,12 @@ enum Command {
     Localize(LocalizeArgs),
     /// Sample a training process's CPU and network utilization into a samples file.
     Sample(crate::sample::SampleArgs),
+    /// Privileged sidecar: serve sampling requests that training ranks write into a shared directory.
+    ///
+    /// Protocol in docs/agent.md: `rank-<r>.request.json` / `rank-<r>.stop` in,
+    /// `rank-<r>.samples.csv` + `rank-<r>.done` (or `.error`) out; holds
+    /// `whyslow.pause` while a window is active so other monitors step aside.
+    Agent(crate::agent::AgentArgs),
     /// Black-box diagnosis from switch-level network flow records (LLMPrism).
     #[command(subcommand)]
     Flows(crate::flows::FlowsCommand),
@@ -149,6 +155,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Localize(args) => localize(args),
         Command::Flows(cmd) => crate::flows::run(cmd),
         Command::Sample(args) => crate::sample::run(args),
+        Command::Agent(args) => crate::agent::run(args),
     }
 }
 

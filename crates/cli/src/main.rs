@@ -12,6 +12,7 @@
 //! - 2: bad command line;
 //! - 3: anomalies were found and `--fail-on-anomaly` was given.
 
+mod agent;
 mod commands;
 mod flows;
 mod sample;

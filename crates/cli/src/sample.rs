@@ -38,12 +38,14 @@ pub struct SampleArgs {
     /// Rank of the worker, written as the `worker` column.
     #[arg(long)]
     worker: Option<u32>,
-    /// Samples file to write (name it `rank-N.samples.csv` to pair it by name).
+    /// Samples file to write (name it `rank-N.samples.csv` to pair it by name);
+    /// the extra file (per-thread CPU, CPU frequency, …) goes next to it as
+    /// `rank-N.sampler-extra.csv`.
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
 }
 
-fn parse_interface(spec: &str) -> Result<NetInterface> {
+pub(crate) fn parse_interface(spec: &str) -> Result<NetInterface> {
     let mut nic = NetInterface::new(spec);
     if let Some((name, mbit)) = spec.split_once(':') {
         let mbit: f64 = mbit
@@ -95,6 +97,10 @@ pub fn run(args: SampleArgs) -> Result<ExitCode> {
     let samples = sampler.stop()?;
     whyslow_sampler::write_samples_csv(&args.output, args.worker, &samples.series)
         .with_context(|| format!("writing {}", args.output.display()))?;
+    // Per-thread CPU, per-interface tx/rx, CPU frequency, GPU extras.
+    let extra = whyslow_sampler::extra_path_for(&args.output);
+    whyslow_sampler::write_extra_csv(&extra, args.worker, &samples)
+        .with_context(|| format!("writing {}", extra.display()))?;
     for note in &samples.notes {
         eprintln!("whyslow: note: {note}");
     }
