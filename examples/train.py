@@ -12,6 +12,11 @@ Faults start at iteration --fault-at (the job is healthy before):
   gc-storm    gc.collect() storms on a random rank each iteration (injected_gc_storm)
   heavy-comm  an extra all_reduce of a large tensor (injected_heavy_comm)
   none        healthy throughout
+
+--sim-compute-ms M stands in for accelerator time on CPU-only machines: the
+training thread waits M ms per iteration (in simulated_device_compute) as it
+would wait for the GPU, so that several ranks sharing few cores are not
+CPU-bound and their iteration times stay steady (the end-to-end tests use it).
 """
 
 import argparse
@@ -59,6 +64,11 @@ def injected_gc_storm(n):
         gc.collect()
 
 
+def simulated_device_compute(ms):
+    """Waits as a training thread waits for its accelerator."""
+    time.sleep(ms / 1e3)
+
+
 def injected_heavy_comm(t):
     """An extra all_reduce of a large tensor."""
     dist.all_reduce(t)
@@ -90,6 +100,9 @@ def main():
     ap.add_argument("--fault", default="none",
                     choices=["none", "slow-rank", "slow-data", "gc-storm", "heavy-comm"])
     ap.add_argument("--fault-at", type=int, default=150, help="first faulty iteration")
+    ap.add_argument("--fault-after-s", type=float, default=-1.0,
+                    help=">= 0: the fault starts this many seconds after the first iteration "
+                         "instead of at --fault-at (each rank on its own clock; testbed/run)")
     ap.add_argument("--fault-rank", type=int, default=1)
     ap.add_argument("--fault-ms", type=float, default=15.0,
                     help="slow-rank: ms of extra work per iteration; slow-data: ms per batch")
@@ -97,6 +110,8 @@ def main():
     ap.add_argument("--gc-rounds", type=int, default=3)
     ap.add_argument("--trigger-at", type=int, default=-1,
                     help="call whyslow.trigger() at this iteration (on-demand profile)")
+    ap.add_argument("--sim-compute-ms", type=float, default=0.0,
+                    help="ms per iteration of simulated accelerator time (CPU-only runs)")
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--times-out", default="", help="write per-iteration times (s) here (rank 0)")
     a = ap.parse_args()
@@ -128,18 +143,32 @@ def main():
     it = 0
     times = []
     t_last = time.perf_counter()
+    t_first = None
+    # testbed/run counts --fault-after from the moment training runs: rank 0
+    # creates this file after its first iteration.
+    ready_file = os.environ.get("TESTBED_READY_FILE") if rank == 0 else None
+    fault_onset_logged = False
     while it < a.iters:
         for x, y in loader:
             if it >= a.iters:
                 break
-            FAULT_ACTIVE = a.fault != "none" and it >= a.fault_at
-            if FAULT_ACTIVE and it == a.fault_at and rank == 0:
-                print("fault %s onset at iteration %d, time %.3f" % (a.fault, it, time.time()), flush=True)
+            if a.fault_after_s >= 0:
+                if t_first is None:
+                    t_first = time.perf_counter()
+                FAULT_ACTIVE = a.fault != "none" and time.perf_counter() - t_first >= a.fault_after_s
+            else:
+                FAULT_ACTIVE = a.fault != "none" and it >= a.fault_at
+            if FAULT_ACTIVE and not fault_onset_logged and (rank == 0 or (a.fault == "slow-rank" and rank == a.fault_rank)):
+                fault_onset_logged = True
+                print("fault %s onset at iteration %d, time %.3f (rank %d)" % (a.fault, it, time.time(), rank),
+                      flush=True)
             if it == a.trigger_at:
                 whyslow.trigger("on-demand (examples/train.py --trigger-at %d)" % it)
             x, y = x.to(dev), y.to(dev)
             out = model(x)
             loss = loss_fn(out, y)
+            if a.sim_compute_ms > 0:
+                simulated_device_compute(a.sim_compute_ms)
             if FAULT_ACTIVE:
                 if a.fault == "slow-rank" and rank == a.fault_rank:
                     injected_slow_rank_work(a.fault_ms)
@@ -154,6 +183,9 @@ def main():
             now = time.perf_counter()
             times.append(now - t_last)
             t_last = now
+            if ready_file and it == 1:
+                with open(ready_file, "w") as f:
+                    f.write("%.6f\n" % time.time())
             if rank == 0 and a.log_every and it % a.log_every == 0:
                 recent = times[-a.log_every:]
                 print("iter %d loss %.3f %.1f ms/iter" % (it, loss.item(), 1e3 * sum(recent) / len(recent)),

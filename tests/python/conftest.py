@@ -13,15 +13,19 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
 
-# Settings for this 2-core CI machine, where 4 ranks share 2 cores and the
-# mean of 30 iterations wanders by up to ~40 % in a healthy run when the
-# machine is shared (measured while other builds ran): a 50 %
-# threshold (the injected faults slow the job by 75-200 %), N = 30, 3 s
-# windows, a short lead.
+# Settings for this 2-core CI machine, where 4 ranks share 2 cores. Healthy
+# CPU-bound runs drifted by +50 % in CI (25 -> 37.5 ms, the mean of 30
+# iterations) and by more than +100 % while builds shared the machine, so
+# the e2e jobs wait 25 ms per iteration for a simulated accelerator
+# (SIM_COMPUTE, examples/train.py --sim-compute-ms: the ranks are then not
+# CPU-bound, as on a GPU host), and the threshold is a doubling of the
+# iteration time; the injected faults slow the job by 150-300 %. N = 30,
+# 3 s windows, a short lead.
+SIM_COMPUTE = ["--sim-compute-ms", "25"]
 TEST_ENV = {
     "WHYSLOW_WINDOW_S": "3",
     "WHYSLOW_N": "30",
-    "WHYSLOW_THRESHOLD": "0.5",
+    "WHYSLOW_THRESHOLD": "1.0",
     "WHYSLOW_POLL_S": "0.25",
     "WHYSLOW_LEAD_S": "1",
     "WHYSLOW_COLLECT_TIMEOUT_S": "60",

@@ -4,11 +4,11 @@ stack contains the function's name) on exactly the faulty ranks."""
 
 import pytest
 
-from conftest import finding_for, needs_torch, torchrun
+from conftest import SIM_COMPUTE, finding_for, needs_torch, torchrun
 
 pytestmark = needs_torch
 
-BASE = ["--iters", "300", "--fault-at", "100", "--log-every", "50"]
+BASE = ["--iters", "300", "--fault-at", "100", "--log-every", "50"] + SIM_COMPUTE
 
 
 def _check(run, fn, ranks):
@@ -27,17 +27,17 @@ def _check(run, fn, ranks):
 
 
 def test_slow_rank(tmp_path):
-    run = torchrun(tmp_path, BASE + ["--fault", "slow-rank", "--fault-rank", "2", "--fault-ms", "30"])
+    run = torchrun(tmp_path, BASE + ["--fault", "slow-rank", "--fault-rank", "2", "--fault-ms", "80"])
     _check(run, "injected_slow_rank_work", [2])
 
 
 def test_slow_data(tmp_path):
-    run = torchrun(tmp_path, BASE + ["--fault", "slow-data", "--fault-ms", "30"])
+    run = torchrun(tmp_path, BASE + ["--fault", "slow-data", "--fault-ms", "80"])
     _check(run, "injected_slow_data", "all")
 
 
 def test_gc_storm(tmp_path):
-    run = torchrun(tmp_path, BASE + ["--fault", "gc-storm", "--gc-rounds", "3"])
+    run = torchrun(tmp_path, BASE + ["--fault", "gc-storm", "--gc-rounds", "1"])
     assert run.rc == 0, run.out[-3000:]
     reps = run.reports()
     assert reps, run.out[-3000:]
@@ -49,7 +49,7 @@ def test_heavy_comm(tmp_path):
     # A collective is identified by its name (gloo:all_reduce), not by the
     # Python stack that launched it, so the finding is the collective on all
     # ranks, outside its expected range.
-    run = torchrun(tmp_path, BASE + ["--fault", "heavy-comm", "--comm-mb", "8"])
+    run = torchrun(tmp_path, BASE + ["--fault", "heavy-comm", "--comm-mb", "16"])
     assert run.rc == 0, run.out[-3000:]
     reps = run.reports()
     assert reps, run.out[-3000:]
@@ -60,7 +60,7 @@ def test_heavy_comm(tmp_path):
 
 
 def test_healthy_run_does_not_trigger(tmp_path):
-    run = torchrun(tmp_path, ["--iters", "320", "--fault", "none", "--log-every", "100"])
+    run = torchrun(tmp_path, ["--iters", "320", "--fault", "none", "--log-every", "40"] + SIM_COMPUTE)
     assert run.rc == 0, run.out[-3000:]
     assert run.sessions() == [], run.out[-3000:]
     assert "profiling all ranks" not in run.out
