@@ -1,0 +1,156 @@
+"""The multi-host testbed (testbed/run) for real: 4 emulated hosts (network
+namespaces on leaf/spine bridges), one torchrun per host, gloo over TCP on
+the testbed's addresses, whyslow sampling CPU and NIC at 1 kHz.
+
+* slow-link (PerfTracker §3, Fig. 3-5): one host's link throttled to
+  200 Mbit/s; the ring allreduce of the host's worker must stand out with
+  low and steady NIC throughput (low μ, low σ) from ring peers that
+  fluctuate.
+* cpu-hog: busy loops on the core of one host's worker; its CPU work must
+  stand out with lower CPU availability (μ).
+* none: no finding (or no report at all).
+
+Needs root and network namespaces; skipped otherwise (testbed/run exit 77).
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, TRAIN, needs_torch
+
+RUN = os.path.join(ROOT, "testbed", "run")
+SKIP = 77  # testbed/run: network namespaces not permitted here
+
+# whyslow settings of these runs (measured with them; BENCHMARKS.md): the
+# throttled link slows iterations 2-3x, so a 50 % threshold; 3 s windows.
+TESTBED_ENV = {
+    "WHYSLOW_WINDOW_S": "3",
+    "WHYSLOW_N": "30",
+    "WHYSLOW_THRESHOLD": "0.5",
+    "WHYSLOW_POLL_S": "0.25",
+    "WHYSLOW_LEAD_S": "1",
+    "WHYSLOW_COLLECT_TIMEOUT_S": "60",
+    "WHYSLOW_LOG_LEVEL": "INFO",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def _netns_reason():
+    if os.geteuid() != 0:
+        return "the testbed needs root (network namespaces, tc)"
+    name = "wstbprobe%d" % os.getpid()
+    try:
+        p = subprocess.run(["ip", "netns", "add", name], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    except OSError as e:
+        return "the testbed needs iproute2 (ip): %s" % e
+    if p.returncode != 0:
+        return "`ip netns add` failed: %s" % p.stdout.decode(errors="replace").strip()
+    subprocess.run(["ip", "netns", "del", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return None
+
+
+_REASON = _netns_reason()
+pytestmark = [needs_torch, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
+
+
+class Result:
+    def __init__(self, rc, out, d, wall):
+        self.rc, self.out, self.dir, self.wall = rc, out, d, wall
+
+    def report(self):
+        p = os.path.join(self.dir, "report.json")
+        if not os.path.exists(p):
+            return None
+        with open(p) as f:
+            return json.load(f)
+
+    def logs(self):
+        text = [self.out[-3000:]]
+        for r in range(4):
+            p = os.path.join(self.dir, "host-%d.log" % r)
+            if os.path.exists(p):
+                with open(p) as f:
+                    text.append("--- host %d\n%s" % (r, f.read()[-1500:]))
+        return "\n".join(text)
+
+
+def run_testbed(tmp_path, fault, iters, fault_after=3, hosts=4):
+    out = str(tmp_path / "tb")
+    env = dict(os.environ)
+    env.update(TESTBED_ENV)
+    env["WHYSLOW_KEEP_TRACES"] = "1"  # the fingerprints' samples, for a failure's post-mortem
+    cmd = [sys.executable, RUN, "--hosts", str(hosts), "--fault", fault,
+           "--fault-after", str(fault_after), "--out", out, "--timeout", "150",
+           "--", TRAIN, "--iters", str(iters), "--log-every", "50"]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=300)
+    res = Result(p.returncode, p.stdout.decode(errors="replace"), out, time.monotonic() - t0)
+    if res.rc == SKIP:
+        pytest.skip("testbed/run: " + res.out.strip().splitlines()[-1])
+    assert res.rc == 0, res.logs()
+    return res
+
+
+def _brief(rep):
+    return [(f["function"][-60:], f["kind"], f["workers"], f["reason"],
+             round(f["mu"]["value"], 3), round(f["mu"]["peers"], 3)) for f in rep["findings"]]
+
+
+def _peer_median(finding, key, worker):
+    vals = [p[key] for p in finding["points"] if p["worker"] != worker]
+    return statistics.median(vals)
+
+
+def _own(finding, key, worker):
+    return [p[key] for p in finding["points"] if p["worker"] == worker][0]
+
+
+def test_slow_link_names_the_throttled_host(tmp_path):
+    host = 1  # rank 1 runs on host 1 (one process per host)
+    res = run_testbed(tmp_path, "slow-link:host=%d,rate=200mbit" % host, iters=250)
+    rep = res.report()
+    assert rep is not None, "no report\n" + res.logs()
+    assert rep["workers"] == 4 and rep["missing_workers"] == []
+    assert rep["utilization_source"] == "samples", rep["utilization_source"]
+    comm = [f for f in rep["findings"] if f["kind"] == "comm" and "all_reduce" in f["function"]
+            and f["resource"] == "nic"]
+    assert comm, "no allreduce finding: %s\n%s" % (_brief(rep), res.logs())
+    f = comm[0]
+    assert f["workers"] == [host], _brief(rep)
+    assert f["util_source"] == "samples"
+    # Steady and slow (PerfTracker Fig. 5c) vs. peers that wait and burst (Fig. 5b).
+    mu, sigma = _own(f, "mu", host), _own(f, "sigma", host)
+    assert mu < _peer_median(f, "mu", host), f["points"]
+    assert sigma < _peer_median(f, "sigma", host), f["points"]
+    assert f["mu"]["value"] < f["mu"]["peers"] and f["sigma"]["value"] < f["sigma"]["peers"]
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "not separable on a 2-core machine: the hogged host's worker gets a core of its own while "
+    "the 3 other hosts share one core, so its CPU availability during CPU work is not lower "
+    "than its peers' (measured μ 0.39-0.54 vs 0.21-0.41; see BENCHMARKS.md)"))
+def test_cpu_hog_flags_the_host_cpu_work(tmp_path):
+    host = 2
+    res = run_testbed(tmp_path, "cpu-hog:host=%d" % host, iters=200)
+    rep = res.report()
+    assert rep is not None, "no report\n" + res.logs()
+    assert rep["workers"] == 4 and rep["missing_workers"] == []
+    cpu = [f for f in rep["findings"] if f["kind"] in ("python", "cpu_op") and f["resource"] == "cpu"
+           and f["workers"] == [host] and f["util_source"] == "samples"
+           and f["mu"]["value"] < f["mu"]["peers"]]
+    assert cpu, "no Python/CPU finding on rank %d with lower CPU μ: %s\n%s" % (
+        host, _brief(rep), res.logs())
+
+
+def test_healthy_run_has_no_finding(tmp_path):
+    res = run_testbed(tmp_path, "none", iters=200)
+    rep = res.report()
+    assert rep is None or rep["findings"] == [], _brief(rep)
