@@ -44,6 +44,7 @@ class Config:
     log_level                     WHYSLOW_LOG_LEVEL            INFO
     sample_hz                     WHYSLOW_SAMPLE_HZ            0 (off; >0: sample utilization)
     sample_ifaces                 WHYSLOW_SAMPLE_IFACES        "" (e.g. ``eth0`` or ``veth0:1000``)
+    agent_dir                     WHYSLOW_AGENT_DIR            "" (directory shared with ``whyslow agent``)
     ============================  ===========================  ===================
 
     ``sample_hz``: when > 0, the utilization sampler (whyslow-sampler) runs
@@ -58,6 +59,17 @@ class Config:
     and the μ/σ of CPU work would then differ across ranks spuriously; in
     production, 1000 Hz is recommended (the sampler's own measured cost is
     in the crates/sampler crate docs).
+
+    ``agent_dir``: when set, the rank does not sample itself: a privileged
+    ``whyslow agent --samples-dir DIR`` sidecar (PerfTracker §5: an
+    unprivileged training container next to a privileged monitor, sharing a
+    Kubernetes emptyDir) samples it. At window start the rank writes
+    ``DIR/rank-<r>.request.json`` (rate ``sample_hz``, or 1000 when 0;
+    interfaces ``sample_ifaces``), at window end ``DIR/rank-<r>.stop``; after
+    exporting the trace it waits at most 5 s (in the background thread) for
+    ``DIR/rank-<r>.done`` and uses ``DIR/rank-<r>.samples.csv`` like
+    in-process samples. Any failure logs one line and the window is
+    summarized without samples. Protocol: docs/agent.md.
     """
 
     disable: bool = False
@@ -87,6 +99,7 @@ class Config:
     log_level: str = "INFO"
     sample_hz: float = 0.0
     sample_ifaces: str = ""
+    agent_dir: str = ""
 
     @classmethod
     def from_env(

@@ -416,6 +416,22 @@ class Tracker:
         """Utilization sampling over the window (issue 4); failures only log."""
         self.sampler = None
         hz = self.cfg.sample_hz
+        if self.cfg.agent_dir:
+            # The privileged `whyslow agent` samples us (docs/agent.md).
+            try:
+                from ._agent import AgentWindow
+
+                s = (self.prof_info or {}).get("session") or {}
+                self.sampler = AgentWindow(
+                    self.cfg.agent_dir, self.rank, os.getpid(),
+                    threading.main_thread().native_id, float(hz) if hz and hz > 0 else 1000.0,
+                    [i.strip() for i in str(self.cfg.sample_ifaces).split(",") if i.strip()],
+                    float(s.get("window_s") or 0.0), s.get("session"),
+                )
+            except Exception as e:
+                self.sampler = None
+                log.warning("whyslow: sampling request to the agent failed, continuing without samples: %s", e)
+            return
         if not hz or hz <= 0:
             return
         try:
@@ -438,7 +454,7 @@ class Tracker:
         if sampler is None:
             return None
         try:
-            sampler.stop()
+            sampler.stop()  # AgentWindow: writes the stop file
             return sampler
         except Exception as e:
             log.warning("whyslow: utilization sampler failed, continuing without samples: %s", e)
@@ -531,6 +547,11 @@ class Tracker:
         try:
             _test_fault("sampler_write", self.rank)
             base = _whyslow.kineto_base_ns(trace) or 0
+            if hasattr(sampler, "collect"):  # an AgentWindow: the agent's samples
+                info = sampler.collect(path, base)
+                if not info.get("rows"):
+                    raise RuntimeError("agent recorded nothing: %s" % "; ".join(info.get("notes") or []))
+                return path
             info = sampler.write(path, worker=self.rank, base_ns=base)
             log.debug("whyslow: samples %s: %s", path, info)
             if not info.get("series"):
