@@ -6,8 +6,9 @@ the testbed's addresses, whyslow sampling CPU and NIC at 1 kHz.
   200 Mbit/s; the ring allreduce of the host's worker must stand out with
   low and steady NIC throughput (low μ, low σ) from ring peers that
   fluctuate.
-* cpu-hog: busy loops on the core of one host's worker; its CPU work must
-  stand out with lower CPU availability (μ).
+* cpu-hog: busy loops inside one host's CPU cgroup (each emulated host is
+  capped at its share of this machine's cores); its CPU work must stand out
+  with lower CPU availability (μ).
 * none: no finding (or no report at all).
 
 Needs root and network namespaces; skipped otherwise (testbed/run exit 77).
@@ -28,11 +29,12 @@ RUN = os.path.join(ROOT, "testbed", "run")
 SKIP = 77  # testbed/run: network namespaces not permitted here
 
 # whyslow settings of these runs (measured with them; BENCHMARKS.md): the
-# throttled link slows iterations 2-3x, so a 50 % threshold; 3 s windows.
+# faults slow iterations 2-3x while healthy runs of 4 hosts capped at half a
+# core each drift by up to +60 %, so a threshold of +100 %; 3 s windows.
 TESTBED_ENV = {
     "WHYSLOW_WINDOW_S": "3",
     "WHYSLOW_N": "30",
-    "WHYSLOW_THRESHOLD": "0.5",
+    "WHYSLOW_THRESHOLD": "1.0",
     "WHYSLOW_POLL_S": "0.25",
     "WHYSLOW_LEAD_S": "1",
     "WHYSLOW_COLLECT_TIMEOUT_S": "60",
@@ -81,7 +83,7 @@ class Result:
         return "\n".join(text)
 
 
-def run_testbed(tmp_path, fault, iters, fault_after=3, hosts=4):
+def run_testbed(tmp_path, fault, iters, fault_after=6, hosts=4):
     out = str(tmp_path / "tb")
     env = dict(os.environ)
     env.update(TESTBED_ENV)
@@ -115,7 +117,7 @@ def _own(finding, key, worker):
 
 def test_slow_link_names_the_throttled_host(tmp_path):
     host = 1  # rank 1 runs on host 1 (one process per host)
-    res = run_testbed(tmp_path, "slow-link:host=%d,rate=200mbit" % host, iters=250)
+    res = run_testbed(tmp_path, "slow-link:host=%d,rate=200mbit" % host, iters=300)
     rep = res.report()
     assert rep is not None, "no report\n" + res.logs()
     assert rep["workers"] == 4 and rep["missing_workers"] == []
@@ -133,10 +135,6 @@ def test_slow_link_names_the_throttled_host(tmp_path):
     assert f["mu"]["value"] < f["mu"]["peers"] and f["sigma"]["value"] < f["sigma"]["peers"]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "not separable on a 2-core machine: the hogged host's worker gets a core of its own while "
-    "the 3 other hosts share one core, so its CPU availability during CPU work is not lower "
-    "than its peers' (measured μ 0.39-0.54 vs 0.21-0.41; see BENCHMARKS.md)"))
 def test_cpu_hog_flags_the_host_cpu_work(tmp_path):
     host = 2
     res = run_testbed(tmp_path, "cpu-hog:host=%d" % host, iters=200)
