@@ -84,8 +84,10 @@ def set_hooks(on):
         _dl._BaseDataLoaderIter.__next__ = hooked_next
         tr._dl_orig = hooked_next.__whyslow_orig__
         tr._opt_handle = _optim.register_optimizer_step_post_hook(post_hook)
+        tr.det.resume(time.perf_counter_ns())  # the off block is not an iteration
     elif not on and tr._opt_handle is not None:
         tr.uninstall()
+        tr.det.pause()
 
 model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
