@@ -116,6 +116,26 @@ fn malformed_event_skipped_unless_strict() {
     assert_eq!(e.kind, ErrorKind::Syntax);
 }
 
+/// A gloo job's collectives run over sockets: a 4-rank job (one rank per
+/// host in whyslow's testbed) must not be taken for an intra-host NVLink job
+/// just because its world is small (PerfTracker §4.2: inter-host collectives
+/// are governed by the NIC).
+#[test]
+fn gloo_backend_collectives_use_the_nic() {
+    let trace = |backend: &str| {
+        format!(
+            r#"{{"distributedInfo":{{"backend":"{backend}","rank":1,"world_size":4}},
+            "traceEvents":[{{"ph":"X","cat":"cpu_op","name":"c10d::allreduce_","pid":1,"tid":1,"ts":1,"dur":5}}]}}"#
+        )
+    };
+    let resource = |backend: &str| {
+        let t = read(&trace(backend)).unwrap();
+        t.functions.get(t.executions[0].function).resource
+    };
+    assert_eq!(resource("gloo"), whyslow_model::Resource::Nic);
+    assert_eq!(resource("nccl"), whyslow_model::Resource::Nvlink);
+}
+
 #[test]
 fn metadata_after_events_and_bare_array() {
     let t = read(r#"{"traceEvents":[{"ph":"X","cat":"kernel","name":"ncclKernel_AllReduce","pid":0,"tid":1,"ts":1,"dur":1,"args":{"Process Group Name":"3"}}],

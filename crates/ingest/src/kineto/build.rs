@@ -144,6 +144,9 @@ pub(crate) struct Builder {
     pub counts: Counts,
     pub rank: Option<u32>,
     world_size: Option<u32>,
+    /// `distributedInfo.backend` names gloo (and not NCCL): collectives
+    /// without a group of their own go over sockets, i.e. the NIC.
+    default_gloo: bool,
     pg_config: Vec<(Vec<u8>, Option<Vec<u32>>, bool)>,
     devices: Vec<(Option<u64>, String)>,
     pub display_time_unit: Option<String>,
@@ -475,6 +478,8 @@ impl Builder {
             .f64()
             .filter(|r| *r >= 0.0 && *r <= u32::MAX as f64)
             .map(|r| r as u32);
+        let backend = d.backend.as_slice();
+        self.default_gloo = contains_ci(backend, b"gloo") && !contains_ci(backend, b"nccl");
         for pg in d.pg_config.unwrap_or_default() {
             let bc = pg.backend_config.as_slice();
             let gloo = contains_ci(bc, b"gloo") && !contains_ci(bc, b"nccl");
@@ -511,7 +516,7 @@ impl Builder {
                 }
             }
         }
-        if gloo {
+        if gloo || (self.default_gloo && g.pg_name.is_none() && ranks.is_none()) {
             return Resource::Nic;
         }
         if let Some(r) = ranks {
