@@ -58,7 +58,7 @@ class Config:
     the training threads differs across ranks for reasons outside the job,
     and the μ/σ of CPU work would then differ across ranks spuriously; in
     production, 1000 Hz is recommended (the sampler's own measured cost is
-    in the crates/sampler crate docs).
+    in the crates/inputs/sampler crate docs).
 
     ``agent_dir``: when set, the rank does not sample itself: a privileged
     ``whyslow agent --samples-dir DIR`` sidecar (PerfTracker §5: an

@@ -1,4 +1,4 @@
-"""Type stubs of the native module whyslow._whyslow (crates/python)."""
+"""Type stubs of the native module whyslow._whyslow (crates/outputs/python)."""
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 

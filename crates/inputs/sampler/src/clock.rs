@@ -16,7 +16,7 @@
 //!   1711964646, 1719853884, 1735632360, 1751410836 and 1767189312 s are
 //!   217, 218, 220, 222 and 224 × 7889238.
 //!
-//! whyslow-ingest does not add `baseTimeNanoseconds` (crates/ingest/src/kineto
+//! whyslow-ingest does not add `baseTimeNanoseconds` (crates/inputs/ingest/src/kineto
 //! docs): executions stay on the trace's own clock. So the sampler must stamp
 //! samples with `CLOCK_REALTIME − base`, where base is 0 for old traces and
 //! `baseTimeNanoseconds` for new ones: [`TimeBase`]. [`kineto_base_time_ns`]

@@ -1,7 +1,7 @@
 //! Writing samples files.
 //!
 //! The samples file is the one `whyslow-ingest` reads
-//! (`crates/ingest/src/samples.rs`): CSV with header `resource,ts_us,value`
+//! (`crates/inputs/ingest/src/samples.rs`): CSV with header `resource,ts_us,value`
 //! and, when a worker is given, a fourth column `worker`. `ts_us` is written
 //! with three decimals (ns digits); `value` is clamped to [0, 1] and NaN
 //! values are skipped.

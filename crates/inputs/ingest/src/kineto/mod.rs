@@ -518,7 +518,7 @@ mod tests {
         let dir = std::env::var_os("WHYSLOW_FIXTURES")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../../shared/fixtures")
             })
             .join("kineto");
         let Ok(rd) = std::fs::read_dir(dir.join("single")) else {

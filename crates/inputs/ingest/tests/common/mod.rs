@@ -10,7 +10,7 @@ pub fn fixtures() -> Option<PathBuf> {
     let dir = std::env::var_os("WHYSLOW_FIXTURES")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../../shared/fixtures")
         });
     if dir.join("kineto").is_dir() {
         Some(dir)
