@@ -23,24 +23,16 @@ import time
 
 import pytest
 
-from conftest import ROOT, TRAIN, needs_torch
+from conftest import ROOT, TEST_ENV, TRAIN, needs_torch
 
 RUN = os.path.join(ROOT, "testbed", "run")
 SKIP = 77  # testbed/run: network namespaces not permitted here
 
 # whyslow settings of these runs (measured with them; BENCHMARKS.md): the
-# faults slow iterations 2-3x while healthy runs of 4 hosts capped at half a
-# core each drift by up to +60 %, so a threshold of +100 %; 3 s windows.
-TESTBED_ENV = {
-    "WHYSLOW_WINDOW_S": "3",
-    "WHYSLOW_N": "30",
-    "WHYSLOW_THRESHOLD": "1.0",
-    "WHYSLOW_POLL_S": "0.25",
-    "WHYSLOW_LEAD_S": "1",
-    "WHYSLOW_COLLECT_TIMEOUT_S": "60",
-    "WHYSLOW_LOG_LEVEL": "INFO",
-    "OMP_NUM_THREADS": "1",
-}
+# e2e tests' settings. The faults slow iterations 2-3x while healthy runs of
+# 4 hosts capped at half a core each drift by up to +60 %, so the +100 %
+# threshold fits here too; 3 s windows.
+TESTBED_ENV = dict(TEST_ENV)
 
 
 def _netns_reason():
