@@ -42,7 +42,7 @@ class Config:
     signal                        WHYSLOW_SIGNAL               1 (SIGUSR2 asks for a profile)
     exit_wait_s                   WHYSLOW_EXIT_WAIT_S          60 (at exit, wait for the report)
     log_level                     WHYSLOW_LOG_LEVEL            INFO
-    sample_hz                     WHYSLOW_SAMPLE_HZ            0 (off; >0: sample utilization)
+    sample_hz                     WHYSLOW_SAMPLE_HZ            1000 (0: off)
     sample_ifaces                 WHYSLOW_SAMPLE_IFACES        "" (e.g. ``eth0`` or ``veth0:1000``)
     agent_dir                     WHYSLOW_AGENT_DIR            "" (directory shared with ``whyslow agent``)
     ============================  ===========================  ===================
@@ -53,12 +53,13 @@ class Config:
     list of ``name`` or ``name:mbit`` for links without a reported speed),
     the GPU when built with NVML. The samples go next to the trace
     (``rank-<r>.samples.csv``) and the fingerprint's μ/σ then come from them
-    (``util_source: "samples"``) instead of the trace alone. Off by default
-    because on shared CPU machines (CI, test hosts) the CPU availability of
-    the training threads differs across ranks for reasons outside the job,
-    and the μ/σ of CPU work would then differ across ranks spuriously; in
-    production, 1000 Hz is recommended (the sampler's own measured cost is
-    in the crates/inputs/sampler crate docs).
+    (``util_source: "samples"``) instead of the trace alone. On by default
+    at 1 kHz, only during windows (PerfTracker §4.2 samples hardware
+    utilization during the profiling window; the sampler's own measured cost,
+    2–4 % of one core at 1 kHz, is in BENCHMARKS.md). Set 0 on machines where
+    ranks share oversubscribed CPUs (whyslow's own CI): there the training
+    threads' CPU availability differs across ranks for reasons outside the
+    job, and the μ/σ of CPU work would differ spuriously.
 
     ``agent_dir``: when set, the rank does not sample itself: a privileged
     ``whyslow agent --samples-dir DIR`` sidecar (PerfTracker §5: an
@@ -97,7 +98,7 @@ class Config:
     signal: bool = True
     exit_wait_s: float = 60.0
     log_level: str = "INFO"
-    sample_hz: float = 0.0
+    sample_hz: float = 1000.0
     sample_ifaces: str = ""
     agent_dir: str = ""
 
