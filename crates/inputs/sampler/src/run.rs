@@ -98,8 +98,7 @@ impl Cpu {
             let Some(ns) = tc.read_ns() else {
                 return false; // exited: drop silently
             };
-            let prev = tc.last_ns.replace(ns).unwrap_or(ns);
-            let u = ((ns - prev).max(0) as f64 / dt as f64).clamp(0.0, 1.0) as f32;
+            let u = tc.utilization(ns, dt);
             push(&mut out.threads[*idx].series, ts, u);
             if tc.tid == training_tid {
                 training_seen = true;

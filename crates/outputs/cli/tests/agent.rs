@@ -124,8 +124,26 @@ fn read_json(p: &Path) -> Value {
 }
 
 fn cpu_values(p: &Path) -> Vec<f32> {
+    cpu_series(p).values
+}
+
+fn cpu_series(p: &Path) -> whyslow_model::SampleSeries {
     let s = whyslow_ingest::read_samples(p).expect("whyslow-ingest reads the agent's samples");
-    s.series[&whyslow_model::Resource::Cpu].values.clone()
+    s.series[&whyslow_model::Resource::Cpu].clone()
+}
+
+/// Time-weighted mean: when spinning processes starve the sampler thread
+/// its intervals vary (long ones while the spinner runs), so a plain mean
+/// over samples is biased low. Weights from the spacing of the midpoint
+/// stamps, as in the sampler's own tests.
+fn time_weighted_mean(s: &whyslow_model::SampleSeries) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for i in 1..s.ts_ns.len() {
+        let w = (s.ts_ns[i] - s.ts_ns[i - 1]) as f64;
+        num += w * s.values[i] as f64;
+        den += w;
+    }
+    num / den
 }
 
 #[test]
@@ -191,13 +209,14 @@ fn serves_two_ranks_holds_the_pause_file_and_runs_hooks() {
         // builds) starve the sampler threads: only loose bounds on the rate.
         let hz = done["achieved_hz"].as_f64().unwrap();
         assert!(hz > 40.0 && hz < 600.0, "{done}");
-        let cpu = cpu_values(&dir.join(format!("rank-{rank}.samples.csv")));
+        let series = cpu_series(&dir.join(format!("rank-{rank}.samples.csv")));
+        let cpu = &series.values;
         assert!(cpu.len() > 30, "{} samples", cpu.len());
         assert!(cpu.iter().all(|v| (0.0..=1.0).contains(v)));
         // A spinning process gets whatever the shared 2-core machine
         // leaves it: the sampled mean must match its CPU time from
         // /proc/PID/stat over (about) the same window.
-        let mean = cpu.iter().map(|&v| v as f64).sum::<f64>() / cpu.len() as f64;
+        let mean = time_weighted_mean(&series);
         assert!(mean > 0.1, "mean cpu {mean}");
         assert!(
             (mean - truth).abs() < 0.25,
