@@ -130,7 +130,7 @@ def test_slow_link_names_the_throttled_host(tmp_path):
 
 def test_cpu_hog_flags_the_host_cpu_work(tmp_path):
     host = 2
-    res = run_testbed(tmp_path, "cpu-hog:host=%d" % host, iters=200)
+    res = run_testbed(tmp_path, "cpu-hog:host=%d,procs=4" % host, iters=200)
     rep = res.report()
     assert rep is not None, "no report\n" + res.logs()
     assert rep["workers"] == 4 and rep["missing_workers"] == []
