@@ -13,8 +13,10 @@ On a shared machine, round-to-round drift is far larger than 0.5 %.
 training thread outside windows) switched on and off every ``--block-iters``
 iterations in ABBA order, so that slow drifts of the machine cancel out. Each
 adjacent (on, off) pair gives one relative difference of mean iteration time;
-the result is their mean with a 95 % confidence interval, which resolves a
-fraction of a percent even on a noisy VM.
+the result is their mean with a 95 % confidence interval. ``--control`` runs
+the same with whyslow disabled in the "on" blocks (hooks installed, doing
+nothing): the noise floor. On the shared 2-core VM the pairs scatter by
+12-14 %, so 200 pairs resolve about +-2 % (BENCHMARKS.md).
 """
 
 import argparse
@@ -67,9 +69,11 @@ print("RESULT " + json.dumps(out))
 
 INTERLEAVE = r"""
 import sys, time, json, math
-blocks = int(sys.argv[1]); per = int(sys.argv[2])
+blocks = int(sys.argv[1]); per = int(sys.argv[2]); control = sys.argv[3] == "1"
 import whyslow
 tr = whyslow.init(max_per_hour=0, signal=False)
+if control:
+    tr.enabled = False  # hooks installed, whyslow does nothing: measures the noise floor
 import torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data import dataloader as _dl
@@ -129,15 +133,16 @@ print("RESULT " + json.dumps({
 """
 
 
-def interleave(blocks, per):
+def interleave(blocks, per, control=False):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("RANK", None)
-    p = subprocess.run([sys.executable, "-c", INTERLEAVE, str(blocks), str(per)], env=env,
+    p = subprocess.run([sys.executable, "-c", INTERLEAVE, str(blocks), str(per), "1" if control else "0"], env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     for line in p.stdout.decode().splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[7:])
-            print("interleaved: %d (on, off) pairs of %d iterations; mean iteration on %.4f ms, off %.4f ms"
+            print(("control (whyslow disabled, hooks installed): " if control else "")
+                  + "interleaved: %d (on, off) pairs of %d iterations; mean iteration on %.4f ms, off %.4f ms"
                   % (r["pairs"], r["iters_per_block"], r["on_ms"], r["off_ms"]))
             print("overhead %+.3f%% +- %.3f%% (95%% CI), median pair %+.3f%%, pair-to-pair sd %.2f%%; "
                   "detector saw %d steps, phase %s, sessions %d"
@@ -166,9 +171,11 @@ def main():
                     help="one process, hooks switched on/off in ABBA blocks")
     ap.add_argument("--blocks", type=int, default=200)
     ap.add_argument("--block-iters", type=int, default=40)
+    ap.add_argument("--control", action="store_true",
+                    help="with --interleave: whyslow disabled in the 'on' blocks (noise floor)")
     a = ap.parse_args()
     if a.interleave:
-        interleave(a.blocks, a.block_iters)
+        interleave(a.blocks, a.block_iters, a.control)
         return
     off, on = [], []
     for r in range(a.rounds):
