@@ -412,6 +412,10 @@ class Tracker:
         self.prof = prof
         self._start_sampler()
 
+    def _sample_ifaces(self) -> List[str]:
+        """WHYSLOW_SAMPLE_IFACES as a list (``name`` or ``name:mbit``)."""
+        return [i.strip() for i in str(self.cfg.sample_ifaces).split(",") if i.strip()]
+
     def _start_sampler(self) -> None:
         """Utilization sampling over the window (issue 4); failures only log."""
         self.sampler = None
@@ -425,7 +429,7 @@ class Tracker:
                 self.sampler = AgentWindow(
                     self.cfg.agent_dir, self.rank, os.getpid(),
                     threading.main_thread().native_id, float(hz) if hz and hz > 0 else 1000.0,
-                    [i.strip() for i in str(self.cfg.sample_ifaces).split(",") if i.strip()],
+                    self._sample_ifaces(),
                     float(s.get("window_s") or 0.0), s.get("session"),
                 )
             except Exception as e:
@@ -436,7 +440,7 @@ class Tracker:
             return
         try:
             _test_fault("sampler_start", self.rank)
-            ifaces = [i.strip() for i in str(self.cfg.sample_ifaces).split(",") if i.strip()]
+            ifaces = self._sample_ifaces()
             self.sampler = _whyslow.Sampler.start(
                 float(hz),
                 pid=os.getpid(),
