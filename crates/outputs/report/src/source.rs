@@ -41,8 +41,33 @@ fn resolve(path: &str, roots: &[PathBuf]) -> Option<PathBuf> {
     None
 }
 
-/// ~5 lines around `line` (1-based), numbered, the line itself marked `>`.
-fn excerpt(file: &Path, line: u32) -> Option<String> {
+/// The line of `def name(` (or `async def`) nearest to `idx` (0-based), when
+/// the recorded line does not define `name`: the file changed since the
+/// trace was taken (lines added above the function), as happens when a
+/// report is read against a newer checkout. `None` keeps the recorded line.
+fn moved_def(lines: &[&str], idx: usize, name: &str) -> Option<usize> {
+    let plain = !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_');
+    if !plain {
+        return None; // <module>, <listcomp>, built-ins: nothing to look for
+    }
+    let defines = |l: &str| {
+        let t = l.trim_start();
+        let t = t.strip_prefix("async ").unwrap_or(t);
+        t.strip_prefix("def ")
+            .and_then(|r| r.strip_prefix(name))
+            .is_some_and(|r| r.trim_start().starts_with('('))
+    };
+    if lines.get(idx).is_some_and(|l| defines(l)) {
+        return None;
+    }
+    (0..lines.len())
+        .filter(|&i| defines(lines[i]))
+        .min_by_key(|&i| i.abs_diff(idx))
+}
+
+/// ~5 lines around `line` (1-based), numbered, the line itself marked `>`;
+/// when the file has changed and `def name` now stands elsewhere, around that.
+fn excerpt(file: &Path, line: u32, name: &str) -> Option<String> {
     let meta = std::fs::metadata(file).ok()?;
     if meta.len() > MAX_FILE_BYTES || line == 0 {
         return None;
@@ -50,14 +75,23 @@ fn excerpt(file: &Path, line: u32) -> Option<String> {
     let bytes = std::fs::read(file).ok()?;
     let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
-    let idx = usize::try_from(line).ok()?.checked_sub(1)?;
+    let recorded = usize::try_from(line).ok()?.checked_sub(1)?;
+    let moved = moved_def(&lines, recorded, name);
+    let idx = moved.unwrap_or(recorded);
     if idx >= lines.len() {
         return None;
     }
     let from = idx.saturating_sub(CONTEXT as usize);
     let to = (idx + CONTEXT as usize).min(lines.len() - 1);
     let width = (to + 1).to_string().len();
-    let mut out = format!("{}:{line}\n", file.display());
+    let mut out = match moved {
+        Some(m) => format!(
+            "{}:{} (the trace says line {line}: the file has changed since)\n",
+            file.display(),
+            m + 1
+        ),
+        None => format!("{}:{line}\n", file.display()),
+    };
     for (i, l) in lines.iter().enumerate().take(to + 1).skip(from) {
         let marker = if i == idx { '>' } else { ' ' };
         out.push_str(&format!(
@@ -83,12 +117,12 @@ pub fn attach_source_excerpts(report: &mut Report, roots: &[PathBuf]) {
         }
         // The innermost frame that names a file (built-ins such as
         // `<built-in method recv_into …>` have none).
-        let Some((path, line, _)) = frames(&f.function).into_iter().rev().find_map(parse_frame)
+        let Some((path, line, name)) = frames(&f.function).into_iter().rev().find_map(parse_frame)
         else {
             continue;
         };
         if let Some(file) = resolve(path, roots) {
-            if let Some(x) = excerpt(&file, line) {
+            if let Some(x) = excerpt(&file, line, name) {
                 f.source_excerpt = Some(x);
             }
         }

@@ -219,6 +219,50 @@ fn json_has_contract_keys() {
     assert_eq!(back, r);
 }
 
+/// EROICA's "the relevant code is here" must survive a checkout newer than
+/// the trace: the function's `def` moved down by 4 lines.
+#[test]
+fn source_excerpt_follows_a_moved_function() {
+    let dir = std::env::temp_dir().join(format!("whyslow-report-moved-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut body: String = (1..=13).map(|i| format!("# line {i}\n")).collect();
+    body.push_str("def injected_slow_rank_work(ms):\n    pass\n");
+    std::fs::write(dir.join("train.py"), body).unwrap();
+    let mut r = report(vec![
+        finding(
+            "train.py(10): injected_slow_rank_work",
+            FunctionKind::Python,
+            vec![2],
+            4,
+        ),
+        finding(
+            "train.py(14): injected_slow_rank_work",
+            FunctionKind::Python,
+            vec![2],
+            4,
+        ),
+        finding("train.py(3): <module>", FunctionKind::Python, vec![2], 4),
+    ]);
+    attach_source_excerpts(&mut r, std::slice::from_ref(&dir));
+    let moved = r.findings[0].source_excerpt.as_deref().unwrap();
+    assert!(
+        moved.contains("train.py:14 (the trace says line 10"),
+        "{moved}"
+    );
+    assert!(
+        moved.contains("> 14 | def injected_slow_rank_work(ms):"),
+        "{moved}"
+    );
+    let same = r.findings[1].source_excerpt.as_deref().unwrap();
+    assert!(
+        same.contains("train.py:14\n") && !same.contains("changed"),
+        "{same}"
+    );
+    let module = r.findings[2].source_excerpt.as_deref().unwrap();
+    assert!(module.contains("> 3 | # line 3"), "{module}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn source_excerpts_are_attached() {
     let dir = std::env::temp_dir().join(format!("whyslow-report-test-{}", std::process::id()));
