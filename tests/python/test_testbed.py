@@ -96,7 +96,8 @@ def run_testbed(tmp_path, fault, iters, fault_after=6, hosts=4):
 
 def _brief(rep):
     return [(f["function"][-60:], f["kind"], f["workers"], f["reason"],
-             round(f["mu"]["value"], 3), round(f["mu"]["peers"], 3)) for f in rep["findings"]]
+             round(f["mu"]["value"], 3), round(f["mu"]["peers"], 3),
+             f["mu"].get("peer_count"), f.get("resource_mu")) for f in rep["findings"]]
 
 
 def _peer_median(finding, key, worker):
@@ -135,10 +136,19 @@ def test_cpu_hog_flags_the_host_cpu_work(tmp_path):
     assert rep is not None, "no report\n" + res.logs()
     assert rep["workers"] == 4 and rep["missing_workers"] == []
     cpu = [f for f in rep["findings"] if f["kind"] in ("python", "cpu_op") and f["resource"] == "cpu"
-           and f["workers"] == [host] and f["util_source"] == "samples"
-           and f["mu"]["value"] < f["mu"]["peers"]]
-    assert cpu, "no Python/CPU finding on rank %d with lower CPU μ: %s\n%s" % (
+           and f["workers"] == [host] and f["util_source"] == "samples"]
+    assert cpu, "no Python/CPU finding on rank %d: %s\n%s" % (host, _brief(rep), res.logs())
+    # Lower CPU availability: the hogged worker's CPU share over the rest of
+    # its critical-path CPU work is below its peers' (report's resource_mu).
+    # The function's own μ is not always comparable: the peers often hide
+    # the hogged worker's slow operators behind their allreduce wait, so no
+    # peer has them on its critical path (a CI run flagged aten::sum,
+    # AccumulateGrad and forward frames on worker 2 only; 1 run in ~8).
+    starved = [f for f in cpu if f.get("resource_mu")
+               and f["resource_mu"]["value"] < 0.8 * f["resource_mu"]["peers"]]
+    assert starved, "no finding on rank %d with a lower CPU share than its peers: %s\n%s" % (
         host, _brief(rep), res.logs())
+    assert any("contended" in (f.get("hint") or "") for f in starved), _brief(rep)
 
 
 def test_healthy_run_has_no_finding(tmp_path):

@@ -28,7 +28,23 @@ pub struct Stat {
     /// Median over the flagged workers.
     pub value: f64,
     /// Median over the other workers of the comparison group (NaN-free: 0 when none).
+    /// For β and critical time every other worker counts (0 without the
+    /// function); μ and σ are defined only where the function has critical
+    /// time, so their median is over the peers that have some.
     pub peers: f64,
+    /// How many peers `peers` is the median of; `Some(0)`: no peer has a
+    /// value (`peers` is then a placeholder 0). `None` in reports written
+    /// before this field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_count: Option<u32>,
+}
+
+impl Stat {
+    /// Whether `peers` is a real median (some peer had a value, or the
+    /// report predates `peer_count`).
+    pub fn has_peers(&self) -> bool {
+        self.peer_count != Some(0)
+    }
 }
 
 /// One worker's pattern of a flagged function, for plots (Fig. 13, Fig. 15).
@@ -80,6 +96,14 @@ pub struct Finding {
     pub hosts: Vec<String>,
     /// Critical-path time per window, flagged vs. peers, µs (medians).
     pub critical_us: Stat,
+    /// Utilization of `resource` over *all* of a worker's critical-path work
+    /// governed by it (critical-time-weighted μ of those functions), flagged
+    /// vs. peers. It tells "this host's CPU (link, GPU) is slow for
+    /// everything" apart from "this function is slow", and still compares
+    /// when the peers never have this function on their critical path.
+    /// `None` without utilization or without any peer to compare with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_mu: Option<Stat>,
     /// A remediation hint for a known pattern, when one matches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,

@@ -141,6 +141,14 @@ pub struct LocalizeConfig {
     /// that differs from a single sampled peer would be flagged. Default 0.3;
     /// 0 gives the paper's rule exactly.
     pub min_margin: f64,
+    /// whyslow's rule for small groups (not in the paper): when a group is
+    /// compared in full (|W| ≤ `max_peers`), a worker at distance ≥ δ from
+    /// every other worker is a peer outlier, provided fewer than half of the
+    /// workers are. With a handful of workers the MAD of Δ is too coarse: in
+    /// a 4-host ring with one slow link, the link's upstream neighbour is
+    /// half-affected, Δ counts become e.g. [2, 3, 1, 2], and M + k·MAD exceeds
+    /// every count. Default true; false gives the paper's rule.
+    pub flag_isolated: bool,
     /// The Δ rule applies only in groups with at least this many workers
     /// (with 1 or 2 workers "unlike its peers" is meaningless). Default 3.
     pub min_peer_workers: usize,
@@ -167,6 +175,7 @@ impl Default for LocalizeConfig {
             seed: 0x5eed_2025,
             min_margin: 0.3,
             min_peer_workers: 3,
+            flag_isolated: true,
             max_points: 5000,
             zero_floor: 1e-9,
             norm_floor: 0.01,
@@ -212,6 +221,7 @@ struct RawConfig {
     seed: Option<u64>,
     min_margin: Option<f64>,
     min_peer_workers: Option<u64>,
+    flag_isolated: Option<bool>,
     max_points: Option<u64>,
     zero_floor: Option<f64>,
     norm_floor: Option<f64>,
@@ -271,6 +281,9 @@ impl LocalizeConfig {
         }
         if let Some(v) = raw.min_margin {
             cfg.min_margin = check_num("min_margin", v, 0.0, false)?;
+        }
+        if let Some(v) = raw.flag_isolated {
+            cfg.flag_isolated = v;
         }
         if let Some(v) = raw.min_peer_workers {
             cfg.min_peer_workers = usize::try_from(v).unwrap_or(usize::MAX);

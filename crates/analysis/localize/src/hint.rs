@@ -37,6 +37,20 @@ fn high_mu(f: &Finding) -> bool {
     f.mu.value > 0.0 && f.mu.value >= 1.15 * f.mu.peers
 }
 
+/// The flagged workers get clearly less of a CPU over all their critical-path
+/// CPU work than their peers (at most 75% of it): the host, not the function.
+fn cpu_starved(f: &Finding) -> bool {
+    f.resource == Resource::Cpu
+        && f.resource_mu
+            .is_some_and(|r| r.peers > 0.0 && r.value <= 0.75 * r.peers)
+}
+
+const CPU_STARVED: &str = "These workers' CPU work runs with less CPU than their peers' over \
+     all of their critical-path CPU work, not only in this function: the host's CPU is \
+     contended. Look for other processes on the cores (`top`, `pidstat -t`), a CPU limit \
+     or throttling (cgroup `cpu.max`, `cpu.stat` nr_throttled), CPU affinity shared with \
+     data-loader workers, or a lower CPU frequency.";
+
 /// σ of the flagged workers is clearly below their peers' (at most 60% of it).
 fn low_sigma(f: &Finding) -> bool {
     f.sigma.peers > 0.0 && f.sigma.value <= 0.6 * f.sigma.peers
@@ -90,6 +104,8 @@ fn is_gc(frames: &[String]) -> bool {
 /// * Python `gc`/`collect`, or a Python function with high β on a random
 ///   subset of workers → garbage-collection pauses (§6.2 P3).
 /// * Other Python function with high β on all workers → CPU-bound code (§6.2 P2).
+/// * Python function or CPU op, peer outlier on a subset whose workers get
+///   clearly less CPU over all their critical-path CPU work → contended host CPU.
 /// * GPU kernel, peer outlier with lower μ on a subset → GPU throttling (§6.1 P1).
 /// * Intra-host communication (NVLink) with low μ, or communication over PCIe
 ///   with high μ, on a subset → NVLink degraded/down (§6.1 P2).
@@ -120,6 +136,9 @@ pub fn hint(f: &Finding) -> Option<String> {
                      boundary (e.g. every 100-200 steps)."
                         .into(),
                 );
+            }
+            if !all && is_peer(f) && cpu_starved(f) {
+                return Some(CPU_STARVED.into());
             }
             if !all && on_subset(f, 0.5) && f.beta.peers < f.beta.value * 0.5 {
                 return Some(
@@ -229,6 +248,8 @@ pub fn hint(f: &Finding) -> Option<String> {
                      Remove syncs from the step loop."
                         .into(),
                 )
+            } else if !all && is_peer(f) && cpu_starved(f) {
+                Some(CPU_STARVED.into())
             } else if all || matches!(f.reason, Reason::Unexpected) {
                 Some(
                     "A CPU operator keeps the GPUs waiting: the job is CPU/launch-bound. \

@@ -18,6 +18,11 @@
 //!
 //! # Choices where the paper is silent
 //!
+//! * **Isolated workers in small groups.** When the whole group is compared
+//!   (|W| ≤ `max_peers`), a worker at distance ≥ δ from every other one is a
+//!   peer outlier too, if fewer than half the workers are
+//!   ([`LocalizeConfig::flag_isolated`]): with 4 workers one half-affected
+//!   neighbour makes M + k·MAD unreachable.
 //! * **Sampling.** W_N is drawn once per (group, function), without
 //!   replacement, from the group's workers in rank order, with a SplitMix64
 //!   generator seeded by [`LocalizeConfig::seed`] and a stable (FNV-1a) hash
@@ -48,7 +53,11 @@
 //!   workers, `peer_outlier` when only the Δ rule held, `both` when each held
 //!   on at least one of them. [`Stat::value`] is the median over the flagged
 //!   workers, [`Stat::peers`] the median over the group's other workers
-//!   (counting those without the function as 0; 0 when there are none).
+//!   (β and critical time: counting those without the function as 0; μ and σ:
+//!   only those with critical time in it, as μ/σ are undefined elsewhere;
+//!   [`Stat::peer_count`] says how many). [`Finding::resource_mu`] compares
+//!   the function's resource over all critical-path work of the flagged
+//!   workers with the peers' (a contended host CPU slows every CPU function).
 //!   Resource and utilization source are the most common among the flagged
 //!   patterns. `points` holds every worker of the group up to `max_points`:
 //!   all flagged ones first (evenly thinned if they alone exceed it), then an
@@ -79,6 +88,7 @@
 //! seed = 42              # peer sampling seed
 //! min_margin = 0.3       # Δ > M + max(k·MAD, min_margin)
 //! min_peer_workers = 3   # smallest group for the Δ rule
+//! flag_isolated = true   # small groups: far from every other worker ⇒ outlier
 //! max_points = 5000      # plot points kept per finding
 //! zero_floor = 1e-9      # values below are 0 for Δ
 //! norm_floor = 0.01      # Eq. 8 divides by at least this
@@ -282,6 +292,10 @@ struct GroupColumns {
 struct Ctx<'a, 'c> {
     fps: &'a [Fingerprint],
     cfg: &'c LocalizeConfig,
+    /// Per fingerprint and [`Resource::ALL`] entry: Σ critical µs × μ and
+    /// Σ critical µs over its functions with measured utilization of that
+    /// resource, for [`Finding::resource_mu`].
+    resource_acc: Vec<[(f64, f64); Resource::ALL.len()]>,
     interner: Interner<'a>,
     invalid_values: u64,
     duplicate_functions: u64,
@@ -428,6 +442,23 @@ fn clean(x: f64) -> f64 {
     }
 }
 
+/// Σ critical µs × μ and Σ critical µs per resource over a worker's functions
+/// with measured utilization, for [`Finding::resource_mu`].
+fn resource_acc(fp: &Fingerprint) -> [(f64, f64); Resource::ALL.len()] {
+    let mut acc = [(0f64, 0f64); Resource::ALL.len()];
+    for p in &fp.functions {
+        let w = clean(p.critical_us);
+        if p.util_source == UtilizationSource::None || w <= 0.0 {
+            continue;
+        }
+        if let Some(r) = Resource::ALL.iter().position(|x| *x == p.resource) {
+            acc[r].0 += w * clean(p.mu);
+            acc[r].1 += w;
+        }
+    }
+    acc
+}
+
 /// Bresenham selection: is item `t` of `total` among the `keep` evenly spaced ones?
 fn keep_evenly(t: usize, keep: usize, total: usize) -> bool {
     if keep >= total {
@@ -473,6 +504,8 @@ fn analyze_bucket(
     // Δ rule (Eq. 8–11), only for groups large enough.
     let peer_ok = g >= cfg.min_peer_workers.max(1);
     let mut threshold = f64::INFINITY;
+    // A count of far peers at or above this flags a worker as isolated.
+    let mut isolated_from = usize::MAX;
     let n_peers = cfg.max_peers.min(g).max(1);
     scratch.counts.clear();
     if peer_ok {
@@ -537,12 +570,30 @@ fn analyze_bucket(
         for &c in &scratch.counts {
             scratch.hist[(c as usize).min(n_peers)] += 1;
         }
-        if n < g {
+        let c0 = if n < g {
             let c0 = count_far(0.0, 0.0, 0.0) as usize;
             scratch.hist[c0.min(n_peers)] += (g - n) as u64;
-        }
+            Some(c0)
+        } else {
+            None
+        };
         let (med, mad) = median_mad(&scratch.hist, g as u64, n_peers, &mut scratch.dev_hist);
         threshold = med + (cfg.k * mad).max(cfg.min_margin);
+        // Isolated workers: with every worker compared with every other, one
+        // at distance ≥ δ from all of them (self excluded) is unlike its
+        // peers whatever M and MAD say, as long as such workers are few.
+        if cfg.flag_isolated && n_peers >= g {
+            let is_isolated = |c: usize| c + 1 >= g;
+            let absent = c0.map_or(0, |c| if is_isolated(c) { g - n } else { 0 });
+            let present = scratch
+                .counts
+                .iter()
+                .filter(|&&c| is_isolated(c as usize))
+                .count();
+            if 2 * (present + absent) < g {
+                isolated_from = g - 1;
+            }
+        }
     }
 
     // Eq. 11.
@@ -553,7 +604,9 @@ fn analyze_bucket(
             continue;
         }
         let outside = f & OUTSIDE != 0;
-        let peer = peer_ok && (scratch.counts[i] as f64 / n_peers as f64) > threshold + 1e-12;
+        let peer = peer_ok
+            && ((scratch.counts[i] as f64 / n_peers as f64) > threshold + 1e-12
+                || scratch.counts[i] as usize >= isolated_from);
         if outside || peer {
             flagged.push(i);
             any_outside |= outside;
@@ -623,20 +676,29 @@ fn build_finding(
         })
         .collect();
     let others_absent = g - n;
-    let stat = |d: usize| -> Stat {
+    // `on_path_only`: μ and σ exist only where the function has critical
+    // time; a peer without it is not a peer at 0 % utilization.
+    let stat = |d: usize, on_path_only: bool| -> Stat {
         let mut fv: Vec<f64> = flagged.iter().map(|&i| vals[i][d]).collect();
         let mut ov: Vec<f64> = Vec::with_capacity(g - flagged.len());
-        ov.extend((0..n).filter(|&i| !is_flagged[i]).map(|i| vals[i][d]));
-        ov.resize(ov.len() + others_absent, 0.0);
+        ov.extend(
+            (0..n)
+                .filter(|&i| !is_flagged[i] && (!on_path_only || vals[i][3] > 0.0))
+                .map(|i| vals[i][d]),
+        );
+        if !on_path_only {
+            ov.resize(ov.len() + others_absent, 0.0);
+        }
         Stat {
             value: median(&mut fv),
             peers: median(&mut ov),
+            peer_count: Some(u32::try_from(ov.len()).unwrap_or(u32::MAX)),
         }
     };
-    let beta = stat(0);
-    let mu = stat(1);
-    let sigma = stat(2);
-    let critical_us = stat(3);
+    let beta = stat(0, false);
+    let mu = stat(1, true);
+    let sigma = stat(2, true);
+    let critical_us = stat(3, false);
 
     // Most common resource / utilization source among the flagged patterns.
     let mut res_count = [0usize; Resource::ALL.len()];
@@ -667,6 +729,48 @@ fn build_finding(
         UtilizationSource::Trace,
         UtilizationSource::None,
     ][argmax(&src_count)];
+    // The resource over the rest of each worker's critical-path work: this
+    // function's own share is left out, so that a function that is slow by
+    // itself does not make its worker look starved.
+    let resource_mu = if util_source == UtilizationSource::None {
+        None
+    } else {
+        let r = Resource::ALL
+            .iter()
+            .position(|x| *x == resource)
+            .unwrap_or(0);
+        let (mut fv, mut ov) = (Vec::new(), Vec::new());
+        let mut e = 0usize;
+        for (mi, &fi) in members.iter().enumerate() {
+            let (mut sum, mut weight) = ctx.resource_acc[fi as usize][r];
+            let mut flag = false;
+            if e < n && mem[e] as usize == mi {
+                let p = pattern(e);
+                if p.resource == resource && p.util_source != UtilizationSource::None {
+                    sum -= vals[e][3] * vals[e][1];
+                    weight -= vals[e][3];
+                }
+                flag = is_flagged[e];
+                e += 1;
+            }
+            // Below 1 µs of other work there is nothing to compare (and
+            // the subtraction only leaves rounding).
+            if weight < 1.0 {
+                continue;
+            }
+            let v = (sum / weight).clamp(0.0, 1.0);
+            if flag {
+                fv.push(v);
+            } else {
+                ov.push(v);
+            }
+        }
+        (!fv.is_empty() && !ov.is_empty()).then(|| Stat {
+            value: median(&mut fv),
+            peers: median(&mut ov),
+            peer_count: Some(u32::try_from(ov.len()).unwrap_or(u32::MAX)),
+        })
+    };
 
     // Points: all flagged (thinned evenly past max_points), then an even sample of the rest.
     let cap = cfg.max_points;
@@ -718,6 +822,7 @@ fn build_finding(
         group_workers: g,
         hosts,
         critical_us,
+        resource_mu,
         hint: None,
         source_excerpt: None,
         points,
@@ -873,6 +978,7 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
     let mut ctx = Ctx {
         fps,
         cfg,
+        resource_acc: fps.iter().map(resource_acc).collect(),
         interner: Interner {
             map: HashMap::default(),
             names: Vec::new(),

@@ -504,3 +504,138 @@ fn healthy_job_with_10_percent_jitter_has_no_findings() {
         assert!(r.findings.is_empty(), "n={n}: {:#?}", r.findings);
     }
 }
+
+/// A CPU-only job (gloo): CPU operators and a collective on every worker.
+fn cpu_worker(worker: u32, cpu_mu: f64, slow: f64) -> Fingerprint {
+    let j = |i: u64, x: f64| x * (1.0 + 0.03 * jitter(u64::from(worker) * 1000 + i));
+    fp(
+        worker,
+        vec![
+            pat(
+                FunctionKind::Comm,
+                "gloo:all_reduce",
+                j(1, 0.25),
+                j(2, 0.3),
+                j(3, 0.3),
+            ),
+            pat(
+                FunctionKind::CpuOp,
+                "aten::mm",
+                j(4, 0.04 * slow),
+                j(5, cpu_mu),
+                0.05,
+            ),
+            pat(
+                FunctionKind::CpuOp,
+                "aten::addmm",
+                j(6, 0.03 * slow),
+                j(7, cpu_mu),
+                0.05,
+            ),
+            pat(
+                FunctionKind::CpuOp,
+                "Optimizer.step#SGD.step",
+                j(8, 0.02 * slow),
+                j(9, cpu_mu),
+                0.05,
+            ),
+        ],
+    )
+}
+
+#[test]
+fn peers_without_the_function_do_not_count_as_zero_utilization() {
+    // μ and σ are defined over critical execution time (§4.2, Algorithm 1): a
+    // peer that never has the function on its critical path has no μ, not 0.
+    let mut fps: Vec<_> = (0..16).map(|w| cpu_worker(w, 0.55, 1.0)).collect();
+    fps[2]
+        .functions
+        .push(pat(FunctionKind::CpuOp, "aten::sum", 0.02, 0.2, 0.02));
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    let f = find(&r, "aten::sum").expect("aten::sum on worker 2");
+    assert_eq!(f.workers, vec![2]);
+    assert_eq!(f.beta.peer_count, Some(15), "β: absent peers count as 0");
+    assert_eq!(f.mu.peer_count, Some(0));
+    assert!(!f.mu.has_peers() && !f.sigma.has_peers());
+    // The rest of worker 2's CPU work runs at the peers' CPU share: not starved.
+    let rm = f.resource_mu.expect("resource view");
+    assert!((rm.value - rm.peers).abs() < 0.05, "{rm:?}");
+    assert!(!f.hint.as_deref().unwrap_or("").contains("contended"));
+}
+
+#[test]
+fn contended_host_cpu_is_told_apart_from_a_slow_function() {
+    // A host whose CPU is shared with other processes: every CPU operator of
+    // its worker runs longer at a lower CPU share, and a function shows up on
+    // its critical path that its peers hide behind communication.
+    let mut fps: Vec<_> = (0..16).map(|w| cpu_worker(w, 0.55, 1.0)).collect();
+    fps[2] = cpu_worker(2, 0.25, 4.0);
+    fps[2]
+        .functions
+        .push(pat(FunctionKind::CpuOp, "aten::sum", 0.02, 0.2, 0.02));
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert!(!r.findings.is_empty());
+    for f in &r.findings {
+        assert_eq!(f.workers, vec![2], "{f:#?}");
+    }
+    let f = find(&r, "aten::sum").expect("aten::sum on worker 2");
+    let rm = f.resource_mu.expect("resource view");
+    assert!(rm.value < 0.3 && rm.peers > 0.5, "{rm:?}");
+    assert!(f.hint.as_deref().unwrap().contains("contended"), "{f:#?}");
+    let mm = find(&r, "aten::mm").expect("aten::mm on worker 2");
+    assert!(mm.mu.value < mm.mu.peers && mm.mu.peer_count == Some(15));
+    assert!(mm.hint.as_deref().unwrap().contains("contended"));
+}
+
+/// The 4-host testbed's ring allreduce with host 1's link throttled to
+/// 200 Mbit/s, as measured (PerfTracker §3): worker 1 steady and slow, its
+/// upstream neighbour 0 half-steady (it sends into the slow link).
+fn four_host_ring() -> Vec<Fingerprint> {
+    [
+        (0.832, 0.263, 0.221),
+        (0.834, 0.216, 0.085),
+        (0.828, 0.275, 0.309),
+        (0.796, 0.290, 0.353),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(w, &(b, m, s))| {
+        fp(
+            w as u32,
+            vec![pat(FunctionKind::Comm, "gloo:all_reduce", b, m, s)],
+        )
+    })
+    .collect()
+}
+
+#[test]
+fn isolated_worker_of_a_small_group_is_flagged() {
+    let mut cfg =
+        LocalizeConfig::from_toml_str("delta = 0.5\n[expected.comm]\nbeta = [0.0, 1.0]\n").unwrap();
+    let r = localize(&four_host_ring(), &cfg, None);
+    assert_eq!(r.findings.len(), 1, "{:#?}", r.findings);
+    let f = &r.findings[0];
+    assert_eq!(f.workers, vec![1]);
+    assert_eq!(f.reason, Reason::PeerOutlier);
+    assert!(f.mu.value < f.mu.peers && f.sigma.value < f.sigma.peers);
+    // The paper's rule alone: Δ counts [2, 3, 1, 2], M + k·MAD unreachable.
+    cfg.flag_isolated = false;
+    assert!(localize(&four_host_ring(), &cfg, None).findings.is_empty());
+}
+
+#[test]
+fn isolation_needs_a_minority() {
+    // Four workers all far from each other: nobody is "the" outlier.
+    let cfg = LocalizeConfig::from_toml_str("[expected.comm]\nbeta = [0.0, 1.0]\n").unwrap();
+    let fps: Vec<_> = [
+        (0.9, 0.1, 0.9),
+        (0.3, 0.9, 0.1),
+        (0.9, 0.9, 0.9),
+        (0.2, 0.1, 0.1),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(w, &(b, m, s))| fp(w as u32, vec![pat(FunctionKind::Comm, "c", b, m, s)]))
+    .collect();
+    assert!(localize(&fps, &cfg, None).findings.is_empty());
+}

@@ -332,14 +332,14 @@ pub fn render_html(report: &Report) -> String {
                 }),
                 if !util {
                     "n/a".into()
-                } else if no_peers(f) {
+                } else if no_peers(f) || !f.mu.has_peers() {
                     format!("{} {}", pct(f.mu.value), f.resource.label())
                 } else {
                     stat_cell(f.mu.value, f.mu.peers, &format!(" {}", f.resource.label()))
                 },
                 if !util {
                     "n/a".into()
-                } else if no_peers(f) {
+                } else if no_peers(f) || !f.sigma.has_peers() {
                     pct(f.sigma.value)
                 } else {
                     stat_cell(f.sigma.value, f.sigma.peers, "")
@@ -375,6 +375,14 @@ pub fn render_html(report: &Report) -> String {
                 reason_phrase(f.reason),
                 escape(&compact_ranks(&f.workers, 400))
             );
+            if let (Some(r), false) = (f.resource_mu, no_peers(f)) {
+                let label = f.resource.label();
+                let _ = write!(
+                    out,
+                    "<p>{label} over all critical-path {label} work: {}</p>",
+                    stat_cell(r.value, r.peers, "")
+                );
+            }
             if let Some(h) = &f.hint {
                 let _ = write!(out, r#"<div class="hint"><b>Hint:</b> {}</div>"#, escape(h));
             }

@@ -123,13 +123,18 @@ fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding) {
             "    utilization: n/a ({} not measured)",
             f.resource.label()
         );
-    } else if no_peers {
+    } else if no_peers || !f.mu.has_peers() {
         let _ = writeln!(
             out,
-            "    μ {} {}   σ {}",
+            "    μ {} {}   σ {}{}",
             pct(f.mu.value),
             f.resource.label(),
-            pct(f.sigma.value)
+            pct(f.sigma.value),
+            if no_peers {
+                ""
+            } else {
+                "   (not on the peers' critical path)"
+            }
         );
     } else {
         let label = format!(" {}", f.resource.label());
@@ -138,6 +143,14 @@ fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding) {
             "    μ {}   σ {}",
             versus(st, f.mu.value, f.mu.peers, &label),
             versus(st, f.sigma.value, f.sigma.peers, "")
+        );
+    }
+    if let (Some(r), false) = (f.resource_mu, no_peers) {
+        let label = f.resource.label();
+        let _ = writeln!(
+            out,
+            "    {label} over all critical-path {label} work: {}",
+            versus(st, r.value, r.peers, "")
         );
     }
     if let Some(h) = &f.hint {

@@ -8,7 +8,11 @@ use whyslow_model::{
 };
 
 fn st(value: f64, peers: f64) -> Stat {
-    Stat { value, peers }
+    Stat {
+        value,
+        peers,
+        peer_count: None,
+    }
 }
 
 fn finding(function: &str, kind: FunctionKind, workers: Vec<u32>, group_workers: usize) -> Finding {
@@ -35,6 +39,7 @@ fn finding(function: &str, kind: FunctionKind, workers: Vec<u32>, group_workers:
         group_workers,
         hosts: vec![],
         critical_us: st(312_000.0, 11_000.0),
+        resource_mu: None,
         hint: Some("check <clocks> & power".into()),
         source_excerpt: None,
         points,
@@ -124,6 +129,33 @@ fn table_rows_like_figure_7() {
     assert!(t.contains("missing: 4 {64-66,70}"));
     let c = render_table(&r, true);
     assert!(c.contains("\x1b[1m") && c.contains("\x1b[0m"));
+}
+
+#[test]
+fn peers_without_the_function_and_the_resource_view() {
+    let mut f = finding("aten::sum", FunctionKind::CpuOp, vec![2], 4);
+    f.resource = Resource::Cpu;
+    f.mu.peer_count = Some(0);
+    f.sigma.peer_count = Some(0);
+    f.resource_mu = Some(Stat {
+        value: 0.24,
+        peers: 0.52,
+        peer_count: Some(3),
+    });
+    let r = report(vec![f]);
+    let t = render_table(&r, false);
+    assert!(
+        t.contains("μ 33.0% CPU   σ 5.0%   (not on the peers' critical path)"),
+        "{t}"
+    );
+    assert!(!t.contains("vs 99.0%"), "{t}");
+    assert!(
+        t.contains("CPU over all critical-path CPU work: 24.0% ↓ -28.0pp vs 52.0%"),
+        "{t}"
+    );
+    let h = render_html(&r);
+    assert!(h.contains("CPU over all critical-path CPU work"));
+    assert!(!h.contains("vs 99.0%"));
 }
 
 #[test]
