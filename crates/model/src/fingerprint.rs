@@ -75,9 +75,17 @@ pub struct Fingerprint {
     pub utilization_source: UtilizationSource,
     /// The trace or events file summarized.
     pub source: String,
-    /// Patterns, β descending. Functions below the fingerprint's β floor are
-    /// left out (they read as β = μ = σ = 0 in localization).
+    /// Patterns: those on the critical path (β at or above the summarizer's
+    /// floor) β descending, then those that ran a notable share of the
+    /// window off it, by total time. Functions left out read as β = μ = σ = 0
+    /// in localization.
     pub functions: Vec<FunctionPattern>,
+    /// Every function left out of `functions` ran for less than this share
+    /// of the window (total time / |T|). 0 when unknown (fingerprints written
+    /// before the field existed): the localizer then reads a missing function
+    /// as not run at all.
+    #[serde(default)]
+    pub total_floor: f64,
     /// Warnings from ingestion and summarization.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,

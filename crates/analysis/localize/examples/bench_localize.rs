@@ -165,6 +165,7 @@ fn main() {
             utilization_source: UtilizationSource::Samples,
             source: String::new(),
             functions,
+            total_floor: 0.0,
             warnings: Vec::new(),
         });
     }

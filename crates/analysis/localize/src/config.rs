@@ -161,6 +161,23 @@ pub struct LocalizeConfig {
     /// Eq. 8 divides each dimension by max(max over workers, this), so that a
     /// dimension that is small everywhere is not blown up by noise. Default 0.01.
     pub norm_floor: f64,
+    /// whyslow's noise guard (not in the paper; crate docs, "Noise"): a
+    /// finding on part of a group must be borne out off the critical path
+    /// too, by the function running longer ([`Self::min_effect`],
+    /// [`Self::min_ratio`]) or at a different utilization
+    /// ([`Self::min_util_diff`]) than on its peers; and a range violation
+    /// (D > 0) on a minority of the workers is not a finding by itself.
+    /// Default true; false (with `min_margin = 0`, `flag_isolated = false`)
+    /// gives the paper's rule.
+    pub corroborate: bool,
+    /// A worker's excess run time in the function over its peers' median, as
+    /// a share of its window, must reach this. Default 0.01 (1 % of the iteration).
+    pub min_effect: f64,
+    /// … and its run time must be at least this multiple of the peers' median. Default 1.25.
+    pub min_ratio: f64,
+    /// Or its μ or σ must differ from the peers' median by at least this
+    /// (absolute, utilization in [0, 1]). Default 0.1.
+    pub min_util_diff: f64,
 }
 
 impl Default for LocalizeConfig {
@@ -179,6 +196,10 @@ impl Default for LocalizeConfig {
             max_points: 5000,
             zero_floor: 1e-9,
             norm_floor: 0.01,
+            corroborate: true,
+            min_effect: 0.01,
+            min_ratio: 1.25,
+            min_util_diff: 0.1,
         }
     }
 }
@@ -225,6 +246,10 @@ struct RawConfig {
     max_points: Option<u64>,
     zero_floor: Option<f64>,
     norm_floor: Option<f64>,
+    corroborate: Option<bool>,
+    min_effect: Option<f64>,
+    min_ratio: Option<f64>,
+    min_util_diff: Option<f64>,
     expected: Option<RawExpected>,
     #[serde(default, rename = "override")]
     overrides: Vec<RawOverride>,
@@ -296,6 +321,18 @@ impl LocalizeConfig {
         }
         if let Some(v) = raw.zero_floor {
             cfg.zero_floor = check_num("zero_floor", v, 0.0, false)?;
+        }
+        if let Some(v) = raw.corroborate {
+            cfg.corroborate = v;
+        }
+        if let Some(v) = raw.min_effect {
+            cfg.min_effect = check_num("min_effect", v, 0.0, false)?;
+        }
+        if let Some(v) = raw.min_ratio {
+            cfg.min_ratio = check_num("min_ratio", v, 0.0, false)?;
+        }
+        if let Some(v) = raw.min_util_diff {
+            cfg.min_util_diff = check_num("min_util_diff", v, 0.0, false)?;
         }
         if let Some(e) = raw.expected {
             let kinds = [

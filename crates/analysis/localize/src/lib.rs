@@ -478,7 +478,8 @@ struct Scratch {
     dev_hist: Vec<u64>,
 }
 
-/// Analyzes one (group, function) bucket; returns its finding when any worker is abnormal.
+/// Analyzes one (group, function) bucket; returns its findings (none; one;
+/// or, with the noise guard, one on the whole group and one on part of it).
 #[allow(clippy::too_many_arguments)]
 fn analyze_bucket(
     ctx: &Ctx<'_, '_>,
@@ -487,12 +488,12 @@ fn analyze_bucket(
     cols: &mut GroupColumns,
     bucket: usize,
     scratch: &mut Scratch,
-) -> Option<Finding> {
+) -> Vec<Finding> {
     let cfg = ctx.cfg;
     let (lo, hi) = (cols.offsets[bucket], cols.offsets[bucket + 1]);
     let flags = &cols.flags[lo..hi];
     if !flags.iter().any(|&f| f & CANDIDATE != 0) {
-        return None; // Eq. 11 needs β > beta_min somewhere.
+        return Vec::new(); // Eq. 11 needs β > beta_min somewhere.
     }
     let fid = cols.fids[bucket] as usize;
     let kind = ctx.interner.kinds[fid];
@@ -597,33 +598,201 @@ fn analyze_bucket(
     }
 
     // Eq. 11.
-    let mut flagged: Vec<usize> = Vec::new();
-    let (mut any_outside, mut any_peer) = (false, false);
-    for (i, &f) in flags.iter().enumerate() {
-        if f & CANDIDATE == 0 {
-            continue;
-        }
-        let outside = f & OUTSIDE != 0;
-        let peer = peer_ok
+    let is_peer_outlier = |i: usize| {
+        peer_ok
             && ((scratch.counts[i] as f64 / n_peers as f64) > threshold + 1e-12
-                || scratch.counts[i] as usize >= isolated_from);
-        if outside || peer {
-            flagged.push(i);
-            any_outside |= outside;
-            any_peer |= peer;
+                || scratch.counts[i] as usize >= isolated_from)
+    };
+    if !cfg.corroborate {
+        let mut flagged: Vec<usize> = Vec::new();
+        let (mut any_outside, mut any_peer) = (false, false);
+        for (i, &f) in flags.iter().enumerate() {
+            if f & CANDIDATE == 0 {
+                continue;
+            }
+            let outside = f & OUTSIDE != 0;
+            let peer = is_peer_outlier(i);
+            if outside || peer {
+                flagged.push(i);
+                any_outside |= outside;
+                any_peer |= peer;
+            }
         }
+        if flagged.is_empty() {
+            return Vec::new();
+        }
+        let reason = match (any_outside, any_peer) {
+            (true, true) => Reason::Both,
+            (true, false) => Reason::Unexpected,
+            _ => Reason::PeerOutlier,
+        };
+        return vec![build_finding(
+            ctx, members, group, cols, lo, hi, &flagged, kind, name, reason,
+        )];
     }
+
+    // With the noise guard (crate docs, "Noise"): a range violation of the
+    // group's median pattern is a problem of the whole group …
+    let evidence = Evidence::new(ctx, members, cols, lo, hi);
+    let range = &ctx.interner.ranges[fid];
+    let common = {
+        let (b, m, s) = evidence.median_pattern(g);
+        b > cfg.beta_min && range.distance(b, m, s) > 0.0
+    };
+    let mut findings = Vec::new();
+    if common {
+        let all: Vec<usize> = (0..n).collect();
+        findings.push(build_finding(
+            ctx,
+            members,
+            group,
+            cols,
+            lo,
+            hi,
+            &all,
+            kind,
+            name,
+            Reason::Unexpected,
+        ));
+    }
+    // … and a finding on part of it must be borne out off the critical path.
+    let candidates: Vec<usize> = (0..n)
+        .filter(|&i| {
+            flags[i] & CANDIDATE != 0
+                && ((!common && flags[i] & OUTSIDE != 0) || is_peer_outlier(i))
+        })
+        .collect();
+    if candidates.is_empty() || (common && candidates.len() == n && n == g) {
+        return findings;
+    }
+    let peers = evidence.peers(&candidates, g);
+    let flagged: Vec<usize> = candidates
+        .into_iter()
+        .filter(|&i| evidence.corroborated(i, &peers, cfg))
+        .collect();
     if flagged.is_empty() {
-        return None;
+        return findings;
     }
+    let any_outside = !common && flagged.iter().any(|&i| flags[i] & OUTSIDE != 0);
+    let any_peer = flagged.iter().any(|&i| is_peer_outlier(i));
     let reason = match (any_outside, any_peer) {
         (true, true) => Reason::Both,
         (true, false) => Reason::Unexpected,
         _ => Reason::PeerOutlier,
     };
-    Some(build_finding(
+    findings.push(build_finding(
         ctx, members, group, cols, lo, hi, &flagged, kind, name, reason,
-    ))
+    ));
+    findings
+}
+
+/// What a (group, function) bucket says off the critical path: each
+/// worker's run time in the function as a share of its window, and μ, σ.
+struct Evidence {
+    /// Per group member: run-time share (absent: the fingerprint's
+    /// `total_floor`, an upper bound), and the entry index when present.
+    share: Vec<f64>,
+    entry_of: Vec<Option<usize>>,
+    /// Per entry: (β, μ, σ, critical µs, has utilization).
+    vals: Vec<(f64, f64, f64, f64, bool)>,
+    member_of: Vec<usize>,
+}
+
+/// The peers' medians that a candidate is compared with.
+struct PeerMedians {
+    share: f64,
+    mu: Option<f64>,
+    sigma: Option<f64>,
+}
+
+impl Evidence {
+    fn new(ctx: &Ctx<'_, '_>, members: &[u32], cols: &GroupColumns, lo: usize, hi: usize) -> Self {
+        let fps = ctx.fps;
+        let mut share: Vec<f64> = members
+            .iter()
+            .map(|&fi| clean(fps[fi as usize].total_floor).min(1.0))
+            .collect();
+        let mut entry_of = vec![None; members.len()];
+        let mut vals = Vec::with_capacity(hi - lo);
+        let mut member_of = Vec::with_capacity(hi - lo);
+        for i in 0..hi - lo {
+            let mi = cols.member[lo + i] as usize;
+            let fp = &fps[members[mi] as usize];
+            let p = &fp.functions[cols.pat[lo + i] as usize];
+            let window = clean(fp.window_us);
+            share[mi] = if window > 0.0 {
+                clean(p.total_us) / window
+            } else {
+                0.0
+            };
+            entry_of[mi] = Some(i);
+            member_of.push(mi);
+            vals.push((
+                clean(p.beta),
+                clean(p.mu),
+                clean(p.sigma),
+                clean(p.critical_us),
+                p.util_source != UtilizationSource::None,
+            ));
+        }
+        Evidence {
+            share,
+            entry_of,
+            vals,
+            member_of,
+        }
+    }
+
+    /// The group's median pattern: β over all workers (absent ones at 0),
+    /// μ and σ over those with critical time in the function.
+    fn median_pattern(&self, g: usize) -> (f64, f64, f64) {
+        let mut b: Vec<f64> = self.vals.iter().map(|v| v.0).collect();
+        b.resize(g, 0.0);
+        let mut m: Vec<f64> = self.vals.iter().filter(|v| v.3 > 0.0).map(|v| v.1).collect();
+        let mut s: Vec<f64> = self.vals.iter().filter(|v| v.3 > 0.0).map(|v| v.2).collect();
+        (median(&mut b), median(&mut m), median(&mut s))
+    }
+
+    /// Medians over the group's workers that are not `candidates`.
+    fn peers(&self, candidates: &[usize], g: usize) -> PeerMedians {
+        let mut is_candidate = vec![false; g];
+        for &i in candidates {
+            is_candidate[self.member_of[i]] = true;
+        }
+        let mut share: Vec<f64> = (0..g)
+            .filter(|&mi| !is_candidate[mi])
+            .map(|mi| self.share[mi])
+            .collect();
+        let (mut mu, mut sigma) = (Vec::new(), Vec::new());
+        for mi in (0..g).filter(|&mi| !is_candidate[mi]) {
+            if let Some(i) = self.entry_of[mi] {
+                let v = self.vals[i];
+                if v.3 > 0.0 && v.4 {
+                    mu.push(v.1);
+                    sigma.push(v.2);
+                }
+            }
+        }
+        let util = !mu.is_empty();
+        PeerMedians {
+            share: median(&mut share),
+            mu: util.then(|| median(&mut mu)),
+            sigma: util.then(|| median(&mut sigma)),
+        }
+    }
+
+    /// Does entry `i` differ from its peers off the critical path: longer in
+    /// the function by at least `min_effect` of its window and `min_ratio`
+    /// times the peers' median, or at a utilization `min_util_diff` away?
+    fn corroborated(&self, i: usize, peers: &PeerMedians, cfg: &LocalizeConfig) -> bool {
+        let x = self.share[self.member_of[i]];
+        let longer = x - peers.share >= cfg.min_effect && x >= cfg.min_ratio * peers.share;
+        let v = self.vals[i];
+        let util = v.4
+            && (peers.mu.is_some_and(|m| (v.1 - m).abs() >= cfg.min_util_diff)
+                || peers.sigma.is_some_and(|s| (v.2 - s).abs() >= cfg.min_util_diff));
+        longer || util
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1004,10 +1173,14 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
     for (gname, members) in &groups {
         let mut cols = ctx.columns(members);
         for bucket in 0..cols.fids.len() {
-            if let Some(f) = analyze_bucket(&ctx, members, *gname, &mut cols, bucket, &mut scratch)
-            {
-                findings.push(f);
-            }
+            findings.extend(analyze_bucket(
+                &ctx,
+                members,
+                *gname,
+                &mut cols,
+                bucket,
+                &mut scratch,
+            ));
         }
     }
     if ctx.invalid_values > 0 {

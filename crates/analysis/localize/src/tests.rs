@@ -43,6 +43,7 @@ fn fp(worker: u32, functions: Vec<FunctionPattern>) -> Fingerprint {
         utilization_source: UtilizationSource::Samples,
         source: format!("rank{worker}.json"),
         functions,
+        total_floor: 0.0,
         warnings: vec![],
     }
 }

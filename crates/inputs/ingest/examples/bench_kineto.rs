@@ -19,7 +19,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let fixture = args.next().map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../../shared/fixtures/kineto/single/a100-nccl-rank0of2.json.gz")
+            .join("../../../tests/fixtures/kineto/single/a100-nccl-rank0of2.json.gz")
     });
     let target: u64 = args
         .next()

@@ -126,6 +126,7 @@ fn fingerprint() -> Fingerprint {
         utilization_source: UtilizationSource::Trace,
         source: "x".into(),
         functions: vec![FunctionPattern {
+        total_floor: 0.0,
             name: "a;b".into(),
             kind: FunctionKind::Python,
             resource: Resource::Cpu,

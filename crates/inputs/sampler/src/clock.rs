@@ -5,7 +5,7 @@
 //!
 //! Kineto stamps events with the wall clock (`std::chrono::system_clock`, i.e.
 //! `CLOCK_REALTIME` on Linux) in ns since the Unix epoch, and writes `ts` in µs.
-//! Two layouts exist in `/work/shared/fixtures/kineto/single`:
+//! Two layouts exist in `tests/fixtures/kineto/single`:
 //!
 //! - older traces (no `baseTimeNanoseconds`, e.g. `a100-rank3of8`,
 //!   `v100-rank1of2`): `ts` is epoch µs (≈ 1.66·10^15);

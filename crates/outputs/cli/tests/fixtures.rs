@@ -1,4 +1,4 @@
-//! Fingerprints of real traces from `../shared/fixtures` (PerfTracker §4.2),
+//! Fingerprints of real traces from `tests/fixtures` (PerfTracker §4.2),
 //! checked against snapshots in `tests/snapshots/`. Regenerate after an
 //! intended change with `WHYSLOW_UPDATE_SNAPSHOTS=1 cargo test -p whyslow --test fixtures`.
 

@@ -1,5 +1,5 @@
 //! Diagnosis tests on real traces (issue #2 "Show"): a real single-rank GPU
-//! trace from `../shared/fixtures` is replayed as 16 workers with small jitter,
+//! trace from `tests/fixtures` is replayed as 16 workers with small jitter,
 //! known anomalies are injected on chosen workers, and whyslow must name
 //! exactly the injected functions and workers (PerfTracker §4.2–§4.3, §6).
 //!

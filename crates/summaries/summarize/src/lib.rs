@@ -149,6 +149,7 @@ pub fn summarize(
         utilization_source: UtilizationSource::None,
         source: trace.meta.source.clone(),
         functions: Vec::new(),
+        total_floor: 0.0,
         warnings: Vec::new(),
     };
 
@@ -211,25 +212,51 @@ pub fn summarize(
             0.0
         }
     };
+    let order = |a: &usize, b: &usize| {
+        let (fa, fb) = (trace.functions.get(id(*a)), trace.functions.get(id(*b)));
+        beta_of(*b)
+            .total_cmp(&beta_of(*a))
+            .then(total_ns[*b].total_cmp(&total_ns[*a]))
+            .then(fa.kind.cmp(&fb.kind))
+            .then(fa.name.cmp(&fb.name))
+    };
     let mut kept: Vec<usize> = (0..n_fn)
         .filter(|&f| calls[f] > 0 && beta_of(f) >= floor)
         .collect();
-    kept.sort_by(|&a, &b| {
-        let (fa, fb) = (trace.functions.get(id(a)), trace.functions.get(id(b)));
-        beta_of(b)
-            .total_cmp(&beta_of(a))
-            .then(total_ns[b].total_cmp(&total_ns[a]))
-            .then(fa.kind.cmp(&fb.kind))
-            .then(fa.name.cmp(&fb.name))
-    });
-    if kept.len() > opts.max_functions {
+    kept.sort_by(order);
+    let mut rest: Vec<usize> = if kept.len() > opts.max_functions {
         warnings.push(format!(
             "{} functions with β ≥ {floor} left out beyond max_functions = {}",
             kept.len() - opts.max_functions,
             opts.max_functions
         ));
-        kept.truncate(opts.max_functions);
-    }
+        kept.split_off(opts.max_functions)
+    } else {
+        Vec::new()
+    };
+    // Functions that run a share of the window but are (nearly) off the
+    // critical path are kept too, up to max_functions more, so that the
+    // localizer knows how long every notable function ran on every worker:
+    // a function at the edge of the critical path is on it on some workers
+    // and off it on others under mere timing noise.
+    let share_of = |f: usize| {
+        if window_ns > 0.0 {
+            total_ns[f] / window_ns
+        } else {
+            0.0
+        }
+    };
+    rest.extend((0..n_fn).filter(|&f| calls[f] > 0 && beta_of(f) < floor));
+    rest.retain(|&f| share_of(f) >= floor);
+    rest.sort_by(|&a, &b| {
+        share_of(b)
+            .total_cmp(&share_of(a))
+            .then_with(|| order(&a, &b))
+    });
+    let extra = rest.len().min(opts.max_functions);
+    kept.extend_from_slice(&rest[..extra]);
+    // Every function left out ran for less than this share of the window.
+    fp.total_floor = rest.get(extra).map_or(floor, |&f| share_of(f).max(floor));
 
     // 4. μ, σ (Eq. 4, 5) for the kept functions.
     let mut series: BTreeMap<Resource, Series> = BTreeMap::new();

@@ -518,13 +518,11 @@ mod tests {
         let dir = std::env::var_os("WHYSLOW_FIXTURES")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../../shared/fixtures")
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../tests/fixtures")
             })
             .join("kineto");
-        let Ok(rd) = std::fs::read_dir(dir.join("single")) else {
-            eprintln!("SKIPPED: fixtures not found at {}", dir.display());
-            return;
-        };
+        let rd = std::fs::read_dir(dir.join("single"))
+            .unwrap_or_else(|e| panic!("fixtures not found at {}: {e}", dir.display()));
         let mut files: Vec<_> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
         files.push(dir.join("hta-sampled-128rank/rank-0.json.gz"));
         for f in files {

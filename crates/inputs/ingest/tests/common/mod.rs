@@ -5,22 +5,18 @@ use std::path::PathBuf;
 
 use whyslow_model::{FunctionKind, WorkerTrace};
 
-/// The shared fixtures directory, or `None` (with a printed note) when absent.
+/// The repository's real-trace fixtures (`tests/fixtures`, or `$WHYSLOW_FIXTURES`).
+/// Panics when absent: a test whose data is missing must fail, not pass.
 pub fn fixtures() -> Option<PathBuf> {
     let dir = std::env::var_os("WHYSLOW_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../../shared/fixtures")
-        });
-    if dir.join("kineto").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIPPED: fixtures not found at {} (set WHYSLOW_FIXTURES)",
-            dir.display()
-        );
-        None
-    }
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../tests/fixtures"));
+    assert!(
+        dir.join("kineto").is_dir(),
+        "fixtures not found at {} (they ship in the repository under tests/fixtures)",
+        dir.display()
+    );
+    Some(dir)
 }
 
 /// Executions per kind.

@@ -2,21 +2,16 @@
 
 use std::path::PathBuf;
 
-/// `../shared/fixtures` (or `$WHYSLOW_FIXTURES`), or `None` with a SKIP message
-/// when absent, so tests that need it skip instead of failing.
+/// The repository's real-trace fixtures (`tests/fixtures`, or `$WHYSLOW_FIXTURES`).
+/// Panics when absent: a test whose data is missing must fail, not pass.
 pub fn fixtures() -> Option<PathBuf> {
     let dir = std::env::var_os("WHYSLOW_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../../shared/fixtures")
-        });
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIP: fixtures not found at {} (set WHYSLOW_FIXTURES to ../shared/fixtures)",
-            dir.display()
-        );
-        None
-    }
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../tests/fixtures"));
+    assert!(
+        dir.join("kineto").is_dir(),
+        "fixtures not found at {} (they ship in the repository under tests/fixtures)",
+        dir.display()
+    );
+    Some(dir)
 }
