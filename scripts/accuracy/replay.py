@@ -80,7 +80,7 @@ def is_nccl(name: str) -> bool:
 
 def is_blocking_cpu(name: str) -> bool:
     """CPU calls that wait for the GPU: they stretch when the GPU is late."""
-    return "Synchronize" in name or name in ("cudaMemcpy", "cudaMemcpy2D", "hipMemcpy") or "Wait" in name
+    return "Synchronize" in name or name in ("cudaMemcpy", "cudaMemcpy2D", "hipMemcpy")
 
 
 def _seed(*parts) -> np.random.Generator:
@@ -109,6 +109,9 @@ class Base:
     gpu: np.ndarray  # bool: rigid GPU event
     leaf: np.ndarray  # bool: gets a jitter factor
     elastic: np.ndarray  # bool: end follows the time map (CPU parents, blocking calls)
+    blocking: np.ndarray  # bool: CPU call that waits for the GPU (…Synchronize)
+    lane: np.ndarray  # CPU lane index per event, -1 for GPU events
+    train_lane_id: int
     nccl: np.ndarray  # bool: NCCL/RCCL kernel
     coll_order: np.ndarray  # event indices of NCCL kernels by start
     steps: list  # (event index, step number)
@@ -117,6 +120,9 @@ class Base:
     template: str  # the whole file with %d rank/world and %.3f ts/dur slots
     extra_slot: str = "@@EXTRA@@"
     header: dict = field(default_factory=dict)
+    prefix: str = ""  # file text before the events, with "%d" slots for rank and world size
+    static: list = field(default_factory=list)  # event text between the ts/dur numbers
+    tail: str = ""
 
 
 def load_base(path: str, steps: int = 2, name: str | None = None) -> Base:
@@ -157,7 +163,6 @@ def load_base(path: str, steps: int = 2, name: str | None = None) -> Base:
             k += 1
         seen.add(k)
         if k != int(m.group(1)):
-            e = e  # names are rewritten below
             e["name"] = f"ProfilerStep#{k}"
     n = len(kept)
     ts = np.array([float(e["ts"]) for e in kept])
@@ -183,6 +188,9 @@ def load_base(path: str, steps: int = 2, name: str | None = None) -> Base:
         # A parent is followed (in start order) by an event starting before its end.
         is_leaf = ~(nxt < en)
         leaf[order] = is_leaf
+    lane = np.full(n, -1, dtype=np.int64)  # CPU lane (pid, tid) index; -1 for GPU events
+    for li, idx in enumerate(lanes.values()):
+        lane[np.array(idx)] = li
     blocking = np.array([(not g) and is_blocking_cpu(nm) for g, nm in zip(gpu, names)])
     elastic = (~gpu) & ((~leaf) | blocking)
     coll = np.flatnonzero(nccl)
@@ -225,15 +233,26 @@ def load_base(path: str, steps: int = 2, name: str | None = None) -> Base:
     head = json.dumps(header, separators=(",", ":"))[1:-1].replace("%", "%%")
     if head:
         head += ","
+    # Laid out like Kineto writes it (one event a line, `"rank": N` with a
+    # space: HTA finds the rank with the regex '"rank":\s+(\d+)' line by line).
     template = (
-        "{" + head + '"distributedInfo":{"backend":"' + backend + '","rank":%d,"world_size":%d},"traceEvents":['
-        + ",".join(meta_txt + parts) + "@@EXTRA@@]}"
+        "{\n" + (head.replace("%%", "%%") + "\n" if head else "")
+        + '  "distributedInfo": {"backend": "' + backend + '", "rank": %d, "world_size": %d},\n'
+        + '  "traceEvents": [\n' + ",\n".join(meta_txt + parts) + "@@EXTRA@@\n]}\n"
     )
+    head_txt, tail_txt = template.split("@@EXTRA@@")
+    # For the fast path: the static text between the numbers (2 per event).
+    body_start = head_txt.index('"traceEvents": [')
+    prefix = head_txt[:body_start]  # holds the %d rank / world slots
+    events_txt = head_txt[body_start:].replace("%%", "%")
+    static = events_txt.split("%.3f")
     return Base(
         name=name or os.path.basename(path).split(".")[0],
         path=path, n=n, ts=ts, dur=dur, names=names, cats=cats, gpu=gpu, leaf=leaf,
-        elastic=elastic, nccl=nccl, coll_order=coll_order, steps=step_list,
+        elastic=elastic, blocking=blocking, lane=lane, train_lane_id=int(lane[step_list[0][0]]) if step_list else 0,
+        nccl=nccl, coll_order=coll_order, steps=step_list,
         train_lane=train_lane, py_frames=py_frames, template=template, header=header,
+        prefix=prefix, static=static, tail=tail_txt,
     )
 
 
@@ -377,8 +396,33 @@ def make_injection(base: Base, case: str, world: int, seed: int) -> Injection:
 # ------------------------------------------------------------- the replay --
 
 
+class _Cum:
+    """Sum of the amounts inserted at points <= t (or < t)."""
+
+    def __init__(self, p, x):
+        p = np.asarray(p, dtype=float)
+        x = np.asarray(x, dtype=float)
+        o = np.argsort(p, kind="stable")
+        self.p = p[o]
+        self.c = np.concatenate([[0.0], np.cumsum(x[o])])
+
+    def __call__(self, t, inclusive=True):
+        return self.c[np.searchsorted(self.p, t, side="right" if inclusive else "left")]
+
+
 class _Rank:
-    """One rank's jitter, slowdowns and inserted gaps (before collective waits)."""
+    """One rank's jitter, slowdowns and inserted gaps, and its time maps.
+
+    Time maps (t -> t + shift), lane-aware so that an event only stretches
+    for what happens inside it on its own lane:
+    * GPU streams: shifted by every insertion of the rank (GPU events' extra
+      time and collective waits, CPU leaves' extra time, Python gaps): the
+      GPU follows its launches and its own queue.
+    * A CPU lane (pid, tid): shifted by its own leaves' extra time and the
+      Python gaps; delays of the GPU reach it only at its blocking calls
+      (…Synchronize), which stretch until the lane has caught up with the
+      GPU's shift (the CPU runs ahead asynchronously until it synchronizes).
+    """
 
     def __init__(self, base: Base, rank: int, jitter: float, seed: int, fault: RankFault | None):
         rng = _seed(seed, base.name, jitter, rank, "jitter")
@@ -386,12 +430,15 @@ class _Rank:
         f = np.where(base.leaf, f, 1.0)
         if fault is not None and fault.slow is not None:
             f = f * np.where(base.leaf, fault.slow, 1.0)
+        self.base = base
         self.new_dur = base.dur * f  # for leaves; parents follow the map
         extra = self.new_dur - base.dur
         pos = extra > 0
-        self.end_p = base.ts[pos] + base.dur[pos]
-        self.end_x = extra[pos]
-        # Python stacks: gap at each step start (1 ns after it, so the step encloses it).
+        end = base.ts + base.dur
+        self.g_p, self.g_x = end[pos & base.gpu], extra[pos & base.gpu]
+        cpu_pos = pos & ~base.gpu
+        self.c_p, self.c_x, self.c_lane = end[cpu_pos], extra[cpu_pos], base.lane[cpu_pos]
+        # Python stacks: a gap at each step start (1 ns after it, so the step encloses it).
         self.gaps = []  # (p, g, frames, parent python id)
         if fault is not None:
             for frames, share in fault.stacks:
@@ -400,30 +447,59 @@ class _Rank:
                     g = d * share / (1.0 - share)
                     p = base.ts[si] + 0.001
                     parent = None
-                    for (a, b, pid) in base.py_frames:  # innermost enclosing real frame
-                        if a <= p < b:
+                    for (a0, b0, pid) in base.py_frames:  # innermost enclosing real frame
+                        if a0 <= p < b0:
                             parent = pid
                     self.gaps.append((p, g, frames, parent))
-        self.gap_p = np.array([x[0] for x in self.gaps])
-        self.gap_x = np.array([x[1] for x in self.gaps])
+        self.gap = _Cum([x[0] for x in self.gaps], [x[1] for x in self.gaps])
 
-    def shift_fn(self, wait_p=None, wait_x=None):
-        ep, ex = self.end_p, self.end_x
+    def maps(self, wait_p=None, wait_x=None):
+        """(gpu_shift, {lane: (lane_ends_shift)}) as functions of original time."""
+        gp, gx = self.g_p, self.g_x
         if wait_p is not None and len(wait_p):
-            ep = np.concatenate([ep, wait_p])
-            ex = np.concatenate([ex, wait_x])
-        o = np.argsort(ep, kind="stable")
-        ep, ex = ep[o], np.concatenate([[0.0], np.cumsum(ex[o])])
-        go = np.argsort(self.gap_p, kind="stable") if len(self.gap_p) else np.array([], dtype=int)
-        gp = self.gap_p[go] if len(go) else self.gap_p
-        gx = np.concatenate([[0.0], np.cumsum(self.gap_x[go])]) if len(go) else np.array([0.0])
+            gp, gx = np.concatenate([gp, wait_p]), np.concatenate([gx, wait_x])
+        own = _Cum(np.concatenate([gp, self.c_p]), np.concatenate([gx, self.c_x]))
+        gap = self.gap
 
-        def at(t, ends_inclusive=True, gaps_inclusive=True):
-            a = ex[np.searchsorted(ep, t, side="right" if ends_inclusive else "left")]
-            b = gx[np.searchsorted(gp, t, side="right" if gaps_inclusive else "left")] if len(gp) else 0.0
-            return a + b
+        def gpu(t):
+            return own(t) + gap(t)
 
-        return at
+        base = self.base
+        lanes = {}
+        for L in np.unique(base.lane[base.lane >= 0]):
+            m = self.c_lane == L
+            cl = _Cum(self.c_p[m], self.c_x[m])
+            # Blocking calls on this lane, by end: each catches up with the GPU.
+            bl = np.flatnonzero(base.blocking & (base.lane == L))
+            ends = np.sort(base.ts[bl] + base.dur[bl])
+            ap, ax = [], []
+            acc = 0.0
+            for e in ends:
+                behind = gpu(e) - (cl(e) + gap(e, False) + acc)
+                if behind > 0:
+                    ap.append(e)
+                    ax.append(behind)
+                    acc += behind
+            ab = _Cum(ap, ax)
+
+            def lane_shift(t, gaps_inclusive=True, cl=cl, ab=ab):
+                return cl(t) + ab(t) + gap(t, gaps_inclusive)
+
+            lanes[int(L)] = lane_shift
+        return gpu, lanes
+
+
+def _events_text(base: Base, vals: np.ndarray) -> str:
+    """The events with their numbers filled in (orjson's float writer is ~3x
+    faster than %-formatting; both give the shortest text of the rounded value)."""
+    if orjson is not None:
+        nums = orjson.dumps(vals, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode().split(",")
+    else:  # pragma: no cover
+        nums = [repr(float(v)) for v in vals]
+    out = [None] * (len(base.static) + len(nums))
+    out[0::2] = base.static
+    out[1::2] = nums
+    return "".join(out)
 
 
 def replay(base: Base, world: int, jitter: float, seed: int, inj: Injection, out_dir: str,
@@ -442,7 +518,8 @@ def replay(base: Base, world: int, jitter: float, seed: int, inj: Injection, out
     for r in range(world):
         rk = _Rank(base, r, jitter, seed, inj.per_rank.get(r))
         if K:
-            arrive[r] = c_start0 + rk.shift_fn()(c_start0)
+            gpu, _ = rk.maps()
+            arrive[r] = c_start0 + gpu(c_start0)
         ranks[r] = rk if world <= 64 else None  # rebuilt in pass 3 when large (memory)
     # Pass 2: waits. Collective k starts for everyone when the last rank arrives;
     # a wait lengthens rank r's kernel k and shifts its later events.
@@ -457,22 +534,57 @@ def replay(base: Base, world: int, jitter: float, seed: int, inj: Injection, out
             waits[:, k] = t.max() - t
     # Pass 3: final timeline per rank, written out.
     records = {}
-    is_kernel = np.array([c == "kernel" for c in base.cats])
+    kgroups: dict = {}
+    sgroups: dict = {}
+    if want_records:  # what nvrx_baseline.timings_from_trace would read back
+        for i, (c, nm) in enumerate(zip(base.cats, base.names)):
+            if c == "kernel":
+                kgroups.setdefault(nm, []).append(i)
+            elif c == "user_annotation":
+                sgroups.setdefault("ProfilerStep" if STEP_RE.match(nm) else nm, []).append(i)
+    gpu_idx = np.flatnonzero(base.gpu)
+    lane_idx = {int(L): np.flatnonzero(base.lane == L) for L in np.unique(base.lane[base.lane >= 0])}
+    shorten = np.where(base.leaf, np.minimum(base.dur * 0, 0.0), 0.0)
     for r in range(world):
         rk = ranks.get(r) or _Rank(base, r, jitter, seed, inj.per_rank.get(r))
-        wait_p = c_end0 if K else None
-        wait_x = waits[r] if K else None
-        at = rk.shift_fn(wait_p, wait_x)
-        s_new = base.ts + at(base.ts)
+        gpu, lane_maps = rk.maps(c_end0 if K else None, waits[r] if K else None)
         own = rk.new_dur.copy()
         if K:
             own[coll] += waits[r]
-        e_elastic = base.ts + base.dur + at(base.ts + base.dur, True, False)
-        # Elastic leaves keep their own shortening (f < 1).
+        s_new = np.empty(base.n)
+        e_new = np.empty(base.n)
+        # GPU events: rigid, moved with their start.
+        s_new[gpu_idx] = base.ts[gpu_idx] + gpu(base.ts[gpu_idx])
+        e_new[gpu_idx] = s_new[gpu_idx] + own[gpu_idx]
         shorten = np.minimum(rk.new_dur - base.dur, 0.0)
-        e_elastic = e_elastic + np.where(base.leaf, shorten, 0.0)
-        d_new = np.where(base.gpu | (base.leaf & ~base.elastic), own, e_elastic - s_new)
-        d_new = np.maximum(d_new, 0.0)
+        for L, idx in lane_idx.items():
+            sh = lane_maps[L]
+            st = base.ts[idx]
+            en = st + base.dur[idx]
+            s_new[idx] = st + sh(st)
+            rigid = base.leaf[idx] & ~base.elastic[idx]
+            el_end = en + sh(en, False) + np.where(base.leaf[idx], shorten[idx], 0.0)
+            e_new[idx] = np.where(rigid, s_new[idx] + own[idx], el_end)
+        d_new = np.maximum(e_new - s_new, 0.0)
+        extra = []
+        pid_counter = 900_000_000
+        tl = lane_maps.get(base.train_lane_id)
+        for (p, g, frames, parent) in rk.gaps:
+            start = p + (tl(np.array([p]), False)[0] if tl else 0.0)  # where the gap begins after earlier shifts
+            parent_id = parent
+            for depth, fr in enumerate(frames):
+                pid_counter += 1
+                ev = {
+                    "ph": "X", "cat": "python_function", "name": fr,
+                    "pid": base.train_lane[0], "tid": base.train_lane[1],
+                    # each frame 1 µs inside its caller at both ends
+                    "ts": round(start + depth * 1.0, 3), "dur": round(g - 2 * depth * 1.0, 3),
+                    "args": {"Python id": pid_counter, "Python thread": 0},
+                }
+                if parent_id is not None:
+                    ev["args"]["Python parent id"] = parent_id
+                parent_id = pid_counter
+                extra.append(json.dumps(ev, separators=(",", ":")))
         vals = np.empty(2 * base.n)
         vals[0::2] = s_new
         vals[1::2] = d_new
@@ -486,21 +598,30 @@ def replay(base: Base, world: int, jitter: float, seed: int, inj: Injection, out
                 ev = {
                     "ph": "X", "cat": "python_function", "name": fr,
                     "pid": base.train_lane[0], "tid": base.train_lane[1],
-                    "ts": round(start + depth * 0.001, 3), "dur": round(g - 2 * depth * 0.001, 3),
+                    # each frame 1 µs inside its caller at both ends
+                    "ts": round(start + depth * 1.0, 3), "dur": round(g - 2 * depth * 1.0, 3),
                     "args": {"Python id": pid_counter, "Python thread": 0},
                 }
                 if parent_id is not None:
                     ev["args"]["Python parent id"] = parent_id
                 parent_id = pid_counter
                 extra.append(json.dumps(ev, separators=(",", ":")))
-        text = base.template % ((r, world) + tuple(vals.tolist()))
-        text = text.replace("@@EXTRA@@", ("," + ",".join(extra)) if extra else "", 1)
+        # The file's precision is the ns: round start and end (not the duration),
+        # so events that touched or nested still do; no negative zeros.
+        s_r = np.round(s_new, 3)
+        vals[0::2] = s_r
+        vals[1::2] = np.maximum(np.round(s_new + d_new, 3) - s_r, 0.0)
+        vals = np.round(vals, 3) + 0.0
         with open(os.path.join(out_dir, f"rank-{r}.json"), "w") as f:
-            f.write(text)
+            f.write(base.prefix % (r, world))
+            f.write(_events_text(base, vals))
+            if extra:
+                f.write(",\n" + ",\n".join(extra))
+            f.write(base.tail)
         if want_records:
-            k = np.flatnonzero(is_kernel)
-            st = np.array([i for i, _ in base.steps], dtype=int)
-            records[r] = {"kernel_idx": k, "kernel_dur": d_new[k], "step_dur": d_new[st]}
+            # Durations as written (rounded to the ns like the file).
+            dr = vals[1::2]
+            records[r] = ({k: dr[v] for k, v in kgroups.items()}, {k: dr[v] for k, v in sgroups.items()})
     return {"injection": inj, "records": records}
 
 

@@ -24,6 +24,17 @@ pub enum UtilizationSource {
     None,
 }
 
+/// A stable 32-bit hash (FNV-1a) of a function's kind and name, for
+/// [`Fingerprint::omitted`].
+pub fn function_hash(kind: FunctionKind, name: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in kind.as_str().bytes().chain([0xff]).chain(name.bytes()) {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
 /// P_{f,w} = (β, μ, σ) of one function on one worker (PerfTracker §4.2, Eq. 1–5).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionPattern {
@@ -86,6 +97,11 @@ pub struct Fingerprint {
     /// as not run at all.
     #[serde(default)]
     pub total_floor: f64,
+    /// [`function_hash`] of every function left out that ran at least the
+    /// summarizer's floor share of the window, ascending: a function missing
+    /// from `functions` and from this list did not run for a notable time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<u32>,
     /// Warnings from ingestion and summarization.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,

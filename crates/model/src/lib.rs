@@ -21,7 +21,8 @@ mod report;
 mod trace;
 
 pub use fingerprint::{
-    Fingerprint, FunctionPattern, UtilizationSource, FINGERPRINT_FORMAT, FINGERPRINT_VERSION,
+    function_hash, Fingerprint, FunctionPattern, UtilizationSource, FINGERPRINT_FORMAT,
+    FINGERPRINT_VERSION,
 };
 pub use report::{Finding, Reason, Report, Stat, WorkerPoint, REPORT_VERSION};
 pub use trace::{

@@ -166,6 +166,7 @@ fn main() {
             source: String::new(),
             functions,
             total_floor: 0.0,
+            omitted: Vec::new(),
             warnings: Vec::new(),
         });
     }

@@ -631,14 +631,14 @@ fn analyze_bucket(
         )];
     }
 
-    // With the noise guard (crate docs, "Noise"): a range violation of the
-    // group's median pattern is a problem of the whole group …
-    let evidence = Evidence::new(ctx, members, cols, lo, hi);
-    let range = &ctx.interner.ranges[fid];
-    let common = {
-        let (b, m, s) = evidence.median_pattern(g);
-        b > cfg.beta_min && range.distance(b, m, s) > 0.0
-    };
+    // With the noise guard (crate docs, "Noise"): a range violation on most
+    // of the group's workers is a problem of the whole group …
+    let outside = flags
+        .iter()
+        .filter(|&&f| f & CANDIDATE != 0 && f & OUTSIDE != 0)
+        .count();
+    let common = 2 * outside > g;
+    let evidence = Evidence::new(ctx, members, cols, (lo, hi), fid);
     let mut findings = Vec::new();
     if common {
         let all: Vec<usize> = (0..n).collect();
@@ -706,11 +706,27 @@ struct PeerMedians {
 }
 
 impl Evidence {
-    fn new(ctx: &Ctx<'_, '_>, members: &[u32], cols: &GroupColumns, lo: usize, hi: usize) -> Self {
+    fn new(
+        ctx: &Ctx<'_, '_>,
+        members: &[u32],
+        cols: &GroupColumns,
+        (lo, hi): (usize, usize),
+        fid: usize,
+    ) -> Self {
         let fps = ctx.fps;
+        let hash = whyslow_model::function_hash(ctx.interner.kinds[fid], ctx.interner.names[fid]);
+        // A worker without the function ran it for at most its fingerprint's
+        // `total_floor` when it lists the function as omitted, else ~never.
         let mut share: Vec<f64> = members
             .iter()
-            .map(|&fi| clean(fps[fi as usize].total_floor).min(1.0))
+            .map(|&fi| {
+                let fp = &fps[fi as usize];
+                if fp.omitted.binary_search(&hash).is_ok() {
+                    clean(fp.total_floor).min(1.0)
+                } else {
+                    0.0
+                }
+            })
             .collect();
         let mut entry_of = vec![None; members.len()];
         let mut vals = Vec::with_capacity(hi - lo);
@@ -741,16 +757,6 @@ impl Evidence {
             vals,
             member_of,
         }
-    }
-
-    /// The group's median pattern: β over all workers (absent ones at 0),
-    /// μ and σ over those with critical time in the function.
-    fn median_pattern(&self, g: usize) -> (f64, f64, f64) {
-        let mut b: Vec<f64> = self.vals.iter().map(|v| v.0).collect();
-        b.resize(g, 0.0);
-        let mut m: Vec<f64> = self.vals.iter().filter(|v| v.3 > 0.0).map(|v| v.1).collect();
-        let mut s: Vec<f64> = self.vals.iter().filter(|v| v.3 > 0.0).map(|v| v.2).collect();
-        (median(&mut b), median(&mut m), median(&mut s))
     }
 
     /// Medians over the group's workers that are not `candidates`.
@@ -789,8 +795,12 @@ impl Evidence {
         let longer = x - peers.share >= cfg.min_effect && x >= cfg.min_ratio * peers.share;
         let v = self.vals[i];
         let util = v.4
-            && (peers.mu.is_some_and(|m| (v.1 - m).abs() >= cfg.min_util_diff)
-                || peers.sigma.is_some_and(|s| (v.2 - s).abs() >= cfg.min_util_diff));
+            && (peers
+                .mu
+                .is_some_and(|m| (v.1 - m).abs() >= cfg.min_util_diff)
+                || peers
+                    .sigma
+                    .is_some_and(|s| (v.2 - s).abs() >= cfg.min_util_diff));
         longer || util
     }
 }

@@ -30,6 +30,14 @@ fn pat(kind: FunctionKind, name: &str, beta: f64, mu: f64, sigma: f64) -> Functi
     }
 }
 
+/// Multiplies a pattern's β and its run time by `x`, as a function that got
+/// `x` times slower does.
+fn slower(p: &mut FunctionPattern, x: f64) {
+    p.beta *= x;
+    p.critical_us *= x;
+    p.total_us *= x;
+}
+
 fn fp(worker: u32, functions: Vec<FunctionPattern>) -> Fingerprint {
     Fingerprint {
         format: FINGERPRINT_FORMAT.into(),
@@ -44,6 +52,7 @@ fn fp(worker: u32, functions: Vec<FunctionPattern>) -> Fingerprint {
         source: format!("rank{worker}.json"),
         functions,
         total_floor: 0.0,
+        omitted: Vec::new(),
         warnings: vec![],
     }
 }
@@ -148,7 +157,7 @@ fn near_zero_values_are_not_amplified_by_normalization() {
 fn one_worker_with_3x_beta_on_a_kernel_is_found() {
     // PerfTracker §4.3 (differential distance) and §6.1 P1 (Fig. 13a).
     let mut fps = healthy_job(64, 0.03);
-    fps[17].functions[2].beta *= 3.0;
+    slower(&mut fps[17].functions[2], 3.0);
     let r = localize(&fps, &LocalizeConfig::default(), None);
     assert_eq!(r.findings.len(), 1, "{:#?}", r.findings);
     let f = &r.findings[0];
@@ -340,7 +349,7 @@ fn same_seed_same_report_whatever_the_order() {
     // PerfTracker §4.3 samples W_N at random; whyslow seeds it.
     let mut fps = healthy_job(500, 0.05);
     for w in [10usize, 200, 333] {
-        fps[w].functions[1].beta *= 3.0;
+        slower(&mut fps[w].functions[1], 3.0);
     }
     let cfg = LocalizeConfig::default();
     let a = localize(&fps, &cfg, None);
@@ -368,7 +377,9 @@ fn tiny_groups_use_expected_ranges_only() {
     let r = localize(&fps, &LocalizeConfig::default(), None);
     assert!(r.findings.is_empty());
     assert!(r.warnings.iter().any(|w| w.contains("too few")));
-    fps[1].functions[9].beta = 0.2; // Python above its range
+    let p = &mut fps[1].functions[9];
+    let x = 0.2 / p.beta;
+    slower(p, x); // Python above its range
     let r = localize(&fps, &LocalizeConfig::default(), None);
     assert_eq!(r.findings.len(), 1);
     assert_eq!(r.findings[0].workers, vec![1]);
@@ -402,7 +413,7 @@ fn empty_and_garbage_input_do_not_panic() {
 #[test]
 fn points_are_capped_keeping_flagged() {
     let mut fps = healthy_job(300, 0.02);
-    fps[123].functions[3].beta *= 4.0;
+    slower(&mut fps[123].functions[3], 4.0);
     let cfg = LocalizeConfig {
         max_points: 50,
         ..LocalizeConfig::default()

@@ -126,7 +126,8 @@ fn fingerprint() -> Fingerprint {
         utilization_source: UtilizationSource::Trace,
         source: "x".into(),
         functions: vec![FunctionPattern {
-        total_floor: 0.0,
+            total_floor: 0.0,
+            omitted: Vec::new(),
             name: "a;b".into(),
             kind: FunctionKind::Python,
             resource: Resource::Cpu,

@@ -10,8 +10,8 @@
 //!   replay script that edits `dur` in a Kineto file does: nested and
 //!   following events may then overlap slightly).
 //! * [`NoiseMode::Shift`]: the same factors, but the time an execution gains
-//!   or loses moves everything that starts after it, so the timeline stays
-//!   consistent (a slower operator delays what follows it).
+//!   or loses moves what starts after it on the same thread or stream, so
+//!   each timeline stays consistent (a slower operator delays what follows it).
 //!
 //! [`stretch`] is the timeline-faithful way to inject a fault: time added to
 //! an execution shifts every later event, and the traced span keeps its
@@ -64,7 +64,7 @@ impl Rng {
 pub enum NoiseMode {
     /// Durations scaled in place; nothing else moves.
     Scale,
-    /// Durations scaled and every later event shifted by the difference.
+    /// Durations scaled and later events of the same thread or stream shifted by the difference.
     Shift,
 }
 
@@ -97,7 +97,12 @@ pub fn replica(base: &WorkerTrace, rank: u32, noise: &Noise) -> WorkerTrace {
                 e.end_ns = (e.end_ns + d).max(e.start_ns);
             }
         }
-        NoiseMode::Shift => stretch(&mut t, |i, _| delta[i]),
+        NoiseMode::Shift => shift(&mut t, |i, _| delta[i], false),
+    }
+    // A real trace holds every event: noise moves its end, it cuts nothing.
+    for e in &t.executions {
+        t.span.0 = t.span.0.min(e.start_ns);
+        t.span.1 = t.span.1.max(e.end_ns);
     }
     t
 }
@@ -107,6 +112,12 @@ pub fn replica(base: &WorkerTrace, rank: u32, noise: &Noise) -> WorkerTrace {
 /// timeline stays consistent; enclosing executions (a Python frame around a
 /// slowed operator) grow too. The traced span keeps its length.
 pub fn stretch(t: &mut WorkerTrace, extra: impl Fn(usize, &Execution) -> i64) {
+    shift(t, extra, true);
+}
+
+/// [`stretch`]; with `global` false a change moves only the later events of
+/// its own thread or stream (independent noise per timeline).
+fn shift(t: &mut WorkerTrace, extra: impl Fn(usize, &Execution) -> i64, global: bool) {
     // A change never takes an execution below zero length.
     let own: Vec<i64> = t
         .executions
@@ -128,7 +139,7 @@ pub fn stretch(t: &mut WorkerTrace, extra: impl Fn(usize, &Execution) -> i64) {
         at.sort_unstable();
         Shifts::new(at)
     };
-    let global = points(&|_| true);
+    let all = points(&|_| true);
     let mut threads: Vec<u32> = t.executions.iter().map(|e| e.thread).collect();
     threads.sort_unstable();
     threads.dedup();
@@ -137,14 +148,18 @@ pub fn stretch(t: &mut WorkerTrace, extra: impl Fn(usize, &Execution) -> i64) {
         .map(|&th| points(&|e: &Execution| e.thread == th))
         .collect();
     for (e, own) in t.executions.iter_mut().zip(own) {
-        let s = global.at(e.start_ns, true);
         let local = &per_thread[threads.binary_search(&e.thread).unwrap_or(0)];
+        let s = if global {
+            all.at(e.start_ns, true)
+        } else {
+            local.at(e.start_ns, true)
+        };
         let inner = local.at(e.end_ns, false) - local.at(e.start_ns, true);
         let start = e.start_ns + s;
         e.end_ns = (e.end_ns + s + inner + own).max(start);
         e.start_ns = start;
     }
-    let shift_at = |ts: i64, inclusive: bool| global.at(ts, inclusive);
+    let shift_at = |ts: i64, inclusive: bool| if global { all.at(ts, inclusive) } else { 0 };
     for step in &mut t.steps {
         let s = shift_at(step.1, true);
         step.2 = (step.2 + shift_at(step.2, false)).max(step.1 + s);
@@ -345,7 +360,11 @@ mod tests {
     fn stretch_shifts_later_events_and_grows_enclosing_ones() {
         let mut t = toy();
         stretch(&mut t, |i, _| if i == 2 { 20 } else { 0 });
-        let spans: Vec<_> = t.executions.iter().map(|e| (e.start_ns, e.end_ns)).collect();
+        let spans: Vec<_> = t
+            .executions
+            .iter()
+            .map(|e| (e.start_ns, e.end_ns))
+            .collect();
         assert_eq!(spans, vec![(0, 120), (120, 220), (10, 70)]);
         assert_eq!(t.steps, vec![(1, 0, 220)]);
         assert_eq!(t.span, (0, 200));
@@ -382,7 +401,12 @@ mod tests {
     fn straggler_peers_wait_in_the_collective() {
         let mut traces = vec![toy(), toy(), toy()];
         let b = FunctionId(1);
-        straggle(&mut traces, 1, |i, _| if i == 0 { 30 } else { 0 }, |f| f == b);
+        straggle(
+            &mut traces,
+            1,
+            |i, _| if i == 0 { 30 } else { 0 },
+            |f| f == b,
+        );
         assert_eq!(traces[1].executions[1].start_ns, 130);
         // Peers enter b on time and leave it when the straggler arrives.
         assert_eq!(traces[0].executions[1].start_ns, 100);

@@ -150,6 +150,7 @@ pub fn summarize(
         source: trace.meta.source.clone(),
         functions: Vec::new(),
         total_floor: 0.0,
+        omitted: Vec::new(),
         warnings: Vec::new(),
     };
 
@@ -257,6 +258,15 @@ pub fn summarize(
     kept.extend_from_slice(&rest[..extra]);
     // Every function left out ran for less than this share of the window.
     fp.total_floor = rest.get(extra).map_or(floor, |&f| share_of(f).max(floor));
+    fp.omitted = rest[extra..]
+        .iter()
+        .map(|&f| {
+            let info = trace.functions.get(id(f));
+            whyslow_model::function_hash(info.kind, &info.name)
+        })
+        .collect();
+    fp.omitted.sort_unstable();
+    fp.omitted.dedup();
 
     // 4. μ, σ (Eq. 4, 5) for the kept functions.
     let mut series: BTreeMap<Resource, Series> = BTreeMap::new();
