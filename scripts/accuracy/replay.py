@@ -3,38 +3,38 @@
 with jitter and, optionally, one injected fault (the cases of
 docs/accuracy.md).
 
-Timeline model (per rank, "simplest" rule: time added to an event shifts
-everything that starts after it on that rank, on every thread and stream):
+Timeline model (per rank; nothing ever moves earlier than in the real trace):
 
 * Leaf events (GPU kernels / memcpys / memsets, CPU events with nothing nested
-  inside) get an independent duration factor f ~ U[1-j, 1+j]. Time an event
-  gains (jitter > 1, an injected slowdown, a wait in a collective) is
-  *inserted* at its original end: every event starting at or after that
-  point moves later by that amount. Time an event loses (f < 1) only
-  shortens it (the lane idles a little), nothing moves earlier, so order and
-  nesting always hold.
-* GPU events are rigid: they move with their start and keep their own
-  (jittered, slowed) duration; a CPU stall in the middle of a kernel does not
-  lengthen it.
-* CPU parents (and CPU leaves that block on the GPU: *Synchronize*,
-  synchronous cudaMemcpy) are elastic: their end moves with everything
-  inserted before it, so an enclosing frame or a ProfilerStep grows by what
-  was added inside it.
-* Inserted Python stacks (data loader, forward, gc, socket recv) are gaps of
-  CPU time at the start of each step on the training thread (the thread of
-  the ProfilerStep annotations): everything after shifts, the GPU idles.
+  inside) get an independent duration factor f ~ U[1-j, 1+j] (blocking
+  calls excepted: their length is their wait).
+* CPU lanes (one per pid/tid): time a leaf gains is inserted at its end, so
+  everything after it on that lane starts later and its parents stretch; a
+  leaf that gets shorter just ends earlier. Inserted Python stacks are gaps
+  on the training thread (the thread of the ProfilerStep annotations) that
+  shift every CPU lane. Blocking calls (...Synchronize) return only when the
+  GPU work they waited for is done: if that work now ends later (beyond any
+  idle slack the GPU had before the call), the call stretches by that much
+  and its lane shifts (the CPU runs ahead asynchronously until it syncs).
+* GPU streams: an event starts at max(its original start + the shift of its
+  launch call's lane, the new end of the previous event on its stream) and
+  lasts its own duration (jittered, slowed, plus any collective wait): the
+  GPU follows its launches and its queue; a CPU stall idles it once the
+  queue is drained, a slower kernel delays the ones queued behind it.
 * Synchronous collectives: NCCL kernels are matched across ranks by order
-  (k-th NCCL kernel of the base trace). All ranks start the data transfer of
-  collective k when the last rank arrives: rank r's kernel k is lengthened by
-  max_r' start(r', k) - start(r, k) (its wait), which then shifts its later
-  events. A rank that is late (slow GPU, GC pause, slow link on its previous
-  collective) thus makes its peers wait in their next collective.
+  (k-th NCCL kernel of the base trace). The transfer of collective k starts
+  on every rank when the last rank arrives: rank r's kernel k is lengthened
+  by max_r' start(r', k) - start(r, k), which delays what is queued behind it
+  and, through blocking calls, its CPU. A rank that is late (slow GPU, GC
+  pause, slow link in its previous collective) makes its peers wait in
+  their next collective.
 
 Output: one file per rank, rank-<r>.json, with distributedInfo.rank = r and
-world_size = N; only complete ("X") and metadata ("M") events are kept (flow
-and instant events dropped), timestamps rebased to start at 1 s, bulky
-CPU-op argument lists (input shapes/types) dropped. The trace is cropped to
-whole ProfilerSteps.
+world_size = N, laid out like Kineto writes it (one event a line); only
+complete ("X") and metadata ("M") events are kept (flow, instant and
+gpu_user_annotation events dropped), timestamps rebased to start at 1 s,
+bulky CPU-op argument lists (input shapes/types) dropped. The trace is
+cropped to whole ProfilerSteps.
 """
 from __future__ import annotations
 
@@ -123,6 +123,10 @@ class Base:
     prefix: str = ""  # file text before the events, with "%d" slots for rank and world size
     static: list = field(default_factory=list)  # event text between the ts/dur numbers
     tail: str = ""
+    gpu_ends: np.ndarray = None  # sorted original ends of GPU events
+    gpu_end_order: np.ndarray = None  # GPU event indices in that order
+    launch: np.ndarray = None  # per GPU event: index of its launch call, -1 if none
+    stream_order: list = None  # per GPU stream: event indices by start
 
 
 def load_base(path: str, steps: int = 2, name: str | None = None) -> Base:
@@ -240,6 +244,26 @@ def load_base(path: str, steps: int = 2, name: str | None = None) -> Base:
         + '  "distributedInfo": {"backend": "' + backend + '", "rank": %d, "world_size": %d},\n'
         + '  "traceEvents": [\n' + ",\n".join(meta_txt + parts) + "@@EXTRA@@\n]}\n"
     )
+    gpu_idx = np.flatnonzero(gpu)
+    gpu_end_order = gpu_idx[np.argsort((ts + dur)[gpu_idx], kind="stable")]
+    gpu_ends = (ts + dur)[gpu_end_order]
+    # Each GPU event's launch (the CPU runtime call with the same correlation id).
+    corr = {}
+    for i, e in enumerate(kept):
+        if not gpu[i] and cats[i] in ("cuda_runtime", "cuda_driver"):
+            c = (e.get("args") or {}).get("correlation")
+            if c is not None:
+                corr[c] = i
+    launch = np.full(n, -1, dtype=np.int64)
+    for i in gpu_idx:
+        c = (kept[i].get("args") or {}).get("correlation")
+        if c is not None and c in corr:
+            launch[i] = corr[c]
+    streams = {}
+    for i in gpu_idx:
+        e = kept[i]
+        streams.setdefault((e.get("pid"), e.get("tid")), []).append(i)
+    stream_order = [np.array(sorted(v, key=lambda i: (ts[i], i))) for v in streams.values()]
     head_txt, tail_txt = template.split("@@EXTRA@@")
     # For the fast path: the static text between the numbers (2 per event).
     body_start = head_txt.index('"traceEvents": [')
@@ -252,7 +276,8 @@ def load_base(path: str, steps: int = 2, name: str | None = None) -> Base:
         elastic=elastic, blocking=blocking, lane=lane, train_lane_id=int(lane[step_list[0][0]]) if step_list else 0,
         nccl=nccl, coll_order=coll_order, steps=step_list,
         train_lane=train_lane, py_frames=py_frames, template=template, header=header,
-        prefix=prefix, static=static, tail=tail_txt,
+        prefix=prefix, static=static, tail=tail_txt, gpu_ends=gpu_ends, gpu_end_order=gpu_end_order,
+        launch=launch, stream_order=stream_order,
     )
 
 
@@ -411,32 +436,31 @@ class _Cum:
 
 
 class _Rank:
-    """One rank's jitter, slowdowns and inserted gaps, and its time maps.
+    """One rank's jitter, slowdowns and inserted gaps, and its schedule.
 
-    Time maps (t -> t + shift), lane-aware so that an event only stretches
-    for what happens inside it on its own lane:
-    * GPU streams: shifted by every insertion of the rank (GPU events' extra
-      time and collective waits, CPU leaves' extra time, Python gaps): the
-      GPU follows its launches and its own queue.
-    * A CPU lane (pid, tid): shifted by its own leaves' extra time and the
-      Python gaps; delays of the GPU reach it only at its blocking calls
-      (…Synchronize), which stretch until the lane has caught up with the
-      GPU's shift (the CPU runs ahead asynchronously until it synchronizes).
+    * A CPU lane (pid, tid) is shifted by the extra time of its own leaves
+      (inserted at their ends), by the Python gaps (on every lane), and at its
+      blocking calls (…Synchronize) by however far the GPU work the call waited
+      for is now late (after any idle slack the GPU had before the call).
+      CPU parents stretch with what is inserted inside them.
+    * A GPU event starts at max(its original start + its launch call's shift,
+      the new end of the previous event on its stream), and lasts its own
+      (jittered, slowed, waiting) duration: the GPU follows its launches and
+      its queue, and a CPU stall only idles it once the queue is drained.
+    Nothing moves earlier than in the real trace.
     """
 
     def __init__(self, base: Base, rank: int, jitter: float, seed: int, fault: RankFault | None):
         rng = _seed(seed, base.name, jitter, rank, "jitter")
         f = rng.uniform(1.0 - jitter, 1.0 + jitter, base.n)
-        f = np.where(base.leaf, f, 1.0)
+        f = np.where(base.leaf & ~base.blocking, f, 1.0)  # a blocking call's length is its wait
         if fault is not None and fault.slow is not None:
             f = f * np.where(base.leaf, fault.slow, 1.0)
         self.base = base
         self.new_dur = base.dur * f  # for leaves; parents follow the map
         extra = self.new_dur - base.dur
-        pos = extra > 0
+        cpu_pos = (extra > 0) & ~base.gpu
         end = base.ts + base.dur
-        self.g_p, self.g_x = end[pos & base.gpu], extra[pos & base.gpu]
-        cpu_pos = pos & ~base.gpu
         self.c_p, self.c_x, self.c_lane = end[cpu_pos], extra[cpu_pos], base.lane[cpu_pos]
         # Python stacks: a gap at each step start (1 ns after it, so the step encloses it).
         self.gaps = []  # (p, g, frames, parent python id)
@@ -453,40 +477,73 @@ class _Rank:
                     self.gaps.append((p, g, frames, parent))
         self.gap = _Cum([x[0] for x in self.gaps], [x[1] for x in self.gaps])
 
-    def maps(self, wait_p=None, wait_x=None):
-        """(gpu_shift, {lane: (lane_ends_shift)}) as functions of original time."""
-        gp, gx = self.g_p, self.g_x
-        if wait_p is not None and len(wait_p):
-            gp, gx = np.concatenate([gp, wait_p]), np.concatenate([gx, wait_x])
-        own = _Cum(np.concatenate([gp, self.c_p]), np.concatenate([gx, self.c_x]))
-        gap = self.gap
-
-        def gpu(t):
-            return own(t) + gap(t)
-
+    def schedule(self, own_gpu_extra=None):
+        """Returns (lane_shift functions by lane, GPU start/end arrays (full
+        length, GPU entries valid)). own_gpu_extra: extra duration per event
+        (collective waits)."""
         base = self.base
-        lanes = {}
-        for L in np.unique(base.lane[base.lane >= 0]):
-            m = self.c_lane == L
-            cl = _Cum(self.c_p[m], self.c_x[m])
-            # Blocking calls on this lane, by end: each catches up with the GPU.
-            bl = np.flatnonzero(base.blocking & (base.lane == L))
-            ends = np.sort(base.ts[bl] + base.dur[bl])
-            ap, ax = [], []
-            acc = 0.0
-            for e in ends:
-                behind = gpu(e) - (cl(e) + gap(e, False) + acc)
-                if behind > 0:
-                    ap.append(e)
-                    ax.append(behind)
-                    acc += behind
-            ab = _Cum(ap, ax)
+        own = self.new_dur if own_gpu_extra is None else self.new_dur + own_gpu_extra
+        gap = self.gap
+        lanes = [int(L) for L in np.unique(base.lane[base.lane >= 0])]
+        cl = {L: _Cum(self.c_p[self.c_lane == L], self.c_x[self.c_lane == L]) for L in lanes}
+        catch = {L: ([], []) for L in lanes}
 
-            def lane_shift(t, gaps_inclusive=True, cl=cl, ab=ab):
-                return cl(t) + ab(t) + gap(t, gaps_inclusive)
+        def lane_fn(L):
+            c = _Cum(*catch[L])
 
-            lanes[int(L)] = lane_shift
-        return gpu, lanes
+            def f(t, gaps_inclusive=True):
+                return cl[L](t) + c(t) + gap(t, gaps_inclusive)
+
+            return f
+
+        launch = base.launch
+        has_launch = launch >= 0
+
+        def gpu_schedule():
+            fns = {L: lane_fn(L) for L in lanes}
+            lsh = np.zeros(base.n)
+            li = np.flatnonzero(has_launch)
+            if len(li):
+                lts = base.ts[launch[li]]
+                ll = base.lane[launch[li]]
+                for L in lanes:
+                    m = ll == L
+                    if m.any():
+                        lsh[li[m]] = fns[L](lts[m])
+            nl = np.flatnonzero(base.gpu & ~has_launch)
+            if len(nl):  # no launch in the trace: follows the Python gaps only
+                lsh[nl] = gap(base.ts[nl])
+            s_new = np.zeros(base.n)
+            e_new = np.zeros(base.n)
+            for idx in base.stream_order:
+                a = base.ts[idx] + lsh[idx]
+                d = own[idx]
+                O = np.concatenate([[0.0], np.cumsum(d)[:-1]])
+                x = np.maximum.accumulate(a - O) + O  # x_i = max(a_i, x_{i-1} + d_{i-1})
+                s_new[idx] = x
+                e_new[idx] = x + d
+            return s_new, e_new
+
+        # Blocking calls in time order; each may catch its lane up with the GPU.
+        bl = np.flatnonzero(base.blocking)
+        bl = bl[np.argsort(base.ts[bl] + base.dur[bl], kind="stable")]
+        s_new, e_new = gpu_schedule()
+        for i in bl:
+            L = int(base.lane[i])
+            sb, e = base.ts[i], base.ts[i] + base.dur[i]
+            k = np.searchsorted(base.gpu_ends, e, side="right") - 1
+            if k < 0:
+                continue
+            g = base.gpu_end_order[k]
+            eg = base.gpu_ends[k]
+            late = e_new[g] - eg  # how much later that GPU work now finishes
+            now = cl[L](e) + gap(e, False) + sum(catch[L][1])
+            behind = min(0.0, eg - sb) + late - now
+            if behind > 1e-9:
+                catch[L][0].append(e)
+                catch[L][1].append(behind)
+                s_new, e_new = gpu_schedule()
+        return {L: lane_fn(L) for L in lanes}, s_new, e_new
 
 
 def _events_text(base: Base, vals: np.ndarray) -> str:
@@ -518,8 +575,8 @@ def replay(base: Base, world: int, jitter: float, seed: int, inj: Injection, out
     for r in range(world):
         rk = _Rank(base, r, jitter, seed, inj.per_rank.get(r))
         if K:
-            gpu, _ = rk.maps()
-            arrive[r] = c_start0 + gpu(c_start0)
+            _, s_g, _ = rk.schedule()
+            arrive[r] = s_g[coll]
         ranks[r] = rk if world <= 64 else None  # rebuilt in pass 3 when large (memory)
     # Pass 2: waits. Collective k starts for everyone when the last rank arrives;
     # a wait lengthens rank r's kernel k and shifts its later events.
@@ -544,18 +601,17 @@ def replay(base: Base, world: int, jitter: float, seed: int, inj: Injection, out
                 sgroups.setdefault("ProfilerStep" if STEP_RE.match(nm) else nm, []).append(i)
     gpu_idx = np.flatnonzero(base.gpu)
     lane_idx = {int(L): np.flatnonzero(base.lane == L) for L in np.unique(base.lane[base.lane >= 0])}
-    shorten = np.where(base.leaf, np.minimum(base.dur * 0, 0.0), 0.0)
     for r in range(world):
         rk = ranks.get(r) or _Rank(base, r, jitter, seed, inj.per_rank.get(r))
-        gpu, lane_maps = rk.maps(c_end0 if K else None, waits[r] if K else None)
-        own = rk.new_dur.copy()
+        wx = np.zeros(base.n)
         if K:
-            own[coll] += waits[r]
+            wx[coll] = waits[r]
+        lane_maps, s_g, e_g = rk.schedule(wx)
+        own = rk.new_dur + wx
         s_new = np.empty(base.n)
         e_new = np.empty(base.n)
-        # GPU events: rigid, moved with their start.
-        s_new[gpu_idx] = base.ts[gpu_idx] + gpu(base.ts[gpu_idx])
-        e_new[gpu_idx] = s_new[gpu_idx] + own[gpu_idx]
+        s_new[gpu_idx] = s_g[gpu_idx]
+        e_new[gpu_idx] = e_g[gpu_idx]
         shorten = np.minimum(rk.new_dur - base.dur, 0.0)
         for L, idx in lane_idx.items():
             sh = lane_maps[L]
@@ -586,26 +642,6 @@ def replay(base: Base, world: int, jitter: float, seed: int, inj: Injection, out
                 parent_id = pid_counter
                 extra.append(json.dumps(ev, separators=(",", ":")))
         vals = np.empty(2 * base.n)
-        vals[0::2] = s_new
-        vals[1::2] = d_new
-        extra = []
-        pid_counter = 900_000_000
-        for (p, g, frames, parent) in rk.gaps:
-            start = p + at(np.array([p]), True, False)[0]  # where the gap begins after earlier shifts
-            parent_id = parent
-            for depth, fr in enumerate(frames):
-                pid_counter += 1
-                ev = {
-                    "ph": "X", "cat": "python_function", "name": fr,
-                    "pid": base.train_lane[0], "tid": base.train_lane[1],
-                    # each frame 1 µs inside its caller at both ends
-                    "ts": round(start + depth * 1.0, 3), "dur": round(g - 2 * depth * 1.0, 3),
-                    "args": {"Python id": pid_counter, "Python thread": 0},
-                }
-                if parent_id is not None:
-                    ev["args"]["Python parent id"] = parent_id
-                parent_id = pid_counter
-                extra.append(json.dumps(ev, separators=(",", ":")))
         # The file's precision is the ns: round start and end (not the duration),
         # so events that touched or nested still do; no negative zeros.
         s_r = np.round(s_new, 3)

@@ -24,7 +24,9 @@ pub use fingerprint::{
     function_hash, Fingerprint, FunctionPattern, UtilizationSource, FINGERPRINT_FORMAT,
     FINGERPRINT_VERSION,
 };
-pub use report::{Finding, Reason, Report, Stat, WorkerPoint, REPORT_VERSION};
+pub use report::{
+    Consequence, Finding, Reason, Relation, Report, Stat, WorkerPoint, REPORT_VERSION,
+};
 pub use trace::{
     Execution, FunctionId, FunctionInfo, FunctionKind, FunctionTable, RankSource, Resource,
     SampleSeries, WorkerMeta, WorkerTrace, UNKNOWN_UTIL,

@@ -113,6 +113,41 @@ pub struct Finding {
     /// Every worker's pattern of this function in the comparison group, for plots.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub points: Vec<WorkerPoint>,
+    /// The share of the iteration this finding accounts for: on part of a
+    /// group, the flagged workers' extra critical-path share over their
+    /// peers'; on a whole group, the critical-path share above the
+    /// function's expected range. Findings are ordered by it.
+    #[serde(default)]
+    pub explains: f64,
+    /// What follows from this cause: peers waiting for the flagged workers
+    /// in a collective, and other functions slower on the same workers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consequences: Vec<Consequence>,
+}
+
+/// How a [`Consequence`] relates to its cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    /// `workers` wait in this collective for the cause's workers.
+    WaitsFor,
+    /// This function is also slower on the cause's workers.
+    AlsoSlower,
+}
+
+/// A finding folded under the finding that causes it (the cause first).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Consequence {
+    /// The function.
+    pub function: String,
+    /// Its class.
+    pub kind: FunctionKind,
+    /// How it follows from the cause.
+    pub relation: Relation,
+    /// The workers it shows on (the waiting ones, or the cause's).
+    pub workers: Vec<u32>,
+    /// β there (median) vs. on the other workers.
+    pub beta: Stat,
 }
 
 /// The localizer's answer for one job.

@@ -1,7 +1,7 @@
 //! Remediation hints for known patterns (PerfTracker §6 cases, EROICA's
 //! production cases). A hint is a pure function of a [`Finding`].
 
-use whyslow_model::{Finding, FunctionKind, Reason, Resource};
+use whyslow_model::{Finding, FunctionKind, Reason, Resource, UtilizationSource};
 
 /// True when every worker of the comparison group is flagged (or, for reports
 /// without `group_workers`, when the peers' β is ~0 and no point is unflagged).
@@ -83,6 +83,50 @@ fn is_data_loading(frames: &[String]) -> bool {
     })
 }
 
+/// The innermost frame waits (socket/pipe receive, file read, poll, queue
+/// get, lock, sleep) rather than computes.
+fn innermost_waits(frames: &[String]) -> bool {
+    let Some(last) = frames.last() else {
+        return false;
+    };
+    let func = frame_fn(last);
+    [
+        "recv", "read", "poll", "select", "wait", "sleep", "acquire", "accept", "_get", "get",
+    ]
+    .iter()
+    .any(|w| func.contains(w))
+        || last.contains("socket")
+        || last.contains("queue")
+        || last.contains("connection.py")
+        || last.contains("selectors.py")
+        || last.contains("threading.py")
+}
+
+/// Measured CPU utilization of the training thread says it waits (≤ 30 %)
+/// or computes (≥ 60 %); `None` when not measured.
+fn cpu_busy(f: &Finding) -> Option<bool> {
+    if f.util_source == UtilizationSource::None || f.resource != Resource::Cpu {
+        return None;
+    }
+    if f.mu.value <= 0.3 {
+        Some(false)
+    } else if f.mu.value >= 0.6 {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// A user-annotated region (`record_function`, `## name ##`, `[param|…]`,
+/// `Optimizer.step#…`) rather than one operator: it spans whatever runs inside.
+fn is_annotation(name: &str) -> bool {
+    let n = name.trim();
+    (n.starts_with("##") && n.ends_with("##"))
+        || (n.starts_with('[') && n.ends_with(']'))
+        || n.starts_with("ProfilerStep#")
+        || (n.contains('#') && !n.contains("::"))
+}
+
 fn is_gc(frames: &[String]) -> bool {
     frames.iter().any(|fr| {
         let func = frame_fn(fr);
@@ -114,19 +158,46 @@ fn is_gc(frames: &[String]) -> bool {
 /// * Communication with high β on all workers → not overlapped / network-bound.
 /// * Memory operations or CPU ops above their expected range on all workers →
 ///   host↔device copies or synchronization on the critical path.
-pub fn hint(f: &Finding) -> Option<String> {
+pub fn hint(f: &Finding, job: &Job) -> Option<String> {
     let all = on_all_workers(f);
+    let waits_for = if job.gpus {
+        "keeps the GPUs waiting"
+    } else {
+        "holds up the step"
+    };
     match f.kind {
         FunctionKind::Python => {
             let frames = lower_frames(&f.function);
             if is_data_loading(&frames) {
-                return Some(
-                    "Data loading is on the critical path (socket receive / DataLoader next): \
-                     input is read slowly from storage. Use more DataLoader workers with \
-                     prefetching and pin_memory, cache or pre-shard the data locally, or \
-                     read from a faster (parallel) file system."
-                        .into(),
-                );
+                // Waiting for input, or computing it in the training process?
+                let waiting = cpu_busy(f).map_or_else(|| innermost_waits(&frames), |busy| !busy);
+                return Some(if waiting {
+                    "The training loop waits for input (DataLoader next / socket receive on \
+                     the critical path): data arrives slower than it is consumed. Use more \
+                     DataLoader workers with prefetching and pin_memory, cache or pre-shard \
+                     the data locally, or read from a faster (parallel) file system."
+                        .into()
+                } else {
+                    format!(
+                        "Input preprocessing runs in the training process itself, inside the \
+                         DataLoader's next (CPU work, not waiting): it {waits_for}. Move it into \
+                         DataLoader workers (num_workers > 0, persistent_workers, prefetch_factor){}, \
+                         or precompute it offline.",
+                        if job.gpus { " or onto the GPU (GPU transforms, DALI)" } else { "" }
+                    )
+                });
+            }
+            if is_preprocessing(&frames) {
+                return Some(format!(
+                    "CPU-heavy data preprocessing (image/array transforms) runs in the \
+                     training process: it {waits_for}. Move it into DataLoader workers \
+                     (num_workers > 0){}, or precompute it offline.",
+                    if job.gpus {
+                        " or onto the GPU (GPU transforms, DALI)"
+                    } else {
+                        ""
+                    }
+                ));
             }
             if is_gc(&frames) {
                 return Some(
@@ -152,12 +223,20 @@ pub fn hint(f: &Finding) -> Option<String> {
                         .into(),
                 );
             }
-            if all {
+            if all && job.gpus {
                 return Some(
                     "This Python function keeps the GPUs waiting on every worker: the job \
                      is bound by CPU work in it. Profile it (py-spy, torch.profiler with \
                      stacks), move the work to the GPU or out of the step loop, or reduce \
                      kernel-launch overhead (torch.compile, CUDA graphs)."
+                        .into(),
+                );
+            }
+            if all {
+                return Some(
+                    "This Python function takes more of every worker's step than Python \
+                     code should: profile it (py-spy, torch.profiler with stacks) and move \
+                     the work out of the step loop or into vectorized operators."
                         .into(),
                 );
             }
@@ -250,7 +329,14 @@ pub fn hint(f: &Finding) -> Option<String> {
                 )
             } else if !all && is_peer(f) && cpu_starved(f) {
                 Some(CPU_STARVED.into())
-            } else if all || matches!(f.reason, Reason::Unexpected) {
+            } else if is_annotation(&f.function) {
+                (all || matches!(f.reason, Reason::Unexpected)).then(|| {
+                    "This is a user-annotated region (record_function), not one operator: \
+                     its critical-path time is whatever runs inside it. Look at the findings \
+                     for the functions within it, or profile with stacks to see what it waits for."
+                        .into()
+                })
+            } else if (all || matches!(f.reason, Reason::Unexpected)) && job.gpus {
                 Some(
                     "A CPU operator keeps the GPUs waiting: the job is CPU/launch-bound. \
                      Check CPU affinity and contention, and reduce launch overhead \
@@ -262,4 +348,28 @@ pub fn hint(f: &Finding) -> Option<String> {
             }
         }
     }
+}
+
+/// What the hints need to know about the job as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Job {
+    /// Some worker ran GPU kernels or device memory operations.
+    pub gpus: bool,
+}
+
+/// Image/array preprocessing libraries and transforms in the stack.
+fn is_preprocessing(frames: &[String]) -> bool {
+    frames.iter().any(|fr| {
+        let func = frame_fn(fr);
+        fr.contains("scipy/ndimage")
+            || fr.contains("/pil/")
+            || fr.starts_with("pil/")
+            || fr.contains("torchvision/transforms")
+            || fr.contains("image_transforms")
+            || fr.contains("image_processing")
+            || fr.contains("albumentations")
+            || fr.contains("cv2")
+            || func.contains("zoom")
+            || func.contains("resize")
+    })
 }

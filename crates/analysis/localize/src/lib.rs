@@ -117,10 +117,10 @@ mod hint;
 use std::collections::{BTreeSet, HashMap};
 
 pub use config::{ExpectedRange, ExpectedRanges, LocalizeConfig, RangeOverride};
-pub use hint::hint;
+pub use hint::{hint, Job};
 use whyslow_model::{
-    Finding, Fingerprint, FunctionKind, Reason, Report, Resource, Stat, UtilizationSource,
-    WorkerPoint, REPORT_VERSION,
+    Consequence, Finding, Fingerprint, FunctionKind, Reason, Relation, Report, Resource, Stat,
+    UtilizationSource, WorkerPoint, REPORT_VERSION,
 };
 
 /// Errors of the localizer's configuration.
@@ -299,6 +299,7 @@ struct Ctx<'a, 'c> {
     interner: Interner<'a>,
     invalid_values: u64,
     duplicate_functions: u64,
+    job: Job,
     // scratch
     local_of: Vec<u32>,
     ent_bucket: Vec<u32>,
@@ -1005,8 +1006,10 @@ fn build_finding(
         hint: None,
         source_excerpt: None,
         points,
+        explains: 0.0,
+        consequences: Vec::new(),
     };
-    finding.hint = hint(&finding);
+    finding.hint = hint(&finding, &ctx.job);
     finding
 }
 
@@ -1166,6 +1169,13 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         },
         invalid_values: 0,
         duplicate_functions: 0,
+        job: Job {
+            gpus: fps.iter().any(|fp| {
+                fp.functions
+                    .iter()
+                    .any(|p| matches!(p.kind, FunctionKind::GpuKernel | FunctionKind::Memory))
+            }),
+        },
         local_of: Vec::new(),
         ent_bucket: Vec::new(),
         pos_cache: Vec::new(),
@@ -1206,13 +1216,18 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         ));
     }
 
-    findings.sort_by(|a, b| {
-        let ka = a.beta.value * a.workers.len() as f64;
-        let kb = b.beta.value * b.workers.len() as f64;
-        kb.total_cmp(&ka)
-            .then_with(|| a.function.cmp(&b.function))
-            .then_with(|| a.group.cmp(&b.group))
-    });
+    let findings = if cfg.corroborate {
+        cause_first(findings, cfg)
+    } else {
+        findings.sort_by(|a, b| {
+            let ka = a.beta.value * a.workers.len() as f64;
+            let kb = b.beta.value * b.workers.len() as f64;
+            kb.total_cmp(&ka)
+                .then_with(|| a.function.cmp(&b.function))
+                .then_with(|| a.group.cmp(&b.group))
+        });
+        findings
+    };
 
     Report {
         version: REPORT_VERSION,
@@ -1227,6 +1242,115 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         },
         warnings,
     }
+}
+
+/// The cause first (whyslow, not in the papers): each finding's share of the
+/// iteration ([`Finding::explains`]); a collective in which the other
+/// workers wait for the workers of a finding on part of the group, and other
+/// functions slower on exactly those workers, are folded under that finding
+/// as [`Finding::consequences`]; then the findings are ordered by what they
+/// explain.
+fn cause_first(mut findings: Vec<Finding>, cfg: &LocalizeConfig) -> Vec<Finding> {
+    let partial = |f: &Finding| f.group_workers > 0 && f.workers.len() < f.group_workers;
+    for f in &mut findings {
+        f.explains = if partial(f) {
+            (f.beta.value - f.beta.peers).max(0.0)
+        } else {
+            (f.beta.value - cfg.range_for(f.kind, &f.function).beta.1).max(0.0)
+        };
+    }
+    // Causes: findings on part of a group that are not themselves waiting.
+    let mut order: Vec<usize> = (0..findings.len()).collect();
+    order.sort_by(|&a, &b| {
+        findings[b]
+            .explains
+            .total_cmp(&findings[a].explains)
+            .then_with(|| findings[a].function.cmp(&findings[b].function))
+    });
+    let mut folded = vec![false; findings.len()];
+    for &c in &order {
+        if folded[c] || !partial(&findings[c]) || findings[c].kind == FunctionKind::Comm {
+            continue;
+        }
+        let mut consequences = Vec::new();
+        for &o in &order {
+            if o == c || folded[o] || findings[o].group != findings[c].group {
+                continue;
+            }
+            let (cause, other) = (&findings[c], &findings[o]);
+            let relation = if other.kind == FunctionKind::Comm {
+                // Waiting: the others spend more of their window in the
+                // collective than the cause's workers do.
+                let (on, off) = split_points(other, &cause.workers);
+                let (mut on, mut off) = (on, off);
+                let (b_on, b_off) = (median(&mut on), median(&mut off));
+                (!off.is_empty() && b_off - b_on >= cfg.min_effect).then(|| {
+                    let waiting: Vec<u32> = other
+                        .points
+                        .iter()
+                        .filter(|p| !cause.workers.contains(&p.worker))
+                        .map(|p| p.worker)
+                        .collect();
+                    (Relation::WaitsFor, waiting, b_off, b_on)
+                })
+            } else if partial(other) && other.workers == cause.workers {
+                Some((
+                    Relation::AlsoSlower,
+                    other.workers.clone(),
+                    other.beta.value,
+                    other.beta.peers,
+                ))
+            } else {
+                None
+            };
+            let Some((relation, workers, value, peers)) = relation else {
+                continue;
+            };
+            consequences.push(Consequence {
+                function: other.function.clone(),
+                kind: other.kind,
+                relation,
+                workers,
+                beta: Stat {
+                    value,
+                    peers,
+                    peer_count: None,
+                },
+            });
+            folded[o] = true;
+        }
+        findings[c].consequences = consequences;
+    }
+    let mut kept: Vec<Finding> = findings
+        .into_iter()
+        .zip(folded)
+        .filter_map(|(f, folded)| (!folded).then_some(f))
+        .collect();
+    kept.sort_by(|a, b| {
+        b.explains
+            .total_cmp(&a.explains)
+            .then_with(|| {
+                let ka = a.beta.value * a.workers.len() as f64;
+                let kb = b.beta.value * b.workers.len() as f64;
+                kb.total_cmp(&ka)
+            })
+            .then_with(|| a.function.cmp(&b.function))
+            .then_with(|| a.group.cmp(&b.group))
+    });
+    kept
+}
+
+/// β of a finding's plotted workers on `workers` and on the others.
+fn split_points(f: &Finding, workers: &[u32]) -> (Vec<f64>, Vec<f64>) {
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for p in &f.points {
+        if workers.contains(&p.worker) {
+            on.push(p.beta);
+        } else {
+            off.push(p.beta);
+        }
+    }
+    (on, off)
 }
 
 #[cfg(test)]

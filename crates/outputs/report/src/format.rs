@@ -202,6 +202,31 @@ pub fn stack_line(f: &Finding, max: usize) -> Option<String> {
     Some(truncate_start(&s, max))
 }
 
+/// For each finding whose title (innermost frame) another finding of the
+/// report shares while their stacks differ, the frame where its stack leaves
+/// the other's (the latest such point, so the frame is the one that tells
+/// them apart), short form; `None` for the others.
+pub fn divergent_frames(findings: &[Finding]) -> Vec<Option<String>> {
+    let titles: Vec<String> = findings.iter().map(|f| function_title(f, 100)).collect();
+    findings
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let mine = frames(&f.function);
+            let mut at: Option<usize> = None;
+            for (j, g) in findings.iter().enumerate() {
+                if j == i || g.function == f.function || titles[j] != titles[i] {
+                    continue;
+                }
+                let theirs = frames(&g.function);
+                let common = mine.iter().zip(&theirs).take_while(|(a, b)| a == b).count();
+                at = Some(at.map_or(common, |a| a.max(common)));
+            }
+            at.and_then(|p| mine.get(p)).map(|fr| short_frame(fr))
+        })
+        .collect()
+}
+
 /// Keeps the first `max` characters, with `…` when cut.
 pub fn truncate_end(s: &str, max: usize) -> String {
     if s.chars().count() <= max {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use whyslow_model::{Finding, Report, UtilizationSource, WorkerPoint};
+use whyslow_model::{Finding, Relation, Report, UtilizationSource, WorkerPoint};
 
 use crate::format::*;
 
@@ -308,12 +308,17 @@ pub fn render_html(report: &Report) -> String {
         );
     } else {
         out.push_str("<table><tr><th>#</th><th>Abnormal function execution</th><th>Workers</th><th>Critical path β</th><th>Avg resource util. μ</th><th>Util. std σ</th><th>Why</th></tr>\n");
+        let via = divergent_frames(&report.findings);
         for (i, f) in report.findings.iter().enumerate() {
             let util = f.util_source != UtilizationSource::None;
             let _ = writeln!(
                 out,
-                r##"<tr><td><a href="#f{n}">{n}</a></td><td class="fn"><b>{}</b> <small>[{}]</small></td><td>{}</td><td>{} <small>({})</small></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
+                r##"<tr><td><a href="#f{n}">{n}</a></td><td class="fn"><b>{}</b>{} <small>[{}]</small></td><td>{}</td><td>{} <small>({})</small></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
                 escape(&function_title(f, 200)),
+                via[i]
+                    .as_deref()
+                    .map(|v| format!(" <small>via {}</small>", escape(v)))
+                    .unwrap_or_default(),
                 f.kind,
                 escape(&workers_phrase(f)),
                 if no_peers(f) {
@@ -349,6 +354,7 @@ pub fn render_html(report: &Report) -> String {
             );
         }
         out.push_str("</table>\n");
+        let via = divergent_frames(&report.findings);
         for (i, f) in report.findings.iter().enumerate() {
             let _ = write!(
                 out,
@@ -359,6 +365,9 @@ pub fn render_html(report: &Report) -> String {
             );
             if let Some(stack) = stack_line(f, 2000) {
                 let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&stack));
+                if let Some(v) = &via[i] {
+                    let _ = write!(out, "<p><b>Called through:</b> {}</p>", escape(v));
+                }
             } else if f.function.chars().count() > 300 {
                 let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&f.function));
             }
@@ -385,6 +394,30 @@ pub fn render_html(report: &Report) -> String {
             }
             if let Some(h) = &f.hint {
                 let _ = write!(out, r#"<div class="hint"><b>Hint:</b> {}</div>"#, escape(h));
+            }
+            if !f.consequences.is_empty() {
+                out.push_str("<ul class=\"consequences\">");
+                for c in &f.consequences {
+                    let name = escape(&c.function);
+                    let _ = write!(
+                        out,
+                        "<li>{}</li>",
+                        match c.relation {
+                            Relation::WaitsFor => format!(
+                                "Workers {} wait for these workers in <b>{name}</b>: β {} vs {} here",
+                                escape(&compact_ranks(&c.workers, 200)),
+                                pct(c.beta.value),
+                                pct(c.beta.peers)
+                            ),
+                            Relation::AlsoSlower => format!(
+                                "Also slower on these workers: <b>{name}</b>, β {} vs {} on the peers",
+                                pct(c.beta.value),
+                                pct(c.beta.peers)
+                            ),
+                        }
+                    );
+                }
+                out.push_str("</ul>");
             }
             if let Some(src) = &f.source_excerpt {
                 let _ = write!(

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use whyslow_model::{Finding, Report, UtilizationSource};
+use whyslow_model::{Finding, Relation, Report, UtilizationSource};
 
 use crate::format::*;
 
@@ -72,7 +72,7 @@ fn wrap(s: &str, width: usize) -> Vec<String> {
     lines
 }
 
-fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding) {
+fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding, via: Option<&str>) {
     let title = printable(&function_title(f, 100));
     let group = f
         .group
@@ -91,6 +91,14 @@ fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding) {
             out,
             "    {}",
             st.dim(&format!("stack: {}", printable(&stack)))
+        );
+    }
+    if let Some(frame) = via {
+        let _ = writeln!(
+            out,
+            "    {} {}",
+            st.bold("called through:"),
+            printable(frame)
         );
     }
     let _ = writeln!(
@@ -163,6 +171,23 @@ fn finding_block(out: &mut String, st: &Style, idx: usize, f: &Finding) {
             }
         }
     }
+    for c in &f.consequences {
+        let name = printable(&truncate_end(&c.function, 80));
+        let line = match c.relation {
+            Relation::WaitsFor => format!(
+                "→ workers {} wait for these workers in {name}: β {} vs {} here",
+                compact_ranks(&c.workers, 40),
+                pct(c.beta.value),
+                pct(c.beta.peers)
+            ),
+            Relation::AlsoSlower => format!(
+                "→ also slower on these workers: {name}, β {} vs {} on the peers",
+                pct(c.beta.value),
+                pct(c.beta.peers)
+            ),
+        };
+        let _ = writeln!(out, "    {}", st.cyan(&line));
+    }
     if let Some(src) = &f.source_excerpt {
         let _ = writeln!(out, "    {}", st.dim("the relevant code is here:"));
         for line in src.lines() {
@@ -226,12 +251,13 @@ pub fn render_table(report: &Report, color: bool) -> String {
             out,
             "{}\n",
             st.bold(&format!(
-                "{} abnormal function execution(s), most critical-path time first:",
+                "{} abnormal function execution(s), the cause of most of the slowdown first:",
                 report.findings.len()
             ))
         );
+        let via = divergent_frames(&report.findings);
         for (i, f) in report.findings.iter().enumerate() {
-            finding_block(&mut out, &st, i + 1, f);
+            finding_block(&mut out, &st, i + 1, f, via[i].as_deref());
             out.push('\n');
         }
     }

@@ -43,6 +43,8 @@ fn finding(function: &str, kind: FunctionKind, workers: Vec<u32>, group_workers:
         hint: Some("check <clocks> & power".into()),
         source_excerpt: None,
         points,
+        explains: 0.0,
+        consequences: Vec::new(),
     }
 }
 
