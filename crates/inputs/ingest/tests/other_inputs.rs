@@ -125,9 +125,9 @@ fn fingerprint() -> Fingerprint {
         device: None,
         utilization_source: UtilizationSource::Trace,
         source: "x".into(),
+        total_floor: 0.0,
+        omitted: Vec::new(),
         functions: vec![FunctionPattern {
-            total_floor: 0.0,
-            omitted: Vec::new(),
             name: "a;b".into(),
             kind: FunctionKind::Python,
             resource: Resource::Cpu,

@@ -66,12 +66,12 @@ fn main() {
                 utilization_source: UtilizationSource::Samples,
                 source: format!("rank{w}.json"),
                 functions: vec![
-                total_floor: 0.0,
-                omitted: Vec::new(),
                     pat(FunctionKind::GpuKernel, Resource::Sm, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", gb, gm, 0.05 * j(5)),
                     pat(FunctionKind::Comm, Resource::Nic, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 0.2 * j(6), cm, cs),
                     pat(FunctionKind::Python, Resource::Cpu, "train.py(88): <module>;torch/utils/data/dataloader.py(631): __next__;socket.py(704): recv_into", 0.25 * j(7), 0.98, 0.01),
                 ],
+                total_floor: 0.0,
+                omitted: Vec::new(),
                 warnings: vec![],
             }
         })
