@@ -142,8 +142,12 @@ fn beta_floor_and_max_functions() {
         },
     );
     let names: Vec<&str> = fp.functions.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(names, ["k9", "k8", "k7"]);
+    // The 3 with the highest β, then up to 3 more by run time; the rest are
+    // named (hashed) as omitted, each below total_floor.
+    assert_eq!(names, ["k9", "k8", "k7", "k6", "k5", "k4"]);
     assert!(fp.warnings.iter().any(|w| w.contains("max_functions")));
+    assert_eq!(fp.omitted.len(), 4);
+    assert!((fp.total_floor - 4e-4).abs() < 1e-9, "{}", fp.total_floor);
 }
 
 /// The steps window clips executions: β, calls and total time cover only the
