@@ -14,10 +14,13 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use whyslow_localize::LocalizeConfig;
-use whyslow_model::{
-    Execution, FunctionKind, Reason, Report, Resource, SampleSeries, WorkerTrace, UNKNOWN_UTIL,
-};
+use whyslow_model::{Execution, FunctionKind, Reason, Report, Resource, SampleSeries, WorkerTrace};
+use whyslow_replay::{function_ids, insert_python, step_starts};
 use whyslow_summarize::SummarizeOptions;
+
+fn busiest(t: &WorkerTrace, kind: FunctionKind) -> (whyslow_model::FunctionId, String) {
+    whyslow_replay::busiest(t, kind).expect("kind present")
+}
 
 const WORKERS: u32 = 16;
 
@@ -108,65 +111,6 @@ fn stretch(t: &mut WorkerTrace, extra: impl Fn(usize, &Execution) -> i64) {
         step.1 += s;
     }
     t.span = (span_start, span_end);
-}
-
-/// Inserts `gap_ns` of a Python function `stack` on the training thread at
-/// time `at`: the CPU is busy there and the GPU idles.
-fn insert_python(t: &mut WorkerTrace, at: i64, gap_ns: i64, stack: &str) {
-    let thread = t
-        .training_thread
-        .expect("replayed trace has a training thread");
-    for e in &mut t.executions {
-        if e.start_ns >= at {
-            e.start_ns += gap_ns;
-            e.end_ns += gap_ns;
-        } else if e.end_ns > at && e.thread == thread {
-            e.end_ns += gap_ns;
-        }
-    }
-    for step in &mut t.steps {
-        if step.1 >= at {
-            step.1 += gap_ns;
-            step.2 += gap_ns;
-        } else if step.2 > at {
-            step.2 += gap_ns;
-        }
-    }
-    let function = t
-        .functions
-        .intern(FunctionKind::Python, stack, Resource::Cpu);
-    t.executions.push(Execution {
-        function,
-        start_ns: at,
-        end_ns: at + gap_ns,
-        thread,
-        trace_util: UNKNOWN_UTIL,
-    });
-}
-
-fn step_starts(t: &WorkerTrace) -> Vec<i64> {
-    t.steps.iter().map(|s| s.1).collect()
-}
-
-fn function_ids(t: &WorkerTrace, kind: FunctionKind) -> Vec<whyslow_model::FunctionId> {
-    t.functions
-        .iter()
-        .filter(|(_, f)| f.kind == kind)
-        .map(|(id, _)| id)
-        .collect()
-}
-
-/// The function of `kind` with the most total time in the trace.
-fn busiest(t: &WorkerTrace, kind: FunctionKind) -> (whyslow_model::FunctionId, String) {
-    let mut total: BTreeMap<u32, i64> = BTreeMap::new();
-    for e in &t.executions {
-        if t.functions.get(e.function).kind == kind {
-            *total.entry(e.function.0).or_default() += e.dur_ns();
-        }
-    }
-    let (&id, _) = total.iter().max_by_key(|(_, d)| **d).expect("kind present");
-    let id = whyslow_model::FunctionId(id);
-    (id, t.functions.get(id).name.clone())
 }
 
 fn diagnose(
