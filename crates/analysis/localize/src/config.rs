@@ -162,21 +162,25 @@ pub struct LocalizeConfig {
     /// dimension that is small everywhere is not blown up by noise. Default 0.01.
     pub norm_floor: f64,
     /// whyslow's noise guard (not in the paper; crate docs, "Noise"): a
-    /// finding on part of a group must be borne out off the critical path
-    /// too, by the function running longer ([`Self::min_effect`],
-    /// [`Self::min_ratio`]) or at a different utilization
-    /// ([`Self::min_util_diff`]) than on its peers; and a range violation
+    /// finding on part of a group must put at least [`Self::min_effect`]
+    /// more of the window on the critical path than the peers do, and be
+    /// borne out off the critical path, by the function running longer
+    /// ([`Self::min_effect`], [`Self::min_ratio`]) or starved of its
+    /// resource ([`Self::min_util_diff`]) compared with its peers; and a range violation
     /// (D > 0) on a minority of the workers is not a finding by itself.
     /// Default true; false (with `min_margin = 0`, `flag_isolated = false`)
     /// gives the paper's rule.
     pub corroborate: bool,
-    /// A worker's excess run time in the function over its peers' median, as
-    /// a share of its window, must reach this. Default 0.01 (1 % of the iteration).
+    /// A worker's excess critical-path time (β) in the function over its
+    /// peers' median must reach this, and so must its excess run time when
+    /// run time is the evidence; shares of the window. Default 0.01 (1 % of
+    /// the iteration).
     pub min_effect: f64,
     /// … and its run time must be at least this multiple of the peers' median. Default 1.25.
     pub min_ratio: f64,
-    /// Or its μ or σ must differ from the peers' median by at least this
-    /// (absolute, utilization in [0, 1]). Default 0.1.
+    /// Or its μ must be at least this far below the peers' median, or its σ
+    /// this far from theirs at no higher μ (absolute, utilization in
+    /// [0, 1]). Default 0.1.
     pub min_util_diff: f64,
 }
 

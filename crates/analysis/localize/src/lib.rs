@@ -48,7 +48,7 @@
 //! * **Duplicate ranks.** The first fingerprint of a rank (in input order) is
 //!   kept, the others are dropped with a warning. A function listed twice in
 //!   one fingerprint: the first pattern is used (warned).
-//! * **Noise** ([`LocalizeConfig::corroborate`], default on; issue #8).
+//! * **Noise** ([`LocalizeConfig::corroborate`], default on).
 //!   Under mere timing noise (each event ±2–5 %), functions at the edge of
 //!   the critical path flip on and off it: β 1.3 % on some workers and 0 on
 //!   the others, which Eq. 8 max-normalizes into the largest distance and
@@ -60,8 +60,17 @@
 //!   outlier; (2) keeps a candidate on part of a group only when the
 //!   evidence holds *off* the critical path, where noise does not flip:
 //!   the worker ran the function for at least `min_effect` (1 %) of its
-//!   window more than its peers' median, and at least `min_ratio` (1.25×)
-//!   as long; or its μ or σ differ from the peers' by `min_util_diff` (0.1).
+//!   window more than its peers' median and at least `min_ratio` (1.25×)
+//!   as long, with more of it on the critical path than they; or it ran
+//!   starved of its resource (μ at or below the peers', and either
+//!   `min_util_diff` (0.1) below or σ that far from theirs: a slow link is
+//!   low and steady) and, at the peers' μ, would have saved `min_effect`
+//!   of its window. A healthy 4-host testbed run on a loaded 2-core CI
+//!   machine flagged `aten::mm` on one worker (μ 0.60 vs. 0.51, σ 0.20 vs.
+//!   0.09) and a backward frame on another (β 1.03 % vs. 0.5 %, μ 0.14 vs.
+//!   0.28) before the direction and the effect were required: sampled
+//!   utilization on a contended host swings both ways, more of a resource
+//!   does not slow a function, and half a percent is not worth a person's time.
 //!   Fingerprints list functions that ran off the critical path too, and
 //!   name (by hash) those left out, so a missing function is known not to
 //!   have run ([`whyslow_model::Fingerprint::omitted`]). Measured
@@ -738,6 +747,7 @@ struct Evidence {
 /// The peers' medians that a candidate is compared with.
 struct PeerMedians {
     share: f64,
+    beta: f64,
     mu: Option<f64>,
     sigma: Option<f64>,
 }
@@ -806,6 +816,10 @@ impl Evidence {
             .filter(|&mi| !is_candidate[mi])
             .map(|mi| self.share[mi])
             .collect();
+        let mut beta: Vec<f64> = (0..g)
+            .filter(|&mi| !is_candidate[mi])
+            .map(|mi| self.entry_of[mi].map_or(0.0, |i| self.vals[i].0))
+            .collect();
         let (mut mu, mut sigma) = (Vec::new(), Vec::new());
         for mi in (0..g).filter(|&mi| !is_candidate[mi]) {
             if let Some(i) = self.entry_of[mi] {
@@ -819,26 +833,40 @@ impl Evidence {
         let util = !mu.is_empty();
         PeerMedians {
             share: median(&mut share),
+            beta: median(&mut beta),
             mu: util.then(|| median(&mut mu)),
             sigma: util.then(|| median(&mut sigma)),
         }
     }
 
-    /// Does entry `i` differ from its peers off the critical path: longer in
-    /// the function by at least `min_effect` of its window and `min_ratio`
-    /// times the peers' median, or at a utilization `min_util_diff` away?
+    /// Does entry `i` slow its worker down by at least `min_effect` of its
+    /// window, with evidence off the critical path? Either it ran the
+    /// function longer (by `min_effect` of its window and `min_ratio` times
+    /// the peers' median) with more of it on the critical path (β) than the
+    /// peers; or it ran starved of the function's resource
+    /// (μ at or below the peers', and `min_util_diff` below them or its σ
+    /// that far from theirs: PerfTracker Fig. 5, a slow link is low and
+    /// steady) and β·(1 − μ/μ_peers), the time it would save at the peers'
+    /// utilization, or its β excess reaches `min_effect`. A function that
+    /// got *more* of its resource than its peers was not slowed by a lack
+    /// of it: sampled utilization on a contended host swings both ways.
     fn corroborated(&self, i: usize, peers: &PeerMedians, cfg: &LocalizeConfig) -> bool {
-        let x = self.share[self.member_of[i]];
-        let longer = x - peers.share >= cfg.min_effect && x >= cfg.min_ratio * peers.share;
         let v = self.vals[i];
-        let util = v.4
-            && (peers
-                .mu
-                .is_some_and(|m| (v.1 - m).abs() >= cfg.min_util_diff)
-                || peers
-                    .sigma
-                    .is_some_and(|s| (v.2 - s).abs() >= cfg.min_util_diff));
-        longer || util
+        let excess = v.0 - peers.beta;
+        let x = self.share[self.member_of[i]];
+        let longer =
+            excess > 0.0 && x - peers.share >= cfg.min_effect && x >= cfg.min_ratio * peers.share;
+        let starved = v.4
+            && peers.mu.is_some_and(|m| {
+                let lower = v.1 <= m
+                    && (v.1 <= m - cfg.min_util_diff
+                        || peers
+                            .sigma
+                            .is_some_and(|s| (v.2 - s).abs() >= cfg.min_util_diff));
+                let saved = if m > 0.0 { v.0 * (1.0 - v.1 / m) } else { 0.0 };
+                lower && excess.max(saved) >= cfg.min_effect
+            });
+        longer || starved
     }
 }
 
