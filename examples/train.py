@@ -196,6 +196,12 @@ def main():
         with open(a.times_out, "w") as f:
             f.write("\n".join("%.6f" % t for t in times))
     dist.barrier()
+    # Free the DDP model while Python is fully alive: its reducer holds gloo
+    # work and tensors in reference cycles, and left to the collector at
+    # interpreter exit a gloo thread may take the GIL during finalization,
+    # which aborts the process ("terminate called without an active exception").
+    del model, opt, loader
+    gc.collect()
     dist.destroy_process_group()
 
 
