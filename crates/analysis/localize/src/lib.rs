@@ -77,8 +77,14 @@
 //!   (`cargo test --release -p whyslow --test noise -- --nocapture`): no
 //!   partial-worker finding on any clean replay (12 traces × 16/128 workers
 //!   × ±2/±5 % × two noise models); of 58 injected faults the paper's rule
-//!   names 50 and so does the guard, with stray findings beside the fault in
-//!   21 of them for the paper's rule and in none with the guard.
+//!   names 50, the guard the same 50 plus 3 GPU throttlings (below), with
+//!   stray findings beside the fault in 21 of them for the paper's rule and
+//!   in none with the guard.
+//! * **Every kernel a little slower** (with the noise guard; not in the
+//!   papers): a minority of workers whose GPU compute kernels together run
+//!   `min_ratio` times as long as their peers', spread over most of the GPU
+//!   time, is one finding, `all GPU compute kernels` (GPU throttling,
+//!   PerfTracker Table 4; see the `broad` module).
 //! * **The cause first** (not in the papers). [`Finding::explains`] is the
 //!   share of the iteration a finding accounts for (on part of a group: its
 //!   β over the peers'; on the whole group: β above R_f). A collective in
@@ -156,6 +162,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod broad;
 mod config;
 mod hint;
 
@@ -1265,6 +1272,9 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
                 bucket,
                 &mut scratch,
             ));
+        }
+        if cfg.corroborate {
+            findings.extend(broad::broad_gpu_slowdowns(fps, members, *gname, cfg));
         }
     }
     if ctx.invalid_values > 0 {

@@ -873,3 +873,79 @@ fn contended_host_noise_is_not_a_finding() {
     assert_eq!(r.findings.len(), 1, "{:#?}", r.findings);
     assert_eq!(r.findings[0].workers, vec![1]);
 }
+
+// ------------------------------------------------------ every kernel a little slower
+
+/// A throttled GPU: every kernel 1.5× as long, the peers waiting in the
+/// allreduce for the difference (PerfTracker Table 4).
+fn throttled(fps: &mut [Fingerprint], worker: usize, x: f64) {
+    let mut extra = 0.0;
+    for p in fps[worker].functions.iter_mut() {
+        if p.kind == FunctionKind::GpuKernel {
+            extra += p.beta * (x - 1.0);
+            slower(p, x);
+        }
+    }
+    for (w, f) in fps.iter_mut().enumerate() {
+        if w != worker {
+            f.functions[6].beta += extra;
+            f.functions[6].critical_us += extra * 1e6;
+            f.functions[6].total_us += extra * 1e6;
+        }
+    }
+}
+
+#[test]
+fn every_kernel_slower_on_one_worker_is_one_finding() {
+    for x in [1.35, 1.5, 2.0] {
+        let mut fps = healthy_job(16, 0.05);
+        throttled(&mut fps, 9, x);
+        let r = localize(&fps, &LocalizeConfig::default(), None);
+        let f = r
+            .findings
+            .iter()
+            .find(|f| f.function == broad::ALL_GPU_KERNELS)
+            .unwrap_or_else(|| panic!("{x}×: {:#?}", r.findings));
+        assert_eq!(f.workers, vec![9]);
+        assert!(f.hint.as_deref().unwrap().contains("throttling"));
+        assert!(f.beta.value > f.beta.peers);
+        // Nothing singles out any other worker.
+        assert!(r
+            .findings
+            .iter()
+            .all(|f| f.workers == vec![9] || f.workers.len() == 16));
+    }
+}
+
+#[test]
+fn one_slow_kernel_or_noise_is_not_a_broad_slowdown() {
+    // EROICA's "GEMM slow on 4 workers": one kernel 3×, the others as before.
+    let mut fps = healthy_job(16, 0.05);
+    for w in [2, 5, 11, 14] {
+        slower(&mut fps[w].functions[0], 3.0);
+    }
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert!(
+        r.findings
+            .iter()
+            .all(|f| f.function != broad::ALL_GPU_KERNELS),
+        "{:#?}",
+        r.findings
+    );
+    // ±10 % per function and 1.2× on one worker: below min_ratio.
+    let mut fps = healthy_job(16, 0.1);
+    throttled(&mut fps, 3, 1.2);
+    assert!(localize(&fps, &LocalizeConfig::default(), None)
+        .findings
+        .is_empty());
+    // Half the job throttled is two populations, not an outlier set.
+    let mut fps = healthy_job(8, 0.05);
+    for w in 0..4 {
+        throttled(&mut fps, w, 1.5);
+    }
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    assert!(r
+        .findings
+        .iter()
+        .all(|f| f.function != broad::ALL_GPU_KERNELS));
+}
