@@ -20,8 +20,8 @@ package itself needs torch and a GPU at run time, so it is not imported.
   "ProfilerStep". As the brief for this harness asks, each (non-NCCL) GPU
   kernel name is also scored as its own section, so the baseline can name a
   kernel, which NVRx's single GPU score cannot.
-* A rank is a straggler for a score when the score < threshold (0.75, the
-  default of `Report.identify_stragglers`).
+* A rank is a straggler for a score when the score < threshold (run.py uses
+  0.7; the default of `Report.identify_stragglers` is 0.75).
 
 Verdicts: one finding per (section or "<GPU>", set of ranks below the
 threshold).

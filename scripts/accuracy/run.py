@@ -136,7 +136,8 @@ def main() -> int:
                     help="whole ProfilerSteps kept at >= 1000 workers (keeps the 1,024-worker sets ~2.5 GB)")
     ap.add_argument("--hta-max-workers", type=int, default=16,
                     help="run HTA only up to this many workers (it parses ~1 s per rank)")
-    ap.add_argument("--nvrx-threshold", type=float, default=0.75)
+    ap.add_argument("--nvrx-threshold", type=float, default=0.7,
+                    help="straggler when a relative score is below this (0.7; NVRx's identify_stragglers defaults to 0.75)")
     ap.add_argument("--whyslow", default=os.path.join(ROOT, "target", "release", "whyslow"))
     ap.add_argument("--workdir", default="/tmp/whyslow-accuracy")
     ap.add_argument("--venv", default=os.path.join(ROOT, ".venv-accuracy"))

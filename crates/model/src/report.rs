@@ -169,4 +169,34 @@ pub struct Report {
     /// Non-fatal problems (skipped files, guessed ranks).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What the report concludes. (Reports written before this field was
+    /// added read as `no_anomaly`: use `findings` there.)
+    #[serde(default)]
+    pub verdict: Verdict,
+    /// Why the data could not support a verdict, when
+    /// `verdict` is `could_not_judge`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_judged: Vec<String>,
+}
+
+/// The one-line answer of a [`Report`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// At least one finding.
+    Anomalies,
+    /// The data was enough to judge, and nothing is abnormal.
+    #[default]
+    NoAnomaly,
+    /// The data cannot support a verdict (no events, no usable worker):
+    /// "no anomaly" would be a claim nobody checked.
+    CouldNotJudge,
+}
+
+impl Report {
+    /// Marks the report as unjudgeable for `why` (findings, if any, are kept).
+    pub fn could_not_judge(&mut self, why: String) {
+        self.verdict = Verdict::CouldNotJudge;
+        self.not_judged.push(why);
+    }
 }

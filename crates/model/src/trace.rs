@@ -268,6 +268,10 @@ pub struct WorkerMeta {
     pub rank_source: RankSource,
     /// The input file(s) this worker was read from.
     pub source: String,
+    /// Number of workers in the job, when the trace says
+    /// (Kineto `distributedInfo.world_size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
 }
 
 /// One worker's trace after ingestion and classification.
@@ -290,6 +294,9 @@ pub struct WorkerTrace {
     pub device: Option<String>,
     /// Non-fatal problems met while reading (format drift, guesses).
     pub warnings: Vec<String>,
+    /// The input ended before the data did (a killed job, a cut copy): only
+    /// what came before the cut was kept.
+    pub truncated: bool,
 }
 
 impl WorkerTrace {
@@ -304,6 +311,7 @@ impl WorkerTrace {
             span: (0, 0),
             device: None,
             warnings: Vec::new(),
+            truncated: false,
         }
     }
 }

@@ -172,7 +172,7 @@ pub use config::{ExpectedRange, ExpectedRanges, LocalizeConfig, RangeOverride};
 pub use hint::{hint, Job};
 use whyslow_model::{
     Consequence, Finding, Fingerprint, FunctionKind, Reason, Relation, Report, Resource, Stat,
-    UtilizationSource, WorkerPoint, REPORT_VERSION,
+    UtilizationSource, Verdict, WorkerPoint, REPORT_VERSION,
 };
 
 /// Errors of the localizer's configuration.
@@ -1303,6 +1303,11 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         findings
     };
 
+    let verdict = if findings.is_empty() {
+        Verdict::NoAnomaly
+    } else {
+        Verdict::Anomalies
+    };
     Report {
         version: REPORT_VERSION,
         workers: kept.len(),
@@ -1315,6 +1320,8 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
             Some(hosts.len())
         },
         warnings,
+        verdict,
+        not_judged: Vec::new(),
     }
 }
 

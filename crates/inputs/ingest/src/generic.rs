@@ -177,6 +177,7 @@ impl Collector<'_> {
                 group: None,
                 rank_source: src,
                 source: p.display().to_string(),
+                world_size: None,
             })
         });
         if t.meta.host.is_none() {

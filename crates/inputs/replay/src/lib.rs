@@ -339,6 +339,7 @@ mod tests {
             group: None,
             rank_source: RankSource::Trace,
             source: "toy".into(),
+            world_size: None,
         });
         let a = t.functions.intern(FunctionKind::CpuOp, "a", Resource::Cpu);
         let b = t.functions.intern(FunctionKind::CpuOp, "b", Resource::Cpu);

@@ -1,7 +1,7 @@
 //! Subcommands: `analyze` (the whole pipeline), `summarize` (one worker),
 //! `localize` (central, from fingerprints).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use whyslow_ingest::{InputFile, WorkerSamples};
 use whyslow_localize::LocalizeConfig;
-use whyslow_model::{Fingerprint, Report, Resource, SampleSeries, WorkerTrace};
+use whyslow_model::{Fingerprint, Report, Resource, SampleSeries, Verdict, WorkerTrace};
 use whyslow_summarize::SummarizeOptions;
 
 /// Tells which function, on which workers, is slowing a training job, and why.
@@ -114,7 +114,9 @@ struct OutputArgs {
     /// Directories to look for Python sources in, to quote the flagged lines.
     #[arg(long, value_name = "DIR")]
     source_root: Vec<PathBuf>,
-    /// Treat any unreadable input as fatal instead of skipping it.
+    /// Treat any unreadable or incomplete input as fatal instead of warning:
+    /// a bad or truncated file, no ProfilerStep, a worker without events, a
+    /// rank given twice, missing ranks.
     #[arg(long)]
     strict: bool,
     /// Exit with code 3 when anomalies are found.
@@ -234,6 +236,7 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
     for e in errors {
         skip_or_fail(args.output.strict, e, &mut warnings)?;
     }
+    let world_size = check_traces(&traces, &args.output, &mut warnings)?;
 
     let mut samples_by_rank: BTreeMap<u32, BTreeMap<Resource, SampleSeries>> = BTreeMap::new();
     for p in &sample_paths {
@@ -269,7 +272,89 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         }
     }
     fingerprints.append(&mut new_fps);
-    localize_and_report(fingerprints, &cfg, &args.output, &args.inputs, warnings)
+    localize_and_report(
+        fingerprints,
+        &cfg,
+        &args.output,
+        world_size,
+        &args.inputs,
+        warnings,
+    )
+}
+
+/// Checks that the traces belong to one job and are whole enough to judge;
+/// returns the job's world size (`--world-size`, else what the traces say).
+/// Traces of different jobs are refused, never pooled; under `--strict` a
+/// truncated trace or one without a ProfilerStep is refused too.
+fn check_traces(
+    traces: &[WorkerTrace],
+    out: &OutputArgs,
+    warnings: &mut Vec<String>,
+) -> Result<Option<u32>> {
+    for t in traces {
+        if t.truncated && out.strict {
+            bail!(
+                "{}: the trace is truncated: only its first events could be read (--strict)",
+                t.meta.source
+            );
+        }
+        if t.steps.is_empty() && !t.executions.is_empty() {
+            let msg = format!(
+                "rank {} ({}): no ProfilerStep in the trace: the window is the whole trace, not whole iterations",
+                t.meta.rank, t.meta.source
+            );
+            if out.strict {
+                bail!("{msg} (--strict)");
+            }
+            warn(&msg);
+            warnings.push(msg);
+        }
+    }
+    // One job: one world size and one device model.
+    let mut jobs: BTreeMap<(Option<u32>, Option<&str>), Vec<&WorkerTrace>> = BTreeMap::new();
+    for t in traces {
+        jobs.entry((t.meta.world_size, t.device.as_deref()))
+            .or_default()
+            .push(t);
+    }
+    let sizes: BTreeSet<u32> = traces.iter().filter_map(|t| t.meta.world_size).collect();
+    let devices: BTreeSet<&str> = traces.iter().filter_map(|t| t.device.as_deref()).collect();
+    if sizes.len() > 1 || devices.len() > 1 {
+        let list: Vec<String> = jobs
+            .iter()
+            .map(|((ws, dev), ts)| {
+                let mut ranks: Vec<u32> = ts.iter().map(|t| t.meta.rank).collect();
+                ranks.sort_unstable();
+                format!(
+                    "world size {} on {}: rank(s) {} ({}{})",
+                    ws.map_or_else(|| "unknown".to_string(), |w| w.to_string()),
+                    dev.unwrap_or("an unnamed device"),
+                    whyslow_report::compact_ranks(&ranks, 30),
+                    ts[0].meta.source,
+                    if ts.len() > 1 {
+                        format!(" and {} more", ts.len() - 1)
+                    } else {
+                        String::new()
+                    }
+                )
+            })
+            .collect();
+        bail!(
+            "the inputs hold traces of {} different jobs, which cannot be compared as one: {}. \
+             Analyze each job's traces on their own (one folder per job)",
+            jobs.len(),
+            list.join("; ")
+        );
+    }
+    let world_size = out.world_size.or_else(|| sizes.first().copied());
+    if let (Some(given), Some(&traced)) = (out.world_size, sizes.first()) {
+        if given != traced {
+            let msg = format!("--world-size {given} overrides the traces' world size {traced}");
+            warn(&msg);
+            warnings.push(msg);
+        }
+    }
+    Ok(world_size)
 }
 
 fn merge_samples(
@@ -380,13 +465,21 @@ fn localize(args: LocalizeArgs) -> Result<ExitCode> {
             Err(e) => skip_or_fail(args.output.strict, e, &mut warnings)?,
         }
     }
-    localize_and_report(fps, &cfg, &args.output, &args.fingerprints, warnings)
+    localize_and_report(
+        fps,
+        &cfg,
+        &args.output,
+        args.output.world_size,
+        &args.fingerprints,
+        warnings,
+    )
 }
 
 fn localize_and_report(
     fps: Vec<Fingerprint>,
     cfg: &LocalizeConfig,
     out: &OutputArgs,
+    world_size: Option<u32>,
     inputs: &[PathBuf],
     mut warnings: Vec<String>,
 ) -> Result<ExitCode> {
@@ -400,9 +493,58 @@ fn localize_and_report(
             warnings.push(msg);
         }
     }
-    let mut report = whyslow_localize::localize(&fps, cfg, out.world_size);
+    let devices: BTreeSet<&str> = fps.iter().filter_map(|f| f.device.as_deref()).collect();
+    if devices.len() > 1 {
+        bail!(
+            "the inputs come from different devices ({}): traces of different jobs cannot be \
+             compared as one; analyze each job on its own",
+            devices.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let mut seen: BTreeMap<u32, &str> = BTreeMap::new();
+    for fp in &fps {
+        if let Some(first) = seen.insert(fp.worker, &fp.source) {
+            if out.strict {
+                bail!(
+                    "rank {} appears twice, in {first} and {} (--strict)",
+                    fp.worker,
+                    fp.source
+                );
+            }
+        }
+    }
+    // A worker with no events in its window says nothing either way.
+    let total = fps.len();
+    let (fps, empty): (Vec<Fingerprint>, Vec<Fingerprint>) = fps
+        .into_iter()
+        .partition(|f| f.window_us > 0.0 && !f.functions.is_empty());
+    for fp in &empty {
+        let msg = format!(
+            "rank {} ({}): no events in its profiling window",
+            fp.worker, fp.source
+        );
+        if out.strict {
+            bail!("{msg} (--strict)");
+        }
+        let msg = format!("{msg}; left out");
+        warn(&msg);
+        warnings.push(msg);
+    }
+    let mut report = whyslow_localize::localize(&fps, cfg, world_size);
     for w in &report.warnings {
         warn(w);
+    }
+    if fps.is_empty() {
+        report.could_not_judge(format!(
+            "none of the {total} worker(s) read had events in its profiling window"
+        ));
+    }
+    if out.strict && !report.missing_workers.is_empty() {
+        bail!(
+            "{} rank(s) of the job have no data: {} (--strict)",
+            report.missing_workers.len(),
+            whyslow_report::compact_ranks(&report.missing_workers, 40)
+        );
     }
     let mut roots = out.source_root.clone();
     if let Ok(cwd) = std::env::current_dir() {
@@ -432,7 +574,9 @@ fn localize_and_report(
 }
 
 fn exit_code(report: &Report, fail_on_anomaly: bool) -> ExitCode {
-    if fail_on_anomaly && !report.findings.is_empty() {
+    if report.verdict == Verdict::CouldNotJudge {
+        ExitCode::from(4)
+    } else if fail_on_anomaly && !report.findings.is_empty() {
         ExitCode::from(3)
     } else {
         ExitCode::SUCCESS

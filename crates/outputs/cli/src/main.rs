@@ -10,7 +10,8 @@
 //! - 1: an error stopped it (nothing readable, an output not writable, a bad
 //!   file under `--strict`, a bad config);
 //! - 2: bad command line;
-//! - 3: anomalies were found and `--fail-on-anomaly` was given.
+//! - 3: anomalies were found and `--fail-on-anomaly` was given;
+//! - 4: the data could not support a verdict (no worker had events).
 
 mod agent;
 mod commands;

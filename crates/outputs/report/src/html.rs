@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use whyslow_model::{Finding, Relation, Report, UtilizationSource, WorkerPoint};
+use whyslow_model::{Finding, Relation, Report, UtilizationSource, Verdict, WorkerPoint};
 
 use crate::format::*;
 
@@ -248,6 +248,7 @@ pre{background:#f6f8fa;border:1px solid #d0d7de;padding:8px;overflow:auto;font-s
 svg .tick{font-size:10px;fill:#57606a} svg .axis{font-size:11px;fill:#1f2328} svg .lbl{font-size:10px;fill:#cf222e}
 svg .ok{fill:#8c959f;fill-opacity:.6} svg .bad{fill:#cf222e}
 .ok-msg{font-size:16px;color:#1a7f37;font-weight:600}
+.warn-msg{font-size:16px;color:#b35900;font-weight:600}
 .warn{color:#9a6700}
 "#;
 
@@ -300,11 +301,17 @@ pub fn render_html(report: &Report) -> String {
             .map(|h| format!(" · {h} hosts"))
             .unwrap_or_default()
     );
-    if report.findings.is_empty() {
+    if report.verdict == Verdict::CouldNotJudge {
         let _ = writeln!(
             out,
-            r#"<p class="ok-msg">No anomaly found in {} workers.</p>"#,
-            report.workers
+            r#"<p class="warn-msg">{}</p>"#,
+            escape(&crate::verdict_line(report))
+        );
+    } else if report.findings.is_empty() {
+        let _ = writeln!(
+            out,
+            r#"<p class="ok-msg">{}</p>"#,
+            escape(&crate::verdict_line(report))
         );
     } else {
         out.push_str("<table><tr><th>#</th><th>Abnormal function execution</th><th>Workers</th><th>Critical path β</th><th>Avg resource util. μ</th><th>Util. std σ</th><th>Why</th></tr>\n");

@@ -21,7 +21,39 @@ pub use lines::{render_lines_page, LineSeries};
 pub use source::attach_source_excerpts;
 pub use table::render_table;
 
-use whyslow_model::Report;
+use whyslow_model::{Report, Verdict};
+
+/// The report's one-line verdict: what was found, that nothing was, or why
+/// the data could not support either ("No anomaly found" is a claim: it is
+/// only made when the workers had data to judge).
+pub fn verdict_line(report: &Report) -> String {
+    match report.verdict {
+        Verdict::CouldNotJudge => format!(
+            "Could not judge: {}.",
+            if report.not_judged.is_empty() {
+                "the data cannot support a verdict".to_string()
+            } else {
+                report.not_judged.join("; ")
+            }
+        ),
+        _ if report.findings.is_empty() => {
+            let mut s = format!("No anomaly found in {} workers.", report.workers);
+            if !report.missing_workers.is_empty() {
+                s.push_str(&format!(
+                    " (Judged without the {} missing rank(s) {}.)",
+                    report.missing_workers.len(),
+                    compact_ranks(&report.missing_workers, 40)
+                ));
+            }
+            s
+        }
+        _ => format!(
+            "{} abnormal function execution(s) in {} workers.",
+            report.findings.len(),
+            report.workers
+        ),
+    }
+}
 
 /// Renders the report as pretty JSON (the contract of `whyslow_model::Report`:
 /// `workers`, `missing_workers`, `findings` with `function`, `kind`,

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use whyslow_model::{Finding, Relation, Report, UtilizationSource};
+use whyslow_model::{Finding, Relation, Report, UtilizationSource, Verdict};
 
 use crate::format::*;
 
@@ -240,12 +240,10 @@ pub fn render_table(report: &Report, color: bool) -> String {
         );
     }
     out.push('\n');
-    if report.findings.is_empty() {
-        let _ = writeln!(
-            out,
-            "{}",
-            st.green(&format!("No anomaly found in {} workers.", report.workers))
-        );
+    if report.verdict == Verdict::CouldNotJudge {
+        let _ = writeln!(out, "{}", st.red(&crate::verdict_line(report)));
+    } else if report.findings.is_empty() {
+        let _ = writeln!(out, "{}", st.green(&crate::verdict_line(report)));
     } else {
         let _ = writeln!(
             out,

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use super::*;
 use whyslow_model::{
-    Finding, FunctionKind, Reason, Resource, Stat, UtilizationSource, WorkerPoint, REPORT_VERSION,
+    Finding, FunctionKind, Reason, Resource, Stat, UtilizationSource, Verdict, WorkerPoint,
+    REPORT_VERSION,
 };
 
 fn st(value: f64, peers: f64) -> Stat {
@@ -49,6 +50,7 @@ fn finding(function: &str, kind: FunctionKind, workers: Vec<u32>, group_workers:
 }
 
 fn report(findings: Vec<Finding>) -> Report {
+    let findings_empty = findings.is_empty();
     Report {
         version: REPORT_VERSION,
         workers: 64,
@@ -57,6 +59,12 @@ fn report(findings: Vec<Finding>) -> Report {
         utilization_source: "samples".into(),
         hosts: Some(8),
         warnings: vec![],
+        verdict: if findings_empty {
+            Verdict::NoAnomaly
+        } else {
+            Verdict::Anomalies
+        },
+        not_judged: vec![],
     }
 }
 

@@ -40,6 +40,7 @@ fn synthetic(target: usize) -> WorkerTrace {
         group: None,
         rank_source: RankSource::Trace,
         source: "synthetic".into(),
+        world_size: None,
     });
     t.training_thread = Some(1);
     let mut rng = Rng(1);

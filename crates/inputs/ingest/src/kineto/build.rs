@@ -143,7 +143,7 @@ pub(crate) struct Builder {
     kernel_devices: FxMap<u64, u64>,
     pub counts: Counts,
     pub rank: Option<u32>,
-    world_size: Option<u32>,
+    pub world_size: Option<u32>,
     /// `distributedInfo.backend` names gloo (and not NCCL): collectives
     /// without a group of their own go over sockets, i.e. the NIC.
     default_gloo: bool,

@@ -246,6 +246,7 @@ fn read_stream<R: Read>(
         group: None,
         rank_source,
         source,
+        world_size: b.world_size,
     });
     match rank_source {
         RankSource::Trace => {}
@@ -259,6 +260,7 @@ fn read_stream<R: Read>(
         )),
     }
     if let Some(w) = truncated_warning {
+        t.truncated = true;
         t.warnings.push(w);
     }
     b.finish(&mut t);

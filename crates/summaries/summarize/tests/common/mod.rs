@@ -33,6 +33,7 @@ pub fn meta(rank: u32) -> WorkerMeta {
         group: None,
         rank_source: RankSource::Trace,
         source: format!("rank-{rank}.json"),
+        world_size: None,
     }
 }
 
