@@ -115,7 +115,7 @@ struct OutputArgs {
     #[arg(long, value_name = "DIR")]
     source_root: Vec<PathBuf>,
     /// Treat any unreadable or incomplete input as fatal instead of warning:
-    /// a bad or truncated file, no ProfilerStep, a worker without events, a
+    /// a bad or truncated file, a worker without events in its window, a
     /// rank given twice, missing ranks.
     #[arg(long)]
     strict: bool,
@@ -285,7 +285,7 @@ fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
 /// Checks that the traces belong to one job and are whole enough to judge;
 /// returns the job's world size (`--world-size`, else what the traces say).
 /// Traces of different jobs are refused, never pooled; under `--strict` a
-/// truncated trace or one without a ProfilerStep is refused too.
+/// truncated trace is refused too.
 fn check_traces(
     traces: &[WorkerTrace],
     out: &OutputArgs,
@@ -298,17 +298,24 @@ fn check_traces(
                 t.meta.source
             );
         }
-        if t.steps.is_empty() && !t.executions.is_empty() {
-            let msg = format!(
-                "rank {} ({}): no ProfilerStep in the trace: the window is the whole trace, not whole iterations",
-                t.meta.rank, t.meta.source
-            );
-            if out.strict {
-                bail!("{msg} (--strict)");
-            }
-            warn(&msg);
-            warnings.push(msg);
-        }
+    }
+    // Without ProfilerStep marks the window is the traced span. whyslow's own
+    // online windows are whole iterations without them (the profiler runs
+    // without a schedule), so this is a note, not a refusal; a window that
+    // holds no event at all (`--steps` outside the trace, a cut file) is
+    // refused under --strict below.
+    let stepless: Vec<u32> = traces
+        .iter()
+        .filter(|t| t.steps.is_empty() && !t.executions.is_empty())
+        .map(|t| t.meta.rank)
+        .collect();
+    if !stepless.is_empty() {
+        let msg = format!(
+            "{} trace(s) without ProfilerStep marks (ranks {}): each window is the traced span",
+            stepless.len(),
+            whyslow_report::compact_ranks(&stepless, 30)
+        );
+        warnings.push(msg);
     }
     // One job: one world size and one device model.
     let mut jobs: BTreeMap<(Option<u32>, Option<&str>), Vec<&WorkerTrace>> = BTreeMap::new();
