@@ -69,3 +69,20 @@ def test_summarize_errors_are_value_errors(tmp_path):
 
 def test_import_outside_torchrun_does_nothing():
     assert whyslow.tracker() is None or "RANK" in os.environ
+
+
+def test_readme_settings_table_matches_the_config():
+    """python/README.md lists every WHYSLOW_* setting the Config reads, and no other."""
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "python", "whyslow", "_config.py")) as f:
+        code = set(re.findall(r"\b(WHYSLOW_[A-Z_]+)\b", f.read()))
+    with open(os.path.join(root, "python", "README.md")) as f:
+        table = set()
+        for line in f:
+            if line.startswith("| `WHYSLOW_"):
+                table.update(re.findall(r"`(WHYSLOW_[A-Z_]+)`", line.split("|")[1]))
+    internal = {"WHYSLOW_TEST_FAULT"}  # test hook, not a user setting
+    assert code - internal - table == set(), "settings missing from python/README.md"
+    assert table - code == set(), "python/README.md documents settings the code does not read"
+
