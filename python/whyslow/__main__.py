@@ -1,21 +1,27 @@
-"""``python -m whyslow trigger [--report-dir DIR] [--job ID]``: asks a running
-job for a synchronized profiling window now, by creating
-``$WHYSLOW_REPORT_DIR/<job id>/TRIGGER`` (every rank polls for it every
-WHYSLOW_POLL_S seconds; the first to see it removes it). ``kill -USR2 <pid>``
-of any worker does the same."""
+"""``python -m whyslow …`` (and the ``whyslow`` command the wheel installs):
+the whyslow command line, run in this process by the compiled extension.
+
+* ``python -m whyslow analyze TRACES/`` (and ``summarize``, ``localize``,
+  ``flows``, ``sample``, ``agent``): exactly the ``whyslow`` binary; see
+  ``python -m whyslow --help``.
+* ``python -m whyslow trigger [--report-dir DIR] [--job ID]``: asks a running
+  job for a synchronized profiling window now, by creating
+  ``$WHYSLOW_REPORT_DIR/<job id>/TRIGGER`` (every rank polls for it every
+  WHYSLOW_POLL_S seconds; the first to see it removes it). ``kill -USR2 <pid>``
+  of any worker does the same.
+"""
 
 import argparse
 import os
 import sys
+from typing import List, Optional
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m whyslow")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("trigger", help="ask a running job for a profiling window now")
-    t.add_argument("--report-dir", default=os.environ.get("WHYSLOW_REPORT_DIR", "./whyslow-reports"))
-    t.add_argument("--job", default=os.environ.get("WHYSLOW_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or "local")
-    a = ap.parse_args()
+def trigger(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m whyslow trigger")
+    ap.add_argument("--report-dir", default=os.environ.get("WHYSLOW_REPORT_DIR", "./whyslow-reports"))
+    ap.add_argument("--job", default=os.environ.get("WHYSLOW_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or "local")
+    a = ap.parse_args(argv)
     d = os.path.join(a.report_dir, a.job)
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "TRIGGER")
@@ -23,6 +29,24 @@ def main() -> int:
         f.write("requested\n")
     print("whyslow: requested a profiling window: %s" % path)
     return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "trigger":
+        return trigger(args[1:])
+    try:
+        from ._whyslow import cli_main
+    except ImportError as e:  # a source tree without the compiled extension
+        print("whyslow: the compiled extension is missing (%s); install the package "
+              "(pip install .) or use the cargo-built binary" % e, file=sys.stderr)
+        return 1
+    sys.stdout.flush()
+    code = cli_main(args)
+    if args in ([], ["-h"], ["--help"], ["help"]):
+        print("\nAlso: python -m whyslow trigger [--report-dir DIR] [--job ID]   "
+              "(ask a running job for a profiling window now)")
+    return code
 
 
 if __name__ == "__main__":

@@ -58,6 +58,12 @@ class TriggerPolicy:
     def try_acquire(self, now_ns: int) -> Optional[str]: ...
     def in_last_hour(self, now_ns: int) -> int: ...
 
+def cli_main(args: Sequence[str]) -> int:
+    """Runs the ``whyslow`` command line (``["analyze", "traces/"]``) in this
+    process; returns its exit code (0 ok, 1 error, 2 usage, 3 anomalies with
+    ``--fail-on-anomaly``, 4 could not judge)."""
+    ...
+
 def summarize_trace(
     trace_path: str,
     out_path: Optional[str] = None,

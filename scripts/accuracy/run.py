@@ -465,7 +465,8 @@ differs from its clean set only by the fault.
 * *Named right*: some finding names the injected function, on exactly the injected workers (all ranks
   for the all-worker cases). The injected function is: gemm: the busiest GEMM kernel's exact name;
   ring-allreduce: an NCCL AllReduce kernel name; nvlink-down: any NCCL kernel (or peer-to-peer copy)
-  name; gpu-throttle: any GPU compute (non-NCCL) kernel, or NVRx's aggregated GPU score; Python cases:
+  name; gpu-throttle: any GPU compute (non-NCCL) kernel, whyslow's `all GPU compute kernels` or NVRx's
+  aggregated GPU score; Python cases:
   the injected leaf frame (`socket.py(705): recv_into`, `model.py(120): forward`, `<built-in method
   collect ...>`, `<method 'recv' of '_socket.socket' objects>`); whyslow names a Python function by its
   whole stack, which must end with that frame.
@@ -498,7 +499,8 @@ differs from its clean set only by the fault.
   the median duration; relative score = min over ranks of the medians / this rank's median; GPU score =
   those kernel scores weighted by the rank's time in each kernel, NCCL kernels skipped (as NVRx does);
   sections = user annotations (`ProfilerStep#N` pooled as one) and, as an extension, each non-NCCL
-  kernel; straggler when score < {thr} (NVRx's default threshold). One finding per (section, ranks).
+  kernel; straggler when score < {thr} (the published threshold 0.7; NVRx's `identify_stragglers`
+  defaults to 0.75). One finding per (section, ranks).
 """
 
 

@@ -86,3 +86,28 @@ def test_readme_settings_table_matches_the_config():
     assert code - internal - table == set(), "settings missing from python/README.md"
     assert table - code == set(), "python/README.md documents settings the code does not read"
 
+
+
+def test_the_command_line_ships_in_the_package(tmp_path):
+    """`python -m whyslow analyze` and the wheel's `whyslow` are the CLI."""
+    import subprocess
+    import sys
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    demo = os.path.join(root, "examples", "data", "slow-rank-cpu-gloo")
+    p = subprocess.run([sys.executable, "-m", "whyslow", "analyze", demo, "--format", "json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    rep = json.loads(p.stdout)
+    assert rep["verdict"] == "anomalies"
+    assert rep["findings"][0]["workers"] == [2], rep["findings"][0]
+    assert "injected_slow_rank_work" in rep["findings"][0]["function"]
+    exe = os.path.join(os.path.dirname(sys.executable), "whyslow")
+    assert os.path.exists(exe), "the wheel installs no `whyslow` command"
+    p = subprocess.run([exe, "--version"], stdout=subprocess.PIPE, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith(b"whyslow "), p.stdout
+    # A usage error is an exit code, not the end of the calling interpreter.
+    assert _whyslow.cli_main(["no-such-command"]) == 2
+    # `trigger` stays Python's own subcommand.
+    p = subprocess.run([sys.executable, "-m", "whyslow", "trigger", "--report-dir", str(tmp_path),
+                        "--job", "j"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert p.returncode == 0 and (tmp_path / "j" / "TRIGGER").exists(), p.stderr.decode()

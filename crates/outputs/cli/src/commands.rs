@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -150,7 +149,7 @@ fn parse_steps(s: &str) -> Result<(u64, u64), String> {
 }
 
 /// Runs one subcommand.
-pub fn run(cli: Cli) -> Result<ExitCode> {
+pub fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Analyze(args) => analyze(args),
         Command::Summarize(args) => summarize(args),
@@ -205,7 +204,7 @@ fn skip_or_fail(
     Ok(())
 }
 
-fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
+fn analyze(args: AnalyzeArgs) -> Result<u8> {
     let cfg = load_config(args.output.config.as_deref())?;
     let files = whyslow_ingest::discover(&args.inputs).context("listing inputs")?;
     let mut warnings = Vec::new();
@@ -388,7 +387,7 @@ fn merge_samples(
     }
 }
 
-fn summarize(args: SummarizeArgs) -> Result<ExitCode> {
+fn summarize(args: SummarizeArgs) -> Result<u8> {
     let files = whyslow_ingest::discover(std::slice::from_ref(&args.trace))?;
     let mut traces = Vec::new();
     for file in files {
@@ -435,10 +434,10 @@ fn summarize(args: SummarizeArgs) -> Result<ExitCode> {
             args.output.display()
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
-fn localize(args: LocalizeArgs) -> Result<ExitCode> {
+fn localize(args: LocalizeArgs) -> Result<u8> {
     let cfg = load_config(args.output.config.as_deref())?;
     let files = whyslow_ingest::discover(&args.fingerprints)?;
     let mut warnings = Vec::new();
@@ -489,7 +488,7 @@ fn localize_and_report(
     world_size: Option<u32>,
     inputs: &[PathBuf],
     mut warnings: Vec<String>,
-) -> Result<ExitCode> {
+) -> Result<u8> {
     if fps.is_empty() {
         bail!("no input could be read in {}", display_paths(inputs));
     }
@@ -580,13 +579,13 @@ fn localize_and_report(
     Ok(exit_code(&report, out.fail_on_anomaly))
 }
 
-fn exit_code(report: &Report, fail_on_anomaly: bool) -> ExitCode {
+fn exit_code(report: &Report, fail_on_anomaly: bool) -> u8 {
     if report.verdict == Verdict::CouldNotJudge {
-        ExitCode::from(4)
+        4
     } else if fail_on_anomaly && !report.findings.is_empty() {
-        ExitCode::from(3)
+        3
     } else {
-        ExitCode::SUCCESS
+        0
     }
 }
 

@@ -4,7 +4,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::ExitCode;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,14 +71,14 @@ pub struct FlowsCollectArgs {
 }
 
 /// Runs one flows subcommand.
-pub fn run(cmd: FlowsCommand) -> Result<ExitCode> {
+pub fn run(cmd: FlowsCommand) -> Result<u8> {
     match cmd {
         FlowsCommand::Analyze(a) => analyze(a),
         FlowsCommand::Collect(c) => collect(c),
     }
 }
 
-fn analyze(args: FlowsAnalyzeArgs) -> Result<ExitCode> {
+fn analyze(args: FlowsAnalyzeArgs) -> Result<u8> {
     let topology = match &args.topology {
         Some(p) => Some(whyslow_flows_ingest::read_topology(p)?),
         None => None,
@@ -128,10 +128,10 @@ fn analyze(args: FlowsAnalyzeArgs) -> Result<ExitCode> {
         FlowFormat::Table => write!(out, "{table}")?,
     }
     out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
-fn collect(args: FlowsCollectArgs) -> Result<ExitCode> {
+fn collect(args: FlowsCollectArgs) -> Result<u8> {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -166,5 +166,5 @@ fn collect(args: FlowsCollectArgs) -> Result<ExitCode> {
         whyslow_flows_ingest::write_csv(&records, io::BufWriter::new(file))
             .with_context(|| format!("writing {}", args.output.display()))?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

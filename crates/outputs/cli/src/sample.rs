@@ -4,7 +4,7 @@
 //! the profiling window). Runs as a sidecar next to an unprivileged job.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,7 +58,7 @@ pub(crate) fn parse_interface(spec: &str) -> Result<NetInterface> {
 }
 
 /// Samples until the duration ends, Ctrl-C, or the process exits.
-pub fn run(args: SampleArgs) -> Result<ExitCode> {
+pub fn run(args: SampleArgs) -> Result<u8> {
     if !(1.0..=10_000.0).contains(&args.rate) {
         bail!("--rate {} is outside 1..=10000", args.rate);
     }
@@ -113,5 +113,5 @@ pub fn run(args: SampleArgs) -> Result<ExitCode> {
         100.0 * s.sampler_cpu_ns as f64 / s.elapsed_ns.max(1) as f64,
         args.output.display()
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

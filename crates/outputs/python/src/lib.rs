@@ -570,10 +570,25 @@ impl PySampler {
 }
 
 /// The native module.
+/// Runs the `whyslow` command line (`args` without the program name:
+/// `["analyze", "traces/"]`) in this process and returns its exit code, as
+/// the `whyslow` binary would: the report on stdout, warnings and errors on
+/// stderr. Releases the GIL. Backs `python -m whyslow analyze …` and the
+/// wheel's `whyslow` command.
+#[pyfunction]
+fn cli_main(py: Python<'_>, args: Vec<String>) -> i32 {
+    py.allow_threads(|| {
+        i32::from(whyslow::run(
+            std::iter::once("whyslow".to_string()).chain(args),
+        ))
+    })
+}
+
 #[pymodule]
 fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDetector>()?;
     m.add_class::<PyTriggerPolicy>()?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(summarize_trace, m)?)?;
     m.add_function(wrap_pyfunction!(localize_fingerprints, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_base_ns, m)?)?;

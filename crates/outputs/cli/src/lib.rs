@@ -1,0 +1,59 @@
+//! `whyslow`: which function, on which workers, is slowing a training job, and why.
+//!
+//! The command line is glue over the library crates: `whyslow-ingest` reads
+//! traces, `whyslow-summarize` builds fingerprints (PerfTracker §4.2),
+//! `whyslow-localize` names abnormal (function, workers) (§4.3) and
+//! `whyslow-report` renders the result. It is a library too, so that the
+//! Python package runs the same command (`python -m whyslow analyze …`).
+//!
+//! Exit codes (documented in the README):
+//! - 0: the analysis ran (whether or not it found anomalies);
+//! - 1: an error stopped it (nothing readable, an output not writable, a bad
+//!   file under `--strict`, traces of different jobs, a bad config);
+//! - 2: bad command line;
+//! - 3: anomalies were found and `--fail-on-anomaly` was given;
+//! - 4: the data could not support a verdict (no worker had events).
+
+use std::ffi::OsString;
+use std::io::{self, Write};
+
+use clap::Parser;
+
+mod agent;
+mod commands;
+mod flows;
+mod sample;
+
+/// Runs the `whyslow` command line on `args` (the program name first) and
+/// returns its exit code; errors are printed to stderr as one line.
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match commands::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are "errors" that print to stdout and exit 0.
+            let _ = e.print();
+            return u8::try_from(e.exit_code()).unwrap_or(2);
+        }
+    };
+    match commands::run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            // A closed pipe (`whyslow analyze … | head`) is not an error.
+            if err
+                .chain()
+                .filter_map(|e| e.downcast_ref::<io::Error>())
+                .any(|e| e.kind() == io::ErrorKind::BrokenPipe)
+            {
+                return 0;
+            }
+            let _ = io::stdout().flush();
+            let chain: Vec<String> = err.chain().map(|e| e.to_string()).collect();
+            eprintln!("whyslow: error: {}", chain.join(": "));
+            1
+        }
+    }
+}
