@@ -559,13 +559,16 @@ fn localize_and_report(
     whyslow_report::attach_source_excerpts(&mut report, &roots);
     report.warnings.extend(warnings);
 
+    let mut written = Vec::new();
     if let Some(path) = &out.html {
         fs::write(path, whyslow_report::render_html(&report))
             .with_context(|| format!("writing {}", path.display()))?;
+        written.push(format!("HTML report {}", path.display()));
     }
     if let Some(path) = &out.json {
         fs::write(path, whyslow_report::render_json(&report))
             .with_context(|| format!("writing {}", path.display()))?;
+        written.push(format!("JSON report {}", path.display()));
     }
     let mut stdout = io::stdout().lock();
     match out.format {
@@ -576,6 +579,9 @@ fn localize_and_report(
         }
     }
     stdout.flush()?;
+    if !written.is_empty() {
+        eprintln!("whyslow: wrote {}", written.join(", "));
+    }
     Ok(exit_code(&report, out.fail_on_anomaly))
 }
 
