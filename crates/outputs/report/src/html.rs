@@ -33,18 +33,35 @@ const MB: f64 = 44.0;
 /// Flagged workers labeled by rank in a plot, at most.
 const MAX_LABELS: usize = 24;
 
+/// Every axis is a share in [0, 1] (β, μ, σ, fraction of workers): ticks
+/// read as percentages ("25%", "0.5%"), not "0.24" or "6.7e-3".
 fn fmt_tick(v: f64) -> String {
-    if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= 10.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.1}")
-    } else if v.abs() >= 0.01 {
-        format!("{v:.2}")
+    let pct = v * 100.0;
+    let s = if v == 0.0 {
+        "0".to_string()
+    } else if pct.abs() >= 10.0 {
+        format!("{pct:.0}")
+    } else if pct.abs() >= 1.0 {
+        format!("{pct:.1}")
     } else {
-        format!("{v:.1e}")
-    }
+        format!("{pct:.2}")
+    };
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    };
+    format!("{s}%")
+}
+
+/// The smallest of 1, 2, 2.5, 5 × 10^k at or above `raw`: tick steps people read.
+fn nice_step(raw: f64) -> f64 {
+    let mag = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .find(|&s| s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * mag)
 }
 
 struct Axes {
@@ -54,9 +71,10 @@ struct Axes {
 
 impl Axes {
     fn new(xmax: f64, ymax: f64) -> Axes {
+        // Four tick steps of a readable size, covering the largest value.
         let nice = |m: f64| {
             if m.is_finite() && m > 0.0 {
-                m * 1.08
+                4.0 * nice_step(m / 4.0)
             } else {
                 1.0
             }
@@ -198,7 +216,7 @@ fn cdf(f: &Finding) -> String {
         .map(|p| (if p.beta.is_finite() { p.beta } else { 0.0 }, p.flagged))
         .collect();
     betas.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let ax = Axes::new(betas.last().map_or(0.0, |b| b.0), 1.0 / 1.08);
+    let ax = Axes::new(betas.last().map_or(0.0, |b| b.0), 1.0);
     let mut out = String::new();
     svg_open(&mut out, "CDF of β across workers");
     ax.frame(&mut out, "β (critical-path share)", "fraction of workers");
@@ -247,6 +265,7 @@ pre{background:#f6f8fa;border:1px solid #d0d7de;padding:8px;overflow:auto;font-s
 .plots{display:flex;flex-wrap:wrap;gap:12px}
 svg .tick{font-size:10px;fill:#57606a} svg .axis{font-size:11px;fill:#1f2328} svg .lbl{font-size:10px;fill:#cf222e}
 svg .ok{fill:#8c959f;fill-opacity:.6} svg .bad{fill:#cf222e}
+.not-measured{color:#57606a;font-style:italic;max-width:340px}
 .ok-msg{font-size:16px;color:#1a7f37;font-weight:600}
 .warn-msg{font-size:16px;color:#b35900;font-weight:600}
 .warn{color:#9a6700}
@@ -444,20 +463,29 @@ pub fn render_html(report: &Report) -> String {
                 }
                 let mu_label = format!("μ ({})", f.resource.label());
                 out.push_str(r#"<div class="plots">"#);
-                out.push_str(&scatter(
-                    f,
-                    "β vs μ",
-                    "β (critical-path share)",
-                    &mu_label,
-                    |p| (p.beta, p.mu),
-                ));
-                out.push_str(&scatter(
-                    f,
-                    "μ vs σ",
-                    &mu_label,
-                    &format!("σ ({})", f.resource.label()),
-                    |p| (p.mu, p.sigma),
-                ));
+                if f.util_source == UtilizationSource::None {
+                    // μ and σ are 0 for want of data: plots of zeros would look like a finding.
+                    let _ = write!(
+                        out,
+                        r#"<p class="not-measured">{} utilization not measured: no μ/σ plots. Sample it during the window (the Python package does at 1 kHz by default; <code>whyslow sample</code> or the sidecar agent for traces taken elsewhere).</p>"#,
+                        escape(f.resource.label())
+                    );
+                } else {
+                    out.push_str(&scatter(
+                        f,
+                        "β vs μ",
+                        "β (critical-path share)",
+                        &mu_label,
+                        |p| (p.beta, p.mu),
+                    ));
+                    out.push_str(&scatter(
+                        f,
+                        "μ vs σ",
+                        &mu_label,
+                        &format!("σ ({})", f.resource.label()),
+                        |p| (p.mu, p.sigma),
+                    ));
+                }
                 out.push_str(&cdf(f));
                 out.push_str("</div>");
             }
@@ -473,4 +501,24 @@ pub fn render_html(report: &Report) -> String {
     }
     out.push_str("<p class=\"meta\">Method: PerfTracker §4.3 (expected ranges and differential distance over runtime behavior patterns β, μ, σ).</p>\n</body></html>\n");
     out
+}
+
+#[cfg(test)]
+mod axis_tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_readable_percentages_on_round_steps() {
+        assert_eq!(fmt_tick(0.0), "0%");
+        assert_eq!(fmt_tick(0.25), "25%");
+        assert_eq!(fmt_tick(0.0067), "0.67%");
+        assert_eq!(fmt_tick(0.015), "1.5%");
+        assert_eq!(fmt_tick(1.0), "100%");
+        // A largest β of 0.7 gives steps of 0.2 (0–80 %), not 0.24, 0.48, 0.72.
+        let ax = Axes::new(0.7, 1.0);
+        assert!((ax.xmax - 0.8).abs() < 1e-12 && (ax.ymax - 1.0).abs() < 1e-12);
+        assert!((Axes::new(0.0062, 0.3).xmax - 0.008).abs() < 1e-12);
+        assert!((nice_step(0.06) - 0.1).abs() < 1e-12);
+        assert!((nice_step(0.0025) - 0.0025).abs() < 1e-12);
+    }
 }

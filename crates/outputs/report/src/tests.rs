@@ -339,3 +339,12 @@ fn source_excerpts_are_attached() {
     assert!(t.contains("the relevant code is here:"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn html_says_not_measured_instead_of_plotting_zero_utilization() {
+    let mut f = finding("aten::mm", FunctionKind::CpuOp, vec![3], 10);
+    f.util_source = UtilizationSource::None;
+    let h = render_html(&report(vec![f]));
+    assert_eq!(h.matches("<svg").count(), 1, "only the β CDF");
+    assert!(h.contains("utilization not measured: no μ/σ plots"), "{h}");
+}
