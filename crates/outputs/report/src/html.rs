@@ -33,6 +33,18 @@ const MB: f64 = 44.0;
 /// Flagged workers labeled by rank in a plot, at most.
 const MAX_LABELS: usize = 24;
 
+/// What the report's words mean (PerfTracker §4.2–§4.3; whyslow's additions).
+const GLOSSARY: &str = r#"<details class="glossary"><summary>What β, μ, σ and the reasons mean</summary><dl>
+<dt>β (critical-path share)</dt><dd>The share of the worker's profiling window during which this function was on its critical path: the work the iteration waited for. Peers: the median over the group's other workers.</dd>
+<dt>μ (mean utilization)</dt><dd>The function's resource (CPU, NIC, SM activity, PCIe, NVLink) averaged while it ran on the critical path, 0–100 %. Low μ with a long β: the function was starved or waiting.</dd>
+<dt>σ (utilization spread)</dt><dd>The standard deviation of that utilization: a slow link is low and steady (small σ), peers that wait and burst have a large σ.</dd>
+<dt>pp</dt><dd>Percentage points: 46.5 pp is 46.5 % of the window more than the peers.</dd>
+<dt>unexpected</dt><dd>Outside the function class's expected range (e.g. Python code over 1 % of the critical path, communication over 30 %) on most of the workers.</dd>
+<dt>differs from peers</dt><dd>Far from most other workers in (β, μ, σ) (the differential distance), and borne out off the critical path: the worker ran the function longer, or starved of its resource.</dd>
+<dt>waits for / also slower</dt><dd>Consequences folded under a cause: the other workers wait for it in a collective, or other functions are slower on the same workers.</dd>
+</dl></details>
+"#;
+
 /// Every axis is a share in [0, 1] (β, μ, σ, fraction of workers): ticks
 /// read as percentages ("25%", "0.5%"), not "0.24" or "6.7e-3".
 fn fmt_tick(v: f64) -> String {
@@ -266,6 +278,8 @@ pre{background:#f6f8fa;border:1px solid #d0d7de;padding:8px;overflow:auto;font-s
 svg .tick{font-size:10px;fill:#57606a} svg .axis{font-size:11px;fill:#1f2328} svg .lbl{font-size:10px;fill:#cf222e}
 svg .ok{fill:#8c959f;fill-opacity:.6} svg .bad{fill:#cf222e}
 .not-measured{color:#57606a;font-style:italic;max-width:340px}
+.verdict{font-size:16px;font-weight:600;color:#cf222e}
+.glossary{margin-top:24px} .glossary dt{font-weight:600} .glossary dd{margin:0 0 6px 16px}
 .ok-msg{font-size:16px;color:#1a7f37;font-weight:600}
 .warn-msg{font-size:16px;color:#b35900;font-weight:600}
 .warn{color:#9a6700}
@@ -333,6 +347,11 @@ pub fn render_html(report: &Report) -> String {
             escape(&crate::verdict_line(report))
         );
     } else {
+        let _ = writeln!(
+            out,
+            r#"<p class="verdict">{}</p>"#,
+            escape(&crate::verdict_line(report))
+        );
         out.push_str("<table><tr><th>#</th><th>Abnormal function execution</th><th>Workers</th><th>Critical path β</th><th>Avg resource util. μ</th><th>Util. std σ</th><th>Why</th></tr>\n");
         let via = divergent_frames(&report.findings);
         for (i, f) in report.findings.iter().enumerate() {
@@ -499,6 +518,7 @@ pub fn render_html(report: &Report) -> String {
         }
         out.push_str("</ul>\n");
     }
+    out.push_str(GLOSSARY);
     out.push_str("<p class=\"meta\">Method: PerfTracker §4.3 (expected ranges and differential distance over runtime behavior patterns β, μ, σ).</p>\n</body></html>\n");
     out
 }

@@ -347,4 +347,6 @@ fn html_says_not_measured_instead_of_plotting_zero_utilization() {
     let h = render_html(&report(vec![f]));
     assert_eq!(h.matches("<svg").count(), 1, "only the β CDF");
     assert!(h.contains("utilization not measured: no μ/σ plots"), "{h}");
+    assert!(h.contains("What β, μ, σ and the reasons mean"));
+    assert!(h.contains(r#"<p class="verdict">1 abnormal function execution(s) in 64 workers.</p>"#));
 }
