@@ -28,36 +28,50 @@ use crate::{clean, median, LocalizeConfig};
 pub const ALL_GPU_KERNELS: &str = "all GPU compute kernels";
 
 /// Per worker: Σ run-time share, Σ β and Σ critical µs of its GPU compute
-/// kernels, and each kernel's run time by name.
-struct GpuTime<'a> {
+/// kernels.
+struct GpuTime {
     share: f64,
     beta: f64,
     critical_us: f64,
-    per_kernel: HashMap<&'a str, f64>,
 }
 
-fn gpu_time(fp: &Fingerprint) -> GpuTime<'_> {
+fn gpu_kernels(fp: &Fingerprint) -> impl Iterator<Item = &whyslow_model::FunctionPattern> {
+    fp.functions
+        .iter()
+        .filter(|p| p.kind == FunctionKind::GpuKernel)
+}
+
+fn gpu_time(fp: &Fingerprint) -> GpuTime {
     let window = clean(fp.window_us);
     let mut t = GpuTime {
         share: 0.0,
         beta: 0.0,
         critical_us: 0.0,
-        per_kernel: HashMap::new(),
     };
-    for p in fp
-        .functions
-        .iter()
-        .filter(|p| p.kind == FunctionKind::GpuKernel)
-    {
+    let mut total = 0.0;
+    for p in gpu_kernels(fp) {
         t.beta += clean(p.beta);
         t.critical_us += clean(p.critical_us);
-        *t.per_kernel.entry(p.name.as_str()).or_default() += clean(p.total_us);
+        total += clean(p.total_us);
     }
     if window > 0.0 {
-        t.share = t.per_kernel.values().sum::<f64>() / window;
+        t.share = total / window;
     }
     t
 }
+
+/// Each kernel's run time on one worker, by name.
+fn per_kernel(fp: &Fingerprint) -> HashMap<&str, f64> {
+    let mut m: HashMap<&str, f64> = HashMap::new();
+    for p in gpu_kernels(fp) {
+        *m.entry(p.name.as_str()).or_default() += clean(p.total_us);
+    }
+    m
+}
+
+/// Peers whose per-kernel times are compared, at most (evenly spaced): the
+/// per-kernel medians need no more, and a million workers stay cheap.
+const MAX_KERNEL_PEERS: usize = 1000;
 
 /// The finding of this check for one comparison group (`members`: indices
 /// into `fps`, in rank order), if any.
@@ -92,9 +106,11 @@ pub(crate) fn broad_gpu_slowdowns(
     let peers: Vec<usize> = (0..g).filter(|&i| !is_flagged(i)).collect();
     let peer_share = median(&mut peers.iter().map(|&i| times[i].share).collect::<Vec<_>>());
     let peer_beta = median(&mut peers.iter().map(|&i| times[i].beta).collect::<Vec<_>>());
+    let step = peers.len().div_ceil(MAX_KERNEL_PEERS).max(1);
+    let sampled: Vec<usize> = peers.iter().copied().step_by(step).collect();
     let mut kernel_time: HashMap<&str, Vec<f64>> = HashMap::new();
-    for &i in &peers {
-        for (&k, &v) in &times[i].per_kernel {
+    for &i in &sampled {
+        for (k, v) in per_kernel(&fps[members[i] as usize]) {
             kernel_time.entry(k).or_default().push(v);
         }
     }
@@ -102,15 +118,16 @@ pub(crate) fn broad_gpu_slowdowns(
     let peer_kernel: Vec<(&str, f64)> = kernel_time
         .into_iter()
         .map(|(k, mut v)| {
-            v.resize(peers.len(), 0.0);
+            v.resize(sampled.len(), 0.0);
             (k, median(&mut v))
         })
         .filter(|&(_, v)| v > 0.0)
         .collect();
-    let broad = |t: &GpuTime| {
+    let broad = |i: usize| {
+        let own = per_kernel(&fps[members[i] as usize]);
         let mut ratios: Vec<(f64, f64)> = peer_kernel
             .iter()
-            .map(|&(k, v)| (t.per_kernel.get(k).copied().unwrap_or(0.0) / v, v))
+            .map(|&(k, v)| (own.get(k).copied().unwrap_or(0.0) / v, v))
             .collect();
         ratios.sort_by(|a, b| a.0.total_cmp(&b.0));
         let total: f64 = ratios.iter().map(|r| r.1).sum();
@@ -125,7 +142,7 @@ pub(crate) fn broad_gpu_slowdowns(
     };
     flagged.retain(|&i| {
         let t = &times[i];
-        slower(t, peer_share) && t.beta - peer_beta >= cfg.min_effect && broad(t)
+        slower(t, peer_share) && t.beta - peer_beta >= cfg.min_effect && broad(i)
     });
     if flagged.is_empty() {
         return None;

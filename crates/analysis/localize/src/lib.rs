@@ -1366,18 +1366,29 @@ fn cause_first(mut findings: Vec<Finding>, cfg: &LocalizeConfig) -> Vec<Finding>
                 let (mut on, mut off) = (on, off);
                 let (b_on, b_off) = (median(&mut on), median(&mut off));
                 // Not folded: a collective flagged on the cause's own
-                // workers, or one above its expected range even there.
+                // workers, or one above its expected range even there; one
+                // whose plot points do not include the cause's workers (no
+                // evidence either way); and one flagged on other workers that
+                // do not themselves spend more of their window in it than the
+                // cause's workers (a slow link of their own, not waiting).
                 let own = partial(other) && other.workers.iter().any(|w| cause.workers.contains(w));
                 let beyond = b_on > cfg.range_for(other.kind, &other.function).beta.1;
-                (!own && !beyond && !off.is_empty() && b_off - b_on >= cfg.min_effect).then(|| {
-                    let waiting: Vec<u32> = other
-                        .points
-                        .iter()
-                        .filter(|p| !cause.workers.contains(&p.worker))
-                        .map(|p| p.worker)
-                        .collect();
-                    (Relation::WaitsFor, waiting, b_off, b_on)
-                })
+                let waits = !partial(other) || other.beta.value - b_on >= cfg.min_effect;
+                (!own
+                    && !beyond
+                    && waits
+                    && !on.is_empty()
+                    && !off.is_empty()
+                    && b_off - b_on >= cfg.min_effect)
+                    .then(|| {
+                        let waiting: Vec<u32> = other
+                            .points
+                            .iter()
+                            .filter(|p| !cause.workers.contains(&p.worker))
+                            .map(|p| p.worker)
+                            .collect();
+                        (Relation::WaitsFor, waiting, b_off, b_on)
+                    })
             } else if partial(other) && other.workers == cause.workers {
                 Some((
                     Relation::AlsoSlower,

@@ -949,3 +949,29 @@ fn one_slow_kernel_or_noise_is_not_a_broad_slowdown() {
         .iter()
         .all(|f| f.function != broad::ALL_GPU_KERNELS));
 }
+
+/// A slow link of its own on other workers (low, steady NIC at the same β)
+/// is not waiting for an unrelated slow kernel: both stay findings (the
+/// 10,000-worker benchmark's case, where the cause's worker was not among
+/// the collective's plot points).
+#[test]
+fn a_collective_slow_on_other_workers_is_not_folded_under_an_unrelated_cause() {
+    let mut fps = healthy_job(16, 0.03);
+    slower(&mut fps[3].functions[0], 3.0);
+    for w in [10, 11] {
+        let p = &mut fps[w].functions[6];
+        p.mu = 0.25;
+        p.sigma = 0.03;
+    }
+    let mut cfg = LocalizeConfig::default();
+    let r = localize(&fps, &cfg, None);
+    let gemm = find(&r, "sm90_xmma_gemm_0").expect("the slow kernel");
+    assert_eq!(gemm.workers, vec![3]);
+    let comm = find(&r, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL").expect("the slow link");
+    assert_eq!(comm.workers, vec![10, 11]);
+    assert!(gemm.consequences.iter().all(|c| c.kind != FunctionKind::Comm));
+    // The same with plot points that leave out the cause's worker.
+    cfg.max_points = 4;
+    let r = localize(&fps, &cfg, None);
+    assert!(find(&r, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL").is_some(), "{:#?}", r.findings);
+}
