@@ -969,9 +969,16 @@ fn a_collective_slow_on_other_workers_is_not_folded_under_an_unrelated_cause() {
     assert_eq!(gemm.workers, vec![3]);
     let comm = find(&r, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL").expect("the slow link");
     assert_eq!(comm.workers, vec![10, 11]);
-    assert!(gemm.consequences.iter().all(|c| c.kind != FunctionKind::Comm));
+    assert!(gemm
+        .consequences
+        .iter()
+        .all(|c| c.kind != FunctionKind::Comm));
     // The same with plot points that leave out the cause's worker.
     cfg.max_points = 4;
     let r = localize(&fps, &cfg, None);
-    assert!(find(&r, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL").is_some(), "{:#?}", r.findings);
+    assert!(
+        find(&r, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL").is_some(),
+        "{:#?}",
+        r.findings
+    );
 }
