@@ -1293,13 +1293,7 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
     let findings = if cfg.corroborate {
         cause_first(findings, cfg)
     } else {
-        findings.sort_by(|a, b| {
-            let ka = a.beta.value * a.workers.len() as f64;
-            let kb = b.beta.value * b.workers.len() as f64;
-            kb.total_cmp(&ka)
-                .then_with(|| a.function.cmp(&b.function))
-                .then_with(|| a.group.cmp(&b.group))
-        });
+        findings.sort_by(by_weight);
         findings
     };
 
@@ -1425,15 +1419,19 @@ fn cause_first(mut findings: Vec<Finding>, cfg: &LocalizeConfig) -> Vec<Finding>
     kept.sort_by(|a, b| {
         b.explains
             .total_cmp(&a.explains)
-            .then_with(|| {
-                let ka = a.beta.value * a.workers.len() as f64;
-                let kb = b.beta.value * b.workers.len() as f64;
-                kb.total_cmp(&ka)
-            })
-            .then_with(|| a.function.cmp(&b.function))
-            .then_with(|| a.group.cmp(&b.group))
+            .then_with(|| by_weight(a, b))
     });
     kept
+}
+
+/// Median flagged β × flagged workers, descending; then function and group
+/// names, so that the order does not depend on the input's.
+fn by_weight(a: &Finding, b: &Finding) -> std::cmp::Ordering {
+    let ka = a.beta.value * a.workers.len() as f64;
+    let kb = b.beta.value * b.workers.len() as f64;
+    kb.total_cmp(&ka)
+        .then_with(|| a.function.cmp(&b.function))
+        .then_with(|| a.group.cmp(&b.group))
 }
 
 /// β of a finding's plotted workers on `workers` and on the others.
