@@ -1,11 +1,11 @@
 //! Fingerprints of real traces from `tests/fixtures` (PerfTracker §4.2),
-//! checked against snapshots in `tests/snapshots/`. Regenerate after an
-//! intended change with `WHYSLOW_UPDATE_SNAPSHOTS=1 cargo test -p whyslow --test fixtures`.
+//! checked against `insta` snapshots in `tests/snapshots/`. After an intended
+//! change: `cargo insta review` (or `INSTA_UPDATE=always cargo test -p whyslow
+//! --test fixtures`, then review the diff).
 
 mod common;
 use common::fixtures;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde_json::{json, Value};
 use whyslow_summarize::SummarizeOptions;
@@ -64,35 +64,14 @@ fn check(fixture: &str, snapshot: &str) {
         fp.functions.len()
     );
 
-    let got = digest(&fp);
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/snapshots")
-        .join(snapshot);
-    if std::env::var_os("WHYSLOW_UPDATE_SNAPSHOTS").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
-        return;
-    }
-    let want: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (WHYSLOW_UPDATE_SNAPSHOTS=1 creates it)",
-            path.display()
-        )
-    }))
-    .unwrap();
-    assert_eq!(
-        got,
-        want,
-        "fingerprint digest of {fixture} changed:\n{}",
-        serde_json::to_string_pretty(&got).unwrap()
-    );
+    insta::assert_json_snapshot!(snapshot, digest(&fp));
 }
 
 #[test]
 fn a100_nccl_fingerprint() {
     check(
         "kineto/single/a100-nccl-rank0of2.json.gz",
-        "a100-nccl-rank0of2.json",
+        "a100-nccl-rank0of2",
     );
 }
 
@@ -100,20 +79,20 @@ fn a100_nccl_fingerprint() {
 fn b200_python_stacks_fingerprint() {
     check(
         "kineto/single/b200-eager-rank0of8.json.gz",
-        "b200-eager-rank0of8.json",
+        "b200-eager-rank0of8",
     );
 }
 
 #[test]
 fn amd_without_occupancy_fingerprint() {
-    check("kineto/single/mi250-rocm.json.gz", "mi250-rocm.json");
+    check("kineto/single/mi250-rocm.json.gz", "mi250-rocm");
 }
 
 #[test]
 fn cpu_only_gloo_fingerprint() {
     check(
         "kineto/single/cpu-only-gloo-rank34of300.pt.trace.json.gz",
-        "cpu-only-gloo-rank34of300.json",
+        "cpu-only-gloo-rank34of300",
     );
 }
 
@@ -121,6 +100,6 @@ fn cpu_only_gloo_fingerprint() {
 fn hta_128_rank_job_rank1_fingerprint() {
     check(
         "kineto/hta-sampled-128rank/rank-1.json.gz",
-        "hta-128rank-rank-1.json",
+        "hta-128rank-rank-1",
     );
 }
