@@ -44,6 +44,13 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+
+def _record_always(step: int) -> "Any":
+    """torch.profiler schedule: record every step (see ``_start_profile``)."""
+    from torch.profiler import ProfilerAction
+
+    return ProfilerAction.RECORD
+
 class _Disabled(Exception):
     pass
 
@@ -388,7 +395,7 @@ class Tracker:
         assert s is not None
         self.pending = None
         import torch
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU]
         use_cuda = self.cfg.cuda == "1" or (self.cfg.cuda == "auto" and torch.cuda.is_available())
@@ -403,7 +410,13 @@ class Tracker:
         }
         try:
             _test_fault("profiler_start", self.rank)
-            prof = profile(activities=acts, with_stack=True, record_shapes=False)
+            # A schedule that always records makes the profiler mark each
+            # iteration (ProfilerStep#N, N = the training loop's step), so
+            # the window is whole iterations and the report can plot them.
+            prof = profile(activities=acts, with_stack=True, record_shapes=False,
+                           schedule=_record_always)
+            if hasattr(prof, "step_num"):
+                prof.step_num = self.steps
             prof.start()
         except BaseException:
             self.det.resume(_now())
@@ -643,6 +656,7 @@ class Tracker:
             config_toml=config_toml,
             source_roots=[os.getcwd()],
             warnings=warnings,
+            iterations=self.det.history(),
         )
         with open(os.path.join(sdir, "session.json"), "w") as f:
             json.dump(

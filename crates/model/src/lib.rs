@@ -25,7 +25,8 @@ pub use fingerprint::{
     FINGERPRINT_VERSION,
 };
 pub use report::{
-    Consequence, Finding, Reason, Relation, Report, Stat, Verdict, WorkerPoint, REPORT_VERSION,
+    Consequence, Finding, IterationSeries, IterationSource, IterationTimes, Onset, Reason,
+    Relation, Report, Stat, Verdict, WorkerPoint, REPORT_VERSION,
 };
 pub use trace::{
     Execution, FunctionId, FunctionInfo, FunctionKind, FunctionTable, RankSource, Resource,

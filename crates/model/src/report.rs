@@ -177,6 +177,58 @@ pub struct Report {
     /// `verdict` is `could_not_judge`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_judged: Vec<String>,
+    /// Iteration time over the recorded steps and where it rose, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iterations: Option<IterationTimes>,
+}
+
+/// Iteration time over the steps a report covers, and where a slowdown
+/// began (PerfTracker §4.1's indicator of iteration time, shown so that a
+/// reader sees *when* the job slowed down, not only where).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IterationTimes {
+    /// Where the times come from.
+    pub source: IterationSource,
+    /// One series per worker (traces), or one for the job (the detector).
+    pub series: Vec<IterationSeries>,
+    /// The step at which iteration time rose, when it rose within the series.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onset: Option<Onset>,
+}
+
+/// Origin of [`IterationTimes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IterationSource {
+    /// `ProfilerStep#N` spans of the traces (only the profiled window).
+    ProfilerSteps,
+    /// The online detector's history of iteration durations (§4.1), from
+    /// before the slowdown to the profiling window.
+    Detector,
+}
+
+/// Iteration durations of one worker (or of the job).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IterationSeries {
+    /// The worker's rank; `None` for the job as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<u32>,
+    /// Step numbers, ascending.
+    pub steps: Vec<u64>,
+    /// Duration of each step, milliseconds.
+    pub ms: Vec<f64>,
+}
+
+/// Where iteration time rose: the first slow step and the typical
+/// (median) durations before and after it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Onset {
+    /// First step of the slower stretch.
+    pub step: u64,
+    /// Median iteration time before it, ms.
+    pub before_ms: f64,
+    /// Median iteration time from it on, ms.
+    pub after_ms: f64,
 }
 
 /// The one-line answer of a [`Report`].

@@ -188,6 +188,11 @@ impl FunctionTable {
         id
     }
 
+    /// The id of (kind, name), if interned.
+    pub fn find(&self, kind: FunctionKind, name: &str) -> Option<FunctionId> {
+        self.index.get(&(kind, name.to_string())).copied()
+    }
+
     /// The function behind `id`.
     pub fn get(&self, id: FunctionId) -> &FunctionInfo {
         &self.infos[id.0 as usize]

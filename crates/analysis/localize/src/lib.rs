@@ -1316,6 +1316,7 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         warnings,
         verdict,
         not_judged: Vec::new(),
+        iterations: None,
     }
 }
 
@@ -1343,6 +1344,7 @@ fn cause_first(mut findings: Vec<Finding>, cfg: &LocalizeConfig) -> Vec<Finding>
             .then_with(|| findings[a].function.cmp(&findings[b].function))
     });
     let mut folded = vec![false; findings.len()];
+    let mut rescored: Vec<(usize, f64)> = Vec::new();
     for &c in &order {
         if folded[c] || !partial(&findings[c]) || findings[c].kind == FunctionKind::Comm {
             continue;
@@ -1366,23 +1368,29 @@ fn cause_first(mut findings: Vec<Finding>, cfg: &LocalizeConfig) -> Vec<Finding>
                 // do not themselves spend more of their window in it than the
                 // cause's workers (a slow link of their own, not waiting).
                 let own = partial(other) && other.workers.iter().any(|w| cause.workers.contains(w));
-                let beyond = b_on > cfg.range_for(other.kind, &other.function).beta.1;
+                let range_max = cfg.range_for(other.kind, &other.function).beta.1;
+                let beyond = b_on > range_max;
                 let waits = !partial(other) || other.beta.value - b_on >= cfg.min_effect;
-                (!own
-                    && !beyond
+                let waiting_on_cause = !own
                     && waits
                     && !on.is_empty()
                     && !off.is_empty()
-                    && b_off - b_on >= cfg.min_effect)
-                    .then(|| {
-                        let waiting: Vec<u32> = other
-                            .points
-                            .iter()
-                            .filter(|p| !cause.workers.contains(&p.worker))
-                            .map(|p| p.worker)
-                            .collect();
-                        (Relation::WaitsFor, waiting, b_off, b_on)
-                    })
+                    && b_off - b_on >= cfg.min_effect;
+                if waiting_on_cause && beyond {
+                    // Above its range even on the cause's workers: the
+                    // collective stays a finding of its own, but what it
+                    // explains is only that excess; the rest is waiting.
+                    rescored.push((o, (b_on - range_max).max(0.0)));
+                }
+                (waiting_on_cause && !beyond).then(|| {
+                    let waiting: Vec<u32> = other
+                        .points
+                        .iter()
+                        .filter(|p| !cause.workers.contains(&p.worker))
+                        .map(|p| p.worker)
+                        .collect();
+                    (Relation::WaitsFor, waiting, b_off, b_on)
+                })
             } else if partial(other) && other.workers == cause.workers {
                 Some((
                     Relation::AlsoSlower,
@@ -1410,6 +1418,9 @@ fn cause_first(mut findings: Vec<Finding>, cfg: &LocalizeConfig) -> Vec<Finding>
             folded[o] = true;
         }
         findings[c].consequences = consequences;
+    }
+    for (o, explains) in rescored {
+        findings[o].explains = findings[o].explains.min(explains);
     }
     let mut kept: Vec<Finding> = findings
         .into_iter()

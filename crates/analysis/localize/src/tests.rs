@@ -832,6 +832,55 @@ fn waiting_peers_are_folded_under_the_slow_worker() {
     assert!(r.findings.iter().any(|f| f.function == "gloo:all_reduce"));
 }
 
+#[test]
+fn a_collective_heavy_everywhere_is_ranked_after_the_worker_it_waits_for() {
+    // The demo recorded from before the fault: on worker 2 the allreduce is
+    // itself just above its range (0.32 > 0.30), so it stays a finding on all
+    // workers; but most of the others' 0.68 is waiting for worker 2, so the
+    // extra work on worker 2 comes first.
+    let fps: Vec<_> = (0..4)
+        .map(|w| {
+            let slow = w == 2;
+            let mut fs = vec![
+                pat(
+                    FunctionKind::Comm,
+                    "gloo:all_reduce",
+                    if slow { 0.32 } else { 0.68 },
+                    0.0,
+                    0.0,
+                ),
+                pat(FunctionKind::CpuOp, "aten::mm", 0.04, 0.0, 0.0),
+            ];
+            if slow {
+                fs.push(pat(
+                    FunctionKind::Python,
+                    "train.py(41): extra_work",
+                    0.31,
+                    0.0,
+                    0.0,
+                ));
+            }
+            for p in &mut fs {
+                p.util_source = UtilizationSource::None;
+                p.mu = 0.0;
+            }
+            let mut f = fp(w, fs);
+            f.utilization_source = UtilizationSource::None;
+            f
+        })
+        .collect();
+    let r = localize(&fps, &LocalizeConfig::default(), None);
+    let names: Vec<&str> = r.findings.iter().map(|f| f.function.as_str()).collect();
+    assert_eq!(
+        names,
+        ["train.py(41): extra_work", "gloo:all_reduce"],
+        "{:#?}",
+        r.findings
+    );
+    assert!((r.findings[1].explains - 0.02).abs() < 1e-9);
+    assert_eq!(r.findings[1].workers, vec![0, 1, 2, 3]);
+}
+
 /// A healthy 4-host testbed run on a loaded 2-core CI machine (figures from
 /// its report): on worker 1 `aten::mm` took 7.1 % of the critical path vs.
 /// 2.4 %, but at *more* CPU (μ 0.60 vs. 0.51, σ 0.20 vs. 0.09) and no longer

@@ -27,9 +27,11 @@
 #![deny(missing_docs)]
 
 mod detector;
+mod onset;
 mod policy;
 
 pub use detector::{Baseline, Degradation, Detector, DetectorConfig, Event, Iteration, Phase};
+pub use onset::{find_onset, iteration_times, OnsetConfig, Split};
 pub use policy::{Refusal, TriggerPolicy};
 
 /// A configuration value that the detector or the policy cannot work with.

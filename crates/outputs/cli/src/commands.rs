@@ -13,7 +13,11 @@ use rayon::prelude::*;
 
 use whyslow_ingest::{InputFile, WorkerSamples};
 use whyslow_localize::LocalizeConfig;
-use whyslow_model::{Fingerprint, Report, Resource, SampleSeries, Verdict, WorkerTrace};
+use whyslow_model::{
+    Fingerprint, IterationSeries, IterationSource, IterationTimes, Report, Resource, SampleSeries,
+    Verdict, WorkerTrace,
+};
+use whyslow_online::OnsetConfig;
 use whyslow_summarize::SummarizeOptions;
 
 /// Tells which function, on which workers, is slowing a training job, and why.
@@ -58,6 +62,10 @@ struct AnalyzeArgs {
     window: WindowArgs,
     #[command(flatten)]
     output: OutputArgs,
+    /// Also write the flagged functions' spans on the flagged workers and a
+    /// few peers as a Chrome trace-event file for Perfetto (ui.perfetto.dev).
+    #[arg(long, value_name = "FILE")]
+    perfetto: Option<PathBuf>,
     /// Also write each worker's fingerprint into this directory.
     #[arg(long, value_name = "DIR")]
     fingerprints_out: Option<PathBuf>,
@@ -261,7 +269,15 @@ fn analyze(args: AnalyzeArgs) -> Result<u8> {
         })
         .collect();
     bar.finish_and_clear();
-    drop(traces);
+    let mut extras = ReportExtras {
+        iterations: iteration_times(&traces),
+        perfetto: None,
+    };
+    if let Some(path) = &args.perfetto {
+        extras.perfetto = Some((path.clone(), traces));
+    } else {
+        drop(traces);
+    }
 
     if let Some(dir) = &args.fingerprints_out {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -278,6 +294,55 @@ fn analyze(args: AnalyzeArgs) -> Result<u8> {
         world_size,
         &args.inputs,
         warnings,
+        extras,
+    )
+}
+
+/// What `analyze` knows beyond the fingerprints: iteration times from the
+/// traces, and the traces themselves when a Perfetto file is asked for.
+#[derive(Default)]
+struct ReportExtras {
+    iterations: Option<IterationTimes>,
+    perfetto: Option<(PathBuf, Vec<WorkerTrace>)>,
+}
+
+/// `file` as a link from the page at `page`: relative when both are in the
+/// same directory, else absolute.
+fn relative_to(file: &Path, page: &Path) -> String {
+    let dir = |p: &Path| {
+        p.parent()
+            .map(|d| d.to_path_buf())
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from("."))
+    };
+    match (fs::canonicalize(dir(file)), fs::canonicalize(dir(page))) {
+        (Ok(a), Ok(b)) if a == b => file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        (Ok(a), _) => a
+            .join(file.file_name().unwrap_or_default())
+            .display()
+            .to_string(),
+        _ => file.display().to_string(),
+    }
+}
+
+/// Each worker's `ProfilerStep` durations, with the step where they rose.
+fn iteration_times(traces: &[WorkerTrace]) -> Option<IterationTimes> {
+    let series = traces
+        .iter()
+        .filter(|t| !t.steps.is_empty())
+        .map(|t| IterationSeries {
+            worker: Some(t.meta.rank),
+            steps: t.steps.iter().map(|s| s.0).collect(),
+            ms: t.steps.iter().map(|s| (s.2 - s.1) as f64 / 1e6).collect(),
+        })
+        .collect();
+    whyslow_online::iteration_times(
+        IterationSource::ProfilerSteps,
+        series,
+        &OnsetConfig::default(),
     )
 }
 
@@ -478,6 +543,7 @@ fn localize(args: LocalizeArgs) -> Result<u8> {
         args.output.world_size,
         &args.fingerprints,
         warnings,
+        ReportExtras::default(),
     )
 }
 
@@ -488,6 +554,7 @@ fn localize_and_report(
     world_size: Option<u32>,
     inputs: &[PathBuf],
     mut warnings: Vec<String>,
+    extras: ReportExtras,
 ) -> Result<u8> {
     if fps.is_empty() {
         bail!("no input could be read in {}", display_paths(inputs));
@@ -558,10 +625,19 @@ fn localize_and_report(
     }
     whyslow_report::attach_source_excerpts(&mut report, &roots);
     report.warnings.extend(warnings);
+    report.iterations = extras.iterations;
 
     let mut written = Vec::new();
+    if let Some((path, traces)) = &extras.perfetto {
+        fs::write(path, whyslow_report::render_perfetto(&report, traces))
+            .with_context(|| format!("writing {}", path.display()))?;
+        written.push(format!("Perfetto trace {}", path.display()));
+    }
     if let Some(path) = &out.html {
-        fs::write(path, whyslow_report::render_html(&report))
+        let opts = whyslow_report::HtmlOptions {
+            perfetto_file: extras.perfetto.as_ref().map(|(p, _)| relative_to(p, path)),
+        };
+        fs::write(path, whyslow_report::render_html_with(&report, &opts))
             .with_context(|| format!("writing {}", path.display()))?;
         written.push(format!("HTML report {}", path.display()));
     }

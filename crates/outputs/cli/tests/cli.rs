@@ -77,6 +77,73 @@ fn analyze_names_the_injected_function_on_the_slow_rank() {
     }
 }
 
+/// The report shows when the job slowed down: the demo's window starts at
+/// step 132 and rank 2's extra work at step 150 (`--fault-at 150`).
+#[test]
+fn iteration_times_show_the_onset_of_the_fault() {
+    let report = json(&whyslow(&[
+        "analyze",
+        example_dir().to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let it = &report["iterations"];
+    assert_eq!(it["source"], "profiler_steps");
+    assert_eq!(it["series"].as_array().unwrap().len(), 4);
+    let onset = &it["onset"];
+    let step = onset["step"].as_u64().expect("an onset");
+    assert!((149..=152).contains(&step), "onset at step {step}");
+    assert!(onset["after_ms"].as_f64().unwrap() > 1.3 * onset["before_ms"].as_f64().unwrap());
+}
+
+/// `--perfetto` writes a Chrome trace-event file with the flagged function's
+/// spans on the flagged worker and the same tracks on peers.
+#[test]
+fn perfetto_export_holds_the_flagged_spans() {
+    let dir = temp_dir("perfetto");
+    let trace = dir.join("flagged.json");
+    let page = dir.join("report.html");
+    let out = whyslow(&[
+        "analyze",
+        example_dir().to_str().unwrap(),
+        "--perfetto",
+        trace.to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Perfetto trace"));
+    let doc: Value = serde_json::from_slice(&fs::read(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let spans = |pid: u64, needle: &str| {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == pid)
+            .filter(|e| e["name"].as_str().unwrap().contains(needle))
+            .count()
+    };
+    assert!(
+        spans(2, "injected_slow_rank_work") >= 30,
+        "the slow rank's spans"
+    );
+    assert_eq!(spans(0, "injected_slow_rank_work"), 0);
+    assert!(
+        spans(0, "ProfilerStep#") >= 50,
+        "a peer's steps, for comparison"
+    );
+    for e in events.iter().filter(|e| e["ph"] == "X") {
+        assert!(e["ts"].as_f64().is_some() && e["dur"].as_f64().unwrap() >= 0.0);
+    }
+    // The page links to it.
+    let html = fs::read_to_string(&page).unwrap();
+    assert!(html.contains(r#"href="flagged.json""#));
+    let _ = fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_files_are_skipped_with_one_clear_line_each_and_the_rest_is_analyzed() {
     let dir = temp_dir("bad");

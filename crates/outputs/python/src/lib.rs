@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 
-use whyslow_model::Fingerprint;
+use whyslow_model::{Fingerprint, IterationSeries, IterationSource};
 use whyslow_online::{
     Baseline, Degradation, Detector, DetectorConfig, Event, Phase, TriggerPolicy,
 };
@@ -32,22 +32,44 @@ const SLOWDOWN: i32 = 2;
 struct PyDetector {
     inner: Detector,
     last_slowdown: Option<(f64, f64)>,
+    /// `step` events seen (the training loop's optimizer steps).
+    steps: u64,
+    /// (step, duration in ms) of the last [`HISTORY`] iterations, for the
+    /// report's iteration-time plot.
+    history: std::collections::VecDeque<(u64, f32)>,
 }
+
+/// Iterations kept in [`PyDetector::history`] (16 KB).
+const HISTORY: usize = 2048;
 
 impl PyDetector {
     fn feed(&mut self, e: Event, t_ns: i64) -> i32 {
+        if e == Event::Step {
+            self.steps += 1;
+        }
         match self.inner.on_event(e, t_ns) {
             None => NOTHING,
-            Some(it) => match it.slowdown {
-                Some(Degradation::Slowdown {
-                    mean_ns,
-                    baseline_ns,
-                }) => {
-                    self.last_slowdown = Some((mean_ns, baseline_ns));
-                    SLOWDOWN
+            Some(it) => {
+                if self.history.len() == HISTORY {
+                    self.history.pop_front();
                 }
-                _ => ITERATION,
-            },
+                self.history
+                    .push_back((self.steps, (it.duration_ns as f64 / 1e6) as f32));
+                self.classify(it)
+            }
+        }
+    }
+
+    fn classify(&mut self, it: whyslow_online::Iteration) -> i32 {
+        match it.slowdown {
+            Some(Degradation::Slowdown {
+                mean_ns,
+                baseline_ns,
+            }) => {
+                self.last_slowdown = Some((mean_ns, baseline_ns));
+                SLOWDOWN
+            }
+            _ => ITERATION,
         }
     }
 }
@@ -85,6 +107,8 @@ impl PyDetector {
         Ok(PyDetector {
             inner,
             last_slowdown: None,
+            steps: 0,
+            history: std::collections::VecDeque::with_capacity(HISTORY),
         })
     }
 
@@ -179,6 +203,13 @@ impl PyDetector {
     #[getter]
     fn last_duration_ns(&self) -> Option<i64> {
         self.inner.last_duration_ns()
+    }
+
+    /// The last iterations as `(step, duration_ms)`, oldest first; `step`
+    /// counts `step` events from the detector's creation (the training
+    /// loop's optimizer steps).
+    fn history(&self) -> Vec<(u64, f32)> {
+        self.history.iter().copied().collect()
     }
 
     /// `(mean_ns, baseline_ns)` of the last reported slowdown.
@@ -338,9 +369,12 @@ fn load_fingerprint(s: &str) -> Result<Fingerprint, String> {
 /// `report.json` and `report.html` into `report_dir` (created if needed) and
 /// returns the findings table as text. `config_toml` is a localize
 /// configuration (see `whyslow analyze --config`); `source_roots` lets
-/// Python findings carry a source excerpt. Releases the GIL.
+/// Python findings carry a source excerpt; `iterations` is the detector's
+/// history as `(step, ms)` pairs ([`PyDetector::history`]), plotted with its
+/// onset. Releases the GIL.
 #[pyfunction]
-#[pyo3(signature = (fingerprints, report_dir, world_size=None, config_toml=None, source_roots=None, warnings=None))]
+#[pyo3(signature = (fingerprints, report_dir, world_size=None, config_toml=None, source_roots=None, warnings=None, iterations=None))]
+#[allow(clippy::too_many_arguments)] // Python keyword arguments
 fn localize_fingerprints(
     py: Python<'_>,
     fingerprints: Vec<String>,
@@ -349,6 +383,7 @@ fn localize_fingerprints(
     config_toml: Option<String>,
     source_roots: Option<Vec<PathBuf>>,
     warnings: Option<Vec<String>>,
+    iterations: Option<Vec<(u64, f64)>>,
 ) -> PyResult<String> {
     let cfg = match config_toml {
         Some(t) => whyslow_localize::LocalizeConfig::from_toml_str(&t)
@@ -366,6 +401,18 @@ fn localize_fingerprints(
         }
         if let Some(roots) = source_roots {
             whyslow_report::attach_source_excerpts(&mut report, &roots);
+        }
+        if let Some(history) = iterations {
+            let (steps, ms) = history.into_iter().unzip();
+            report.iterations = whyslow_online::iteration_times(
+                IterationSource::Detector,
+                vec![IterationSeries {
+                    worker: None,
+                    steps,
+                    ms,
+                }],
+                &whyslow_online::OnsetConfig::default(),
+            );
         }
         std::fs::create_dir_all(&report_dir)
             .map_err(|e| PyOSError::new_err(format!("{}: {e}", report_dir.display())))?;

@@ -1,9 +1,13 @@
 //! The self-contained HTML report: summary table, per-finding scatter plots
 //! (PerfTracker Figure 13) and β CDFs (Figure 15), as inline SVG.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use whyslow_model::{Finding, Relation, Report, UtilizationSource, Verdict, WorkerPoint};
+use whyslow_model::{
+    Finding, IterationSeries, IterationSource, IterationTimes, Relation, Report, UtilizationSource,
+    Verdict, WorkerPoint,
+};
 
 use crate::format::*;
 
@@ -26,6 +30,8 @@ pub fn escape(s: &str) -> String {
 
 const W: f64 = 380.0;
 const H: f64 = 280.0;
+/// Width of the iteration-time plot.
+const W_WIDE: f64 = 780.0;
 const ML: f64 = 56.0;
 const MR: f64 = 16.0;
 const MT: f64 = 16.0;
@@ -76,28 +82,40 @@ fn nice_step(raw: f64) -> f64 {
         .unwrap_or(10.0 * mag)
 }
 
+/// Four tick steps of a readable size, covering `m`.
+fn nice_max(m: f64) -> f64 {
+    if m.is_finite() && m > 0.0 {
+        4.0 * nice_step(m / 4.0)
+    } else {
+        1.0
+    }
+}
+
 struct Axes {
+    /// Width of the plot, px.
+    w: f64,
+    xmin: f64,
     xmax: f64,
     ymax: f64,
+    fx: fn(f64) -> String,
+    fy: fn(f64) -> String,
 }
 
 impl Axes {
+    /// Axes for shares in [0, 1], from 0 to a readable maximum.
     fn new(xmax: f64, ymax: f64) -> Axes {
-        // Four tick steps of a readable size, covering the largest value.
-        let nice = |m: f64| {
-            if m.is_finite() && m > 0.0 {
-                4.0 * nice_step(m / 4.0)
-            } else {
-                1.0
-            }
-        };
         Axes {
-            xmax: nice(xmax),
-            ymax: nice(ymax),
+            w: W,
+            xmin: 0.0,
+            xmax: nice_max(xmax),
+            ymax: nice_max(ymax),
+            fx: fmt_tick,
+            fy: fmt_tick,
         }
     }
     fn x(&self, v: f64) -> f64 {
-        ML + (v / self.xmax).clamp(0.0, 1.0) * (W - ML - MR)
+        let span = (self.xmax - self.xmin).max(f64::MIN_POSITIVE);
+        ML + ((v - self.xmin) / span).clamp(0.0, 1.0) * (self.w - ML - MR)
     }
     fn y(&self, v: f64) -> f64 {
         H - MB - (v / self.ymax).clamp(0.0, 1.0) * (H - MT - MB)
@@ -106,11 +124,11 @@ impl Axes {
         let _ = write!(
             out,
             r##"<rect x="{ML}" y="{MT}" width="{}" height="{}" fill="#fff" stroke="#999"/>"##,
-            W - ML - MR,
+            self.w - ML - MR,
             H - MT - MB
         );
         for i in 0..=4 {
-            let fx = self.xmax * f64::from(i) / 4.0;
+            let fx = self.xmin + (self.xmax - self.xmin) * f64::from(i) / 4.0;
             let fy = self.ymax * f64::from(i) / 4.0;
             let (px, py) = (self.x(fx), self.y(fy));
             let _ = write!(
@@ -118,21 +136,21 @@ impl Axes {
                 r##"<line x1="{px:.1}" y1="{MT}" x2="{px:.1}" y2="{:.1}" stroke="#eee"/><text x="{px:.1}" y="{:.1}" text-anchor="middle" class="tick">{}</text>"##,
                 H - MB,
                 H - MB + 14.0,
-                fmt_tick(fx)
+                (self.fx)(fx)
             );
             let _ = write!(
                 out,
                 r##"<line x1="{ML}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end" class="tick">{}</text>"##,
-                W - MR,
+                self.w - MR,
                 ML - 4.0,
                 py + 4.0,
-                fmt_tick(fy)
+                (self.fy)(fy)
             );
         }
         let _ = write!(
             out,
             r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" class="axis">{}</text><text transform="translate(14 {:.1}) rotate(-90)" text-anchor="middle" class="axis">{}</text>"#,
-            (ML + W - MR) / 2.0,
+            (ML + self.w - MR) / 2.0,
             H - 8.0,
             escape(xlabel),
             (MT + H - MB) / 2.0,
@@ -142,9 +160,13 @@ impl Axes {
 }
 
 fn svg_open(out: &mut String, title: &str) {
+    svg_open_wide(out, title, W);
+}
+
+fn svg_open_wide(out: &mut String, title: &str, w: f64) {
     let _ = write!(
         out,
-        r#"<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img"><title>{}</title>"#,
+        r#"<svg width="{w}" height="{H}" viewBox="0 0 {w} {H}" role="img"><title>{}</title>"#,
         escape(title)
     );
 }
@@ -220,6 +242,181 @@ fn scatter(
     out
 }
 
+/// Iteration time over the steps (one line per worker, or the job's median
+/// line and the flagged workers' when there are many), the onset dashed.
+fn iteration_plot(it: &IterationTimes, flagged: &BTreeSet<u32>) -> String {
+    const MAX_LINES: usize = 16;
+    let mut lines: Vec<(&IterationSeries, bool)> = if it.series.len() <= MAX_LINES {
+        it.series
+            .iter()
+            .map(|s| (s, s.worker.is_some_and(|w| flagged.contains(&w))))
+            .collect()
+    } else {
+        it.series
+            .iter()
+            .filter(|s| s.worker.is_some_and(|w| flagged.contains(&w)))
+            .take(MAX_LINES)
+            .map(|s| (s, true))
+            .collect()
+    };
+    // Unflagged first, so the flagged lines are drawn on top.
+    lines.sort_by_key(|l| l.1);
+    let median_line = (it.series.len() > MAX_LINES).then(|| job_median(&it.series));
+
+    let mut all: Vec<f64> = it
+        .series
+        .iter()
+        .flat_map(|s| s.ms.iter().copied())
+        .filter(|v| v.is_finite())
+        .collect();
+    all.sort_by(f64::total_cmp);
+    let (first, last) = it
+        .series
+        .iter()
+        .filter_map(|s| Some((*s.steps.first()?, *s.steps.last()?)))
+        .fold((u64::MAX, 0), |(a, b), (f, l)| (a.min(f), b.max(l)));
+    if all.is_empty() || first > last {
+        return String::new();
+    }
+    // A rare very long iteration (a checkpoint) would flatten the rest: the
+    // axis ends a little above the 99th percentile and longer ones are clipped.
+    let p99 = all[(all.len() - 1) * 99 / 100];
+    // Four tick steps of a readable size from a multiple of the step.
+    let (first, last) = (first as f64, last as f64);
+    let tick = [1.0, 2.0, 5.0]
+        .into_iter()
+        .flat_map(|m| (0..12).map(move |e| m * 10f64.powi(e)))
+        .filter(|t| {
+            let lo = (first / t).floor() * t;
+            lo + 4.0 * t >= last
+        })
+        .fold(f64::INFINITY, f64::min);
+    let xmin = (first / tick).floor() * tick;
+    let ax = Axes {
+        w: W_WIDE,
+        xmin,
+        xmax: xmin + 4.0 * tick,
+        ymax: nice_max(p99 * 1.15),
+        fx: |v| format!("{v:.0}"),
+        fy: |v| {
+            format!("{v:.3}")
+                .trim_end_matches('0')
+                .trim_end_matches('.')
+                .to_string()
+        },
+    };
+    let mut out = String::new();
+    svg_open_wide(&mut out, "Iteration time over the steps", W_WIDE);
+    ax.frame(&mut out, "step", "iteration time (ms)");
+    let path = |steps: &[u64], ms: &[f64]| {
+        let mut d = String::new();
+        for (i, (st, v)) in steps.iter().zip(ms).filter(|p| p.1.is_finite()).enumerate() {
+            let _ = write!(
+                d,
+                "{}{:.1} {:.1}",
+                if i == 0 { "M" } else { " L" },
+                ax.x(*st as f64),
+                ax.y(*v)
+            );
+        }
+        d
+    };
+    for (s, bad) in &lines {
+        let who = s
+            .worker
+            .map(|w| format!("worker {w}"))
+            .unwrap_or_else(|| "the job".into());
+        let _ = write!(
+            out,
+            r##"<path d="{}" fill="none" stroke="{}" stroke-width="{}" stroke-opacity="{}"><title>{who}</title></path>"##,
+            path(&s.steps, &s.ms),
+            if *bad { "#cf222e" } else { "#2563eb" },
+            if *bad { 1.5 } else { 1.0 },
+            if *bad { 1.0 } else { 0.6 },
+        );
+    }
+    if let Some((steps, ms)) = median_line {
+        let _ = write!(
+            out,
+            r##"<path d="{}" fill="none" stroke="#2563eb" stroke-width="1.5"><title>median over the workers</title></path>"##,
+            path(&steps, &ms)
+        );
+    }
+    if let Some(o) = &it.onset {
+        let x = ax.x(o.step as f64);
+        let _ = write!(
+            out,
+            r##"<line x1="{x:.1}" y1="{MT}" x2="{x:.1}" y2="{:.1}" stroke="#9a6700" stroke-width="1.5" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" class="onset">onset: step {}</text>"##,
+            H - MB,
+            (x + 4.0).min(W_WIDE - MR - 80.0),
+            MT + 12.0,
+            o.step
+        );
+    }
+    out.push_str("</svg>");
+    out
+}
+
+/// The job's iteration time per step: the median over the series.
+fn job_median(series: &[IterationSeries]) -> (Vec<u64>, Vec<f64>) {
+    let mut by_step: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for s in series {
+        for (st, v) in s.steps.iter().zip(&s.ms) {
+            by_step.entry(*st).or_default().push(*v);
+        }
+    }
+    by_step
+        .into_iter()
+        .map(|(st, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (st, v[v.len() / 2])
+        })
+        .unzip()
+}
+
+/// The iteration-time section: the plot, and in words what it shows.
+fn iteration_section(report: &Report) -> String {
+    let Some(it) = &report.iterations else {
+        return r#"<div class="card"><h2>Iteration time</h2><p class="not-measured">Not recorded: the traces have no ProfilerStep spans (profile with torch.profiler's schedule and prof.step()).</p></div>"#.to_string() + "\n";
+    };
+    let flagged: BTreeSet<u32> = report
+        .findings
+        .iter()
+        .filter(|f| f.group_workers == 0 || f.workers.len() < f.group_workers)
+        .flat_map(|f| f.workers.iter().copied())
+        .collect();
+    let source = match it.source {
+        IterationSource::ProfilerSteps => {
+            "the traces' ProfilerStep spans (the profiled window only)"
+        }
+        IterationSource::Detector => {
+            "the online detector's history (PerfTracker §4.1), up to the profiling window"
+        }
+    };
+    let onset = match &it.onset {
+        Some(o) => format!(
+            "Iteration time rose at step {}: {:.1} ms → {:.1} ms (+{:.0}%).",
+            o.step,
+            o.before_ms,
+            o.after_ms,
+            (o.after_ms / o.before_ms - 1.0) * 100.0
+        ),
+        None => match it.source {
+            IterationSource::ProfilerSteps => {
+                "No rise within these steps: a slowdown, if any, began before the window."
+                    .to_string()
+            }
+            IterationSource::Detector => "No lasting rise in this history.".to_string(),
+        },
+    };
+    format!(
+        r#"<div class="card"><h2>Iteration time</h2><div class="plots">{}</div><p>{} <small>From {}; red: workers flagged on part of their group.</small></p></div>"#,
+        iteration_plot(it, &flagged),
+        escape(&onset),
+        source
+    ) + "\n"
+}
+
 /// CDF of β across the workers, flagged workers marked (Fig. 15).
 fn cdf(f: &Finding) -> String {
     let mut betas: Vec<(f64, bool)> = f
@@ -276,7 +473,7 @@ th{background:#eaeef2} td.fn{word-break:break-all;max-width:420px}
 pre{background:#f6f8fa;border:1px solid #d0d7de;padding:8px;overflow:auto;font-size:12px}
 .plots{display:flex;flex-wrap:wrap;gap:12px}
 svg .tick{font-size:10px;fill:#57606a} svg .axis{font-size:11px;fill:#1f2328} svg .lbl{font-size:10px;fill:#cf222e}
-svg .ok{fill:#8c959f;fill-opacity:.6} svg .bad{fill:#cf222e}
+svg .ok{fill:#8c959f;fill-opacity:.6} svg .onset{font-size:11px;fill:#9a6700} svg .bad{fill:#cf222e}
 .not-measured{color:#57606a;font-style:italic;max-width:340px}
 .verdict{font-size:16px;font-weight:600;color:#cf222e}
 .glossary{margin-top:24px} .glossary dt{font-weight:600} .glossary dd{margin:0 0 6px 16px}
@@ -310,6 +507,19 @@ fn stat_cell(value: f64, peers: f64, label: &str) -> String {
 /// and labeled (PerfTracker Figure 13) and the CDF of β across workers
 /// (Figure 15), with the hint and the source excerpt. All text is escaped.
 pub fn render_html(report: &Report) -> String {
+    render_html_with(report, &HtmlOptions::default())
+}
+
+/// What the page links to besides itself.
+#[derive(Debug, Clone, Default)]
+pub struct HtmlOptions {
+    /// The Perfetto trace written beside the page (`whyslow analyze
+    /// --perfetto`), as a path relative to the page.
+    pub perfetto_file: Option<String>,
+}
+
+/// [`render_html`] with links to the files written beside the page.
+pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
     let mut out = String::new();
     out.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>whyslow report</title><style>");
     out.push_str(CSS);
@@ -334,18 +544,27 @@ pub fn render_html(report: &Report) -> String {
             .map(|h| format!(" · {h} hosts"))
             .unwrap_or_default()
     );
+    if let Some(file) = &opts.perfetto_file {
+        let _ = writeln!(
+            out,
+            r#"<div class="meta">The flagged spans, on the flagged workers and on peers: <a href="{0}" download>{0}</a> — open it in <a href="https://ui.perfetto.dev">ui.perfetto.dev</a> (Open trace file) or chrome://tracing.</div>"#,
+            escape(file)
+        );
+    }
     if report.verdict == Verdict::CouldNotJudge {
         let _ = writeln!(
             out,
             r#"<p class="warn-msg">{}</p>"#,
             escape(&crate::verdict_line(report))
         );
+        out.push_str(&iteration_section(report));
     } else if report.findings.is_empty() {
         let _ = writeln!(
             out,
             r#"<p class="ok-msg">{}</p>"#,
             escape(&crate::verdict_line(report))
         );
+        out.push_str(&iteration_section(report));
     } else {
         let _ = writeln!(
             out,
@@ -399,6 +618,7 @@ pub fn render_html(report: &Report) -> String {
             );
         }
         out.push_str("</table>\n");
+        out.push_str(&iteration_section(report));
         let via = divergent_frames(&report.findings);
         for (i, f) in report.findings.iter().enumerate() {
             let _ = write!(

@@ -12,12 +12,14 @@
 mod format;
 mod html;
 mod lines;
+mod perfetto;
 mod source;
 mod table;
 
 pub use format::compact_ranks;
-pub use html::{escape as escape_html, render_html};
+pub use html::{escape as escape_html, render_html, render_html_with, HtmlOptions};
 pub use lines::{render_lines_page, LineSeries};
+pub use perfetto::render_perfetto;
 pub use source::attach_source_excerpts;
 pub use table::render_table;
 

@@ -65,6 +65,7 @@ fn report(findings: Vec<Finding>) -> Report {
             Verdict::Anomalies
         },
         not_judged: vec![],
+        iterations: None,
     }
 }
 
