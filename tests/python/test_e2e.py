@@ -29,6 +29,15 @@ def _check(run, fn, ranks):
 def test_slow_rank(tmp_path):
     run = torchrun(tmp_path, BASE + ["--fault", "slow-rank", "--fault-rank", "2", "--fault-ms", "80"])
     _check(run, "injected_slow_rank_work", [2])
+    # The report plots the detector's history and marks where it rose:
+    # the fault starts at step 100 (--fault-at).
+    sdir, rep = run.reports()[0]
+    it = rep.get("iterations")
+    assert it and it["source"] == "detector", "no iteration history in %s" % sdir
+    onset = it.get("onset")
+    assert onset and 95 <= onset["step"] <= 110, (onset, it["series"][0]["steps"][-20:])
+    with open(sdir + "/report.html") as f:
+        assert "Iteration time rose at step" in f.read()
 
 
 def test_slow_data(tmp_path):

@@ -351,3 +351,143 @@ fn html_says_not_measured_instead_of_plotting_zero_utilization() {
     assert!(h.contains("What β, μ, σ and the reasons mean"));
     assert!(h.contains(r#"<p class="verdict">1 abnormal function execution(s) in 64 workers.</p>"#));
 }
+
+fn iterations(onset: Option<u64>, workers: u32) -> whyslow_model::IterationTimes {
+    use whyslow_model::{IterationSeries, IterationSource, IterationTimes, Onset};
+    IterationTimes {
+        source: IterationSource::ProfilerSteps,
+        series: (0..workers)
+            .map(|w| IterationSeries {
+                worker: Some(w),
+                steps: (132..192).collect(),
+                ms: (132..192)
+                    .map(|s| if s < 150 { 30.0 } else { 60.0 } + f64::from(w % 3))
+                    .collect(),
+            })
+            .collect(),
+        onset: onset.map(|step| Onset {
+            step,
+            before_ms: 30.0,
+            after_ms: 60.0,
+        }),
+    }
+}
+
+#[test]
+fn html_plots_iteration_time_and_marks_the_onset() {
+    let mut r = report(vec![finding(
+        "train.py(41): work",
+        FunctionKind::Python,
+        vec![2],
+        4,
+    )]);
+    let page = render_html(&r);
+    assert!(page.contains("Iteration time"));
+    assert!(page.contains("Not recorded"), "no steps: said, not plotted");
+
+    r.iterations = Some(iterations(Some(150), 4));
+    let page = render_html(&r);
+    assert!(page.contains("Iteration time rose at step 150: 30.0 ms → 60.0 ms (+100%)."));
+    assert!(page.contains("onset: step 150"));
+    // One line per worker, the flagged one red.
+    assert_eq!(page.matches("stroke-opacity=").count(), 4);
+    assert!(page.contains(
+        r##"stroke="#cf222e" stroke-width="1.5" stroke-opacity="1"><title>worker 2</title>"##
+    ));
+
+    // No rise: said in words, no onset line; many workers: the median line.
+    r.iterations = Some(iterations(None, 40));
+    let page = render_html(&r);
+    assert!(page.contains("No rise within these steps"));
+    assert!(!page.contains("onset: step"));
+    assert!(page.contains("median over the workers"));
+
+    // Degenerate series never break the page.
+    let mut it = iterations(None, 2);
+    it.series[0].ms = vec![f64::NAN; 60];
+    it.series[1].steps.clear();
+    it.series[1].ms.clear();
+    r.iterations = Some(it);
+    let page = render_html(&r);
+    assert!(page.ends_with("</html>\n") || page.trim_end().ends_with("</html>"));
+}
+
+#[test]
+fn perfetto_file_has_the_flagged_spans_and_peers() {
+    use whyslow_model::{Execution, RankSource, WorkerMeta, WorkerTrace, UNKNOWN_UTIL};
+    let f = finding(
+        "a.py(1): main;b.py(7): slow \"work\"",
+        FunctionKind::Python,
+        vec![2],
+        4,
+    );
+    let r = report(vec![f]);
+    let traces: Vec<WorkerTrace> = (0..4u32)
+        .map(|rank| {
+            let mut t = WorkerTrace::new(WorkerMeta {
+                rank,
+                host: None,
+                group: None,
+                rank_source: RankSource::Trace,
+                source: format!("rank-{rank}.json"),
+                world_size: Some(4),
+            });
+            let id = t.functions.intern(
+                FunctionKind::Python,
+                if rank == 2 {
+                    "a.py(1): main;b.py(7): slow \"work\""
+                } else {
+                    "a.py(1): main"
+                },
+                Resource::Cpu,
+            );
+            for i in 0..10i64 {
+                t.steps.push((i as u64, i * 1_000_000, (i + 1) * 1_000_000));
+                t.executions.push(Execution {
+                    function: id,
+                    start_ns: i * 1_000_000,
+                    end_ns: i * 1_000_000 + 500_000,
+                    thread: 1,
+                    trace_util: UNKNOWN_UTIL,
+                });
+            }
+            t
+        })
+        .collect();
+    let doc: serde_json::Value = serde_json::from_str(&render_perfetto(&r, &traces)).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let spans = |pid: u32, tid: u32| {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == pid && e["tid"] == tid)
+            .count()
+    };
+    assert_eq!(spans(2, 1), 10, "the flagged worker's spans");
+    assert_eq!(spans(0, 1), 0, "peers never ran it");
+    assert_eq!(spans(0, 0), 10, "peers' steps are there to compare");
+    assert_eq!(spans(3, 0), 0, "two peers are enough");
+    let span = events
+        .iter()
+        .find(|e| e["ph"] == "X" && e["pid"] == 2 && e["tid"] == 1)
+        .unwrap();
+    assert_eq!(span["name"], "b.py(7): slow \"work\"");
+    assert_eq!(span["ts"], 0.0);
+    assert_eq!(span["dur"], 500.0);
+    let names: Vec<&str> = events
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "worker 0 (peer)",
+            "worker 1 (peer)",
+            "worker 2 (flagged in #1)"
+        ]
+    );
+    // No traces, no findings: still a valid file.
+    let empty: serde_json::Value =
+        serde_json::from_str(&render_perfetto(&report(vec![]), &[])).unwrap();
+    assert_eq!(empty["traceEvents"].as_array().unwrap().len(), 0);
+}
