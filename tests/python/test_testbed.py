@@ -144,6 +144,7 @@ def test_cpu_hog_flags_the_host_cpu_work(tmp_path):
     # the hogged worker's slow operators behind their allreduce wait, so no
     # peer has them on its critical path (a CI run flagged aten::sum,
     # AccumulateGrad and forward frames on worker 2 only; 1 run in ~8).
+    # (The same "clearly less CPU" as the contended-host hint: below 80 %.)
     starved = [f for f in cpu if f.get("resource_mu")
                and f["resource_mu"]["value"] < 0.8 * f["resource_mu"]["peers"]]
     assert starved, "no finding on rank %d with a lower CPU share than its peers: %s\n%s" % (

@@ -17,7 +17,9 @@
 #![deny(missing_docs)]
 
 mod fingerprint;
+pub mod flow;
 mod report;
+pub mod topology;
 mod trace;
 
 pub use fingerprint::{

@@ -238,11 +238,12 @@ fn json_contract() {
     let back: FlowReport = serde_json::from_value(v).unwrap();
     assert_eq!(back.pairs, r.pairs);
     // Perfetto trace is valid JSON with events.
-    let t: serde_json::Value = serde_json::from_str(&whyslow_flows::to_perfetto_trace(&r)).unwrap();
+    let t: serde_json::Value =
+        serde_json::from_str(&whyslow_report::flows::to_perfetto_trace(&r)).unwrap();
     assert!(t["traceEvents"].as_array().unwrap().len() > 100);
-    let table = whyslow_flows::render_table(&r);
+    let table = whyslow_report::flows::render_table(&r);
     assert!(table.contains("job 0") && table.contains("no findings"));
-    let series = whyslow_flows::switch_bandwidth_series(&r);
+    let series = whyslow_report::flows::switch_bandwidth_series(&r);
     assert!(!series.is_empty() && series.iter().all(|x| !x.points.is_empty()));
 }
 
@@ -263,6 +264,6 @@ fn empty_and_degenerate_input() {
     ];
     let r = analyze(&recs, None, &FlowConfig::default());
     assert_eq!(r.jobs.len(), 1);
-    let _ = whyslow_flows::to_perfetto_trace(&r);
-    let _ = whyslow_flows::render_table(&r);
+    let _ = whyslow_report::flows::to_perfetto_trace(&r);
+    let _ = whyslow_report::flows::render_table(&r);
 }

@@ -38,11 +38,11 @@ fn high_mu(f: &Finding) -> bool {
 }
 
 /// The flagged workers get clearly less of a CPU over all their critical-path
-/// CPU work than their peers (at most 75% of it): the host, not the function.
+/// CPU work than their peers (below 80% of it): the host, not the function.
 fn cpu_starved(f: &Finding) -> bool {
     f.resource == Resource::Cpu
         && f.resource_mu
-            .is_some_and(|r| r.peers > 0.0 && r.value <= 0.75 * r.peers)
+            .is_some_and(|r| r.peers > 0.0 && r.value < 0.8 * r.peers)
 }
 
 const CPU_STARVED: &str = "These workers' CPU work runs with less CPU than their peers' over \

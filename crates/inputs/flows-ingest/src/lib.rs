@@ -29,7 +29,7 @@
 //! every message is its own flow (the paper's setting); use flowlets for TCP-based
 //! transports when packets can be captured.
 //!
-//! **Topology** (`.json`): see [`whyslow_flows::topology`].
+//! **Topology** (`.json`): see [`whyslow_model::topology`].
 //!
 //! Every reader is total: bad input yields an error or skipped records, never a panic.
 #![deny(missing_docs)]
@@ -44,7 +44,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 pub use netflow::{collect_udp, DecodeStats, FlowDecoder};
-use whyslow_flows::{FlowRecord, Topology};
+use whyslow_model::flow::FlowRecord;
+use whyslow_model::topology::Topology;
 
 /// Error of the flow readers. Display is one line:
 /// `<path>: <where>: <what was expected>`.
@@ -82,7 +83,7 @@ pub enum FlowIngestError {
         /// File path.
         path: String,
         /// Cause.
-        source: whyslow_flows::TopologyError,
+        source: whyslow_model::topology::TopologyError,
     },
 }
 
@@ -93,7 +94,7 @@ fn io_err(path: &Path, e: std::io::Error) -> FlowIngestError {
     }
 }
 
-/// Read a topology file (JSON, see [`whyslow_flows::topology`]).
+/// Read a topology file (JSON, see [`whyslow_model::topology`]).
 pub fn read_topology(path: &Path) -> Result<Topology, FlowIngestError> {
     let s = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
     Topology::from_json_str(&s).map_err(|e| FlowIngestError::Topology {

@@ -29,7 +29,7 @@ use netflow_parser::variable_versions::ipfix::FlowSetBody as IpfixBody;
 use netflow_parser::variable_versions::v9::lookup::V9Field;
 use netflow_parser::variable_versions::v9::FlowSetBody as V9Body;
 use netflow_parser::{AutoScopedParser, NetflowPacket, NetflowParser, PendingFlowsConfig};
-use whyslow_flows::FlowRecord;
+use whyslow_model::flow::FlowRecord;
 
 use crate::FlowIngestError;
 
@@ -346,7 +346,7 @@ pub fn collect_udp(
 pub mod encode {
     use std::net::IpAddr;
 
-    use whyslow_flows::FlowRecord;
+    use whyslow_model::flow::FlowRecord;
 
     /// Template id used for IPv4 records.
     pub const TEMPLATE_V4: u16 = 256;

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
-use whyslow_flows::FlowRecord;
+use whyslow_model::flow::FlowRecord;
 
 use crate::FlowIngestError;
 

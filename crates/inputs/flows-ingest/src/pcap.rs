@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use whyslow_flows::FlowRecord;
+use whyslow_model::flow::FlowRecord;
 
 use crate::netflow::FlowDecoder;
 

@@ -100,12 +100,12 @@ fn analyze(args: FlowsAnalyzeArgs) -> Result<u8> {
     }
     let report = whyslow_flows::analyze(&records, topology.as_ref(), &FlowConfig::default());
     if let Some(path) = &args.timeline {
-        fs::write(path, whyslow_flows::to_perfetto_trace(&report))
+        fs::write(path, whyslow_report::flows::to_perfetto_trace(&report))
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let table = whyslow_flows::render_table(&report);
+    let table = whyslow_report::flows::render_table(&report);
     if let Some(path) = &args.html {
-        let series: Vec<LineSeries> = whyslow_flows::switch_bandwidth_series(&report)
+        let series: Vec<LineSeries> = whyslow_report::flows::switch_bandwidth_series(&report)
             .into_iter()
             .map(|s| LineSeries {
                 label: s.switch,

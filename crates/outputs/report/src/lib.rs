@@ -9,6 +9,7 @@
 //! characters in the terminal.
 #![deny(missing_docs)]
 
+pub mod flows;
 mod format;
 mod html;
 mod lines;

@@ -33,5 +33,5 @@ fuzz_target!(|data: &[u8]| {
     }
     out.truncate(2000);
     let report = whyslow_flows::analyze(&out, None, &whyslow_flows::FlowConfig::default());
-    let _ = whyslow_flows::render_table(&report);
+    let _ = whyslow_report::flows::render_table(&report);
 });

@@ -1,4 +1,5 @@
-//! Report assembly and renderings: Perfetto trace (Fig. 4), text table, switch
+//! Renderings of the LLMPrism flow report (Jiang et al.): the per-rank
+//! timelines as a Perfetto trace (Fig. 4), a text table, and the per-switch
 //! bandwidth series (Fig. 5).
 
 use std::fmt::Write as _;
@@ -6,102 +7,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::classify::Classified;
-use crate::jobs::Jobs;
-use crate::timeline::RankTimelines;
-use crate::{
-    FlowFinding, FlowIndex, FlowReport, Job, Pair, PairType, Rank, SwitchStats, Timelines,
-    FLOW_REPORT_VERSION,
-};
-
-pub(crate) fn assemble(
-    index: &FlowIndex<'_>,
-    jobs: &Jobs,
-    cls: &Classified,
-    tl: RankTimelines,
-    switches: Vec<SwitchStats>,
-    findings: Vec<FlowFinding>,
-) -> FlowReport {
-    let name = |id: u32| index.addrs[id as usize].to_string();
-    let jobs_out: Vec<Job> = (0..jobs.members.len())
-        .map(|j| Job {
-            id: j,
-            members: jobs.members[j].iter().map(|&id| name(id)).collect(),
-            machines: jobs.machines[j].clone(),
-            clusters: jobs.clusters[j],
-            dp_groups: cls.dp_groups[j]
-                .iter()
-                .map(|g| g.iter().map(|&id| name(id)).collect())
-                .collect(),
-        })
-        .collect();
-    let pairs: Vec<Pair> = index
-        .pairs
-        .iter()
-        .enumerate()
-        .map(|(p, &(a, b))| {
-            let (a, b) = if index.addrs[a as usize] <= index.addrs[b as usize] {
-                (a, b)
-            } else {
-                (b, a)
-            };
-            Pair {
-                src: name(a),
-                dst: name(b),
-                kind: cls.kind[p],
-                job: jobs.job_of[a as usize],
-                flows: index.pair_flows[p].len(),
-                steps: cls.steps[p],
-                mode_distinct_sizes: cls.mode[p],
-                refined: cls.refined[p],
-            }
-        })
-        .collect();
-    let ranks: Vec<Rank> = tl
-        .ranks
-        .iter()
-        .map(|r| {
-            let mean = if r.steps.is_empty() {
-                0.0
-            } else {
-                r.steps.iter().map(|s| s.dur_us() as f64).sum::<f64>() / r.steps.len() as f64
-            };
-            Rank {
-                address: name(r.id),
-                job: r.job,
-                dp_group: cls.group_of[r.id as usize],
-                steps: r.steps.clone(),
-                mean_step_us: mean,
-            }
-        })
-        .collect();
-    let events = tl
-        .ranks
-        .into_iter()
-        .map(|r| {
-            r.events
-                .into_iter()
-                .map(|(mut e, peer)| {
-                    e.peer = ranks[peer].address.clone();
-                    e
-                })
-                .collect()
-        })
-        .collect();
-    FlowReport {
-        version: FLOW_REPORT_VERSION,
-        flows: index.records.len(),
-        merged_duplicates: 0,
-        window_start_us: index.records.iter().map(|r| r.start_us).min().unwrap_or(0),
-        window_end_us: index.records.iter().map(|r| r.end_us()).max().unwrap_or(0),
-        jobs: jobs_out,
-        pairs,
-        ranks,
-        findings,
-        switches,
-        timelines: Timelines { events },
-    }
-}
+use whyslow_model::flow::{FindingLevel, FlowReport, PairType};
 
 /// Chrome trace JSON (opens in ui.perfetto.dev and chrome://tracing) of the
 /// reconstructed timelines (LLMPrism Fig. 4): one process per job, per rank one track
@@ -181,8 +87,7 @@ pub fn switch_bandwidth_series(report: &FlowReport) -> Vec<SwitchSeries> {
         .map(|s| SwitchSeries {
             switch: s.name.clone(),
             flagged: report.findings.iter().any(|f| {
-                f.level == crate::FindingLevel::Switch
-                    && f.subject.ends_with(&format!(" {}", s.name))
+                f.level == FindingLevel::Switch && f.subject.ends_with(&format!(" {}", s.name))
             }),
             points: s
                 .per_step
@@ -289,9 +194,9 @@ pub fn render_table(report: &FlowReport) -> String {
         let _ = writeln!(s, "\nfindings:");
         for f in &report.findings {
             let level = match f.level {
-                crate::FindingLevel::Step => "step",
-                crate::FindingLevel::Group => "group",
-                crate::FindingLevel::Switch => "switch",
+                FindingLevel::Step => "step",
+                FindingLevel::Group => "group",
+                FindingLevel::Switch => "switch",
             };
             let _ = writeln!(s, "  [{level}] {}: {}", f.subject, f.reason);
         }

@@ -1,0 +1,242 @@
+//! The flow vocabulary of LLMPrism (Jiang et al., §II-B, §IV): flow records
+//! as switches export them, and the report of the flow analysis (jobs,
+//! endpoint pairs, per-rank steps, findings). Readers (`whyslow-flows-ingest`)
+//! produce [`FlowRecord`]s, the analysis (`whyslow-flows`) produces a
+//! [`FlowReport`], the report crate renders it.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// One network flow as seen by the switches (LLMPrism §II-B: start time, source,
+/// destination, involved switches, size, duration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowRecord {
+    /// Flow start, microseconds since an arbitrary epoch shared by all records
+    /// (Unix epoch for IPFIX/NetFlow input).
+    pub start_us: u64,
+    /// Flow duration in microseconds (0 when the exporter saw a single packet).
+    pub dur_us: u64,
+    /// Source address (a GPU's NIC).
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// Bytes carried by the flow.
+    pub bytes: u64,
+    /// Transport source port, when known.
+    pub src_port: Option<u16>,
+    /// Transport destination port, when known.
+    pub dst_port: Option<u16>,
+    /// IP protocol number, when known.
+    pub proto: Option<u8>,
+    /// Switches on the flow's path, in path order when known (one entry per exporter
+    /// that reported it; empty when unknown).
+    pub switches: Vec<String>,
+}
+
+impl FlowRecord {
+    /// A record with only the mandatory fields.
+    pub fn new(start_us: u64, src: IpAddr, dst: IpAddr, bytes: u64, dur_us: u64) -> Self {
+        FlowRecord {
+            start_us,
+            dur_us,
+            src,
+            dst,
+            bytes,
+            src_port: None,
+            dst_port: None,
+            proto: None,
+            switches: Vec::new(),
+        }
+    }
+
+    /// End of the flow, microseconds.
+    pub fn end_us(&self) -> u64 {
+        self.start_us.saturating_add(self.dur_us)
+    }
+}
+
+/// Communication type of an endpoint pair (§IV-B).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PairType {
+    /// Data parallel: collective traffic at the end of each step, several flow sizes.
+    Dp,
+    /// Pipeline parallel: point-to-point send/recv, one flow size.
+    Pp,
+}
+
+/// A recognized training job (§IV-A).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Index of the job in the report.
+    pub id: usize,
+    /// Addresses (ranks) of the job, sorted.
+    pub members: Vec<String>,
+    /// Machines of the job (from the topology; an address without a machine counts as
+    /// its own machine).
+    pub machines: Vec<String>,
+    /// Cross-machine clusters merged into this job (Algorithm 1 step 1 output).
+    pub clusters: usize,
+    /// DP groups: connected components of the refined DP graph (§IV-B), sorted.
+    pub dp_groups: Vec<Vec<String>>,
+}
+
+/// An endpoint pair and its communication type (§IV-B).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pair {
+    /// The lower address of the (unordered) pair.
+    pub src: String,
+    /// The higher address.
+    pub dst: String,
+    /// `dp` or `pp`.
+    #[serde(rename = "type")]
+    pub kind: PairType,
+    /// Job index.
+    pub job: usize,
+    /// Flows between the two addresses (both directions).
+    pub flows: usize,
+    /// Steps found by BOCD step division.
+    pub steps: usize,
+    /// Mode of the number of distinct flow sizes per step (N_k in Algorithm 2).
+    pub mode_distinct_sizes: usize,
+    /// True when the DFS refinement turned this pair from PP into DP.
+    pub refined: bool,
+}
+
+/// One reconstructed training step of a rank (§IV-C).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// Start: end of the previous step's DP traffic, microseconds.
+    pub start_us: u64,
+    /// End: end of this step's DP traffic, microseconds.
+    pub end_us: u64,
+}
+
+impl Step {
+    /// Duration in microseconds.
+    pub fn dur_us(&self) -> u64 {
+        self.end_us.saturating_sub(self.start_us)
+    }
+}
+
+/// A rank (address) and its reconstructed steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rank {
+    /// Address of the rank.
+    pub address: String,
+    /// Job index.
+    pub job: usize,
+    /// DP group index within the job (`Job::dp_groups`), if the rank has DP traffic.
+    pub dp_group: Option<usize>,
+    /// Complete steps: between consecutive ends of DP traffic.
+    pub steps: Vec<Step>,
+    /// Mean step duration, microseconds (0 without complete steps).
+    pub mean_step_us: f64,
+}
+
+/// Level of a finding (§IV-D).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FindingLevel {
+    /// Cross-step diagnosis: a slow training step.
+    Step,
+    /// Cross-group diagnosis: a slow DP group.
+    Group,
+    /// Switch-level diagnosis: a switch (or inter-switch link) with low DP bandwidth
+    /// or too many concurrent DP flows.
+    Switch,
+}
+
+/// A diagnosed performance problem.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowFinding {
+    /// `step`, `group` or `switch`.
+    pub level: FindingLevel,
+    /// What is slow: e.g. `job 0 step 7`, `job 0 dp group 1`, `switch leaf2`.
+    pub subject: String,
+    /// One sentence with the numbers behind the finding.
+    pub reason: String,
+    /// Job index, when the finding belongs to one job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<usize>,
+    /// The anomalous value (µs for step/group durations, Gb/s for bandwidth, count
+    /// for concurrent flows).
+    pub value: f64,
+    /// The threshold it crossed, same unit.
+    pub threshold: f64,
+}
+
+/// DP statistics of one switch (§IV-D switch-level diagnosis; Fig. 5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SwitchStats {
+    /// Switch name, or `a<->b` for the link between switches a and b.
+    pub name: String,
+    /// True for an inter-switch link.
+    pub link: bool,
+    /// DP flows through the switch.
+    pub dp_flows: usize,
+    /// Maximum number of DP flows through the switch at the same time.
+    pub max_concurrent_dp_flows: usize,
+    /// Mean (byte-weighted) bandwidth of the DP flows through the switch, Gb/s.
+    pub mean_dp_gbps: f64,
+    /// 90th percentile of the per-flow bandwidth of its DP flows, Gb/s.
+    pub p90_dp_gbps: f64,
+    /// Mean DP bandwidth per step window: (window start µs, window end µs, Gb/s).
+    pub per_step: Vec<(u64, u64, f64)>,
+}
+
+/// One communication event of a rank's reconstructed timeline (§IV-C, Fig. 4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineEvent {
+    /// Start, microseconds.
+    pub start_us: u64,
+    /// Duration, microseconds.
+    pub dur_us: u64,
+    /// DP or PP traffic.
+    pub kind: PairType,
+    /// True when this rank sent the flow, false when it received it.
+    pub send: bool,
+    /// The other end.
+    pub peer: String,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// Per-rank communication events, kept for `whyslow_report::flows::to_perfetto_trace` (not serialized).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timelines {
+    /// Events of each rank, parallel to [`FlowReport::ranks`], sorted by start.
+    pub events: Vec<Vec<TimelineEvent>>,
+}
+
+/// Result of the flow analysis (`whyslow_flows::analyze`); its JSON form is the `whyslow flows analyze` contract.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowReport {
+    /// Report format version.
+    pub version: u32,
+    /// Flow records analysed (after merging duplicates).
+    pub flows: usize,
+    /// Records merged away as duplicates reported by several switches.
+    pub merged_duplicates: usize,
+    /// First flow start, microseconds.
+    pub window_start_us: u64,
+    /// Last flow end, microseconds.
+    pub window_end_us: u64,
+    /// Recognized jobs.
+    pub jobs: Vec<Job>,
+    /// Endpoint pairs with their type.
+    pub pairs: Vec<Pair>,
+    /// Ranks with their reconstructed steps.
+    pub ranks: Vec<Rank>,
+    /// Findings of the diagnosis.
+    pub findings: Vec<FlowFinding>,
+    /// Per-switch DP statistics.
+    pub switches: Vec<SwitchStats>,
+    /// Per-rank events (not part of the JSON).
+    #[serde(skip)]
+    pub timelines: Timelines,
+}
+
+/// Version written in [`FlowReport::version`].
+pub const FLOW_REPORT_VERSION: u32 = 1;
