@@ -1,4 +1,4 @@
-"""Type stubs of the native module whyslow._whyslow (crates/outputs/python)."""
+"""Type stubs of the native module whyslow._whyslow (apps/python)."""
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -99,3 +99,8 @@ class Sampler:
     ) -> Dict[str, Any]: ...
     @property
     def running(self) -> bool: ...
+
+def parse_agent_wire(kind: str, text: str) -> str:
+    """Parses an agent protocol file (``"request"`` or ``"done"``) as the Rust
+    agent does and returns it as the agent writes it; ValueError names the
+    bad field."""

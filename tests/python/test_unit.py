@@ -111,3 +111,26 @@ def test_the_command_line_ships_in_the_package(tmp_path):
     p = subprocess.run([sys.executable, "-m", "whyslow", "trigger", "--report-dir", str(tmp_path),
                         "--job", "j"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
     assert p.returncode == 0 and (tmp_path / "j" / "TRIGGER").exists(), p.stderr.decode()
+
+
+def test_agent_wire_round_trips_between_python_and_rust(tmp_path):
+    """docs/agent.md: what the rank writes is what the Rust agent reads, and
+    the done record the agent writes carries what the rank reads back."""
+    import json
+    from whyslow._agent import AgentWindow
+    w = AgentWindow(str(tmp_path), rank=3, pid=os.getpid(), tid=os.getpid(), rate_hz=500.0,
+                    interfaces=["lo:1000"], window_s=2.0, session=7)
+    text = (tmp_path / "rank-3.request.json").read_text()
+    written = json.loads(text)
+    read = json.loads(_whyslow.parse_agent_wire("request", text))
+    for key in ("pid", "tid", "rank", "rate_hz", "interfaces", "time_base_ns", "id",
+                "proc_start_ticks"):
+        assert read[key] == written[key], key
+    assert set(written) <= set(read), "fields the agent does not know: %s" % (set(written) - set(read))
+    # The done record as the agent writes it has what AgentWindow.collect uses.
+    done = json.loads(_whyslow.parse_agent_wire("done", json.dumps(
+        {"id": w.id, "rank": 3, "pid": os.getpid(), "reason": "stop file",
+         "samples": "rank-3.samples.csv", "extra": None})))
+    assert {"id", "samples", "time_base_ns"} <= set(done) and done["id"] == w.id
+    with pytest.raises(ValueError, match="pid"):
+        _whyslow.parse_agent_wire("request", '{"pid": "x"}')

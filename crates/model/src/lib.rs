@@ -21,6 +21,7 @@ pub mod flow;
 mod report;
 pub mod topology;
 mod trace;
+pub mod wire;
 
 pub use fingerprint::{
     function_hash, Fingerprint, FunctionPattern, UtilizationSource, FINGERPRINT_FORMAT,

@@ -77,7 +77,7 @@ fn report_renders_in_headless_chromium() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let demo =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../examples/data/slow-rank-cpu-gloo");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/data/slow-rank-cpu-gloo");
 
     // The demo: findings, plots, the iteration time.
     let page = dir.join("demo.html");

@@ -16,7 +16,7 @@ fn whyslow(args: &[&str]) -> Output {
 }
 
 fn example_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../examples/data/slow-rank-cpu-gloo")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/data/slow-rank-cpu-gloo")
 }
 
 fn temp_dir(name: &str) -> PathBuf {

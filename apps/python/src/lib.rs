@@ -631,6 +631,26 @@ fn cli_main(py: Python<'_>, args: Vec<String>) -> i32 {
     })
 }
 
+/// Parses an agent protocol file as the Rust agent does (`kind`:
+/// `"request"` or `"done"`, `whyslow_model::wire`) and returns it as the
+/// agent would write it back; raises ValueError naming the bad field. Lets
+/// the Python side test that what it writes is what the agent reads.
+#[pyfunction]
+fn parse_agent_wire(kind: &str, text: &str) -> PyResult<String> {
+    use whyslow_model::wire::{AgentDone, AgentRequest};
+    let bad = |e: whyslow_model::wire::WireError| PyValueError::new_err(e.to_string());
+    let out = match kind {
+        "request" => serde_json::to_string(&AgentRequest::from_json(text).map_err(bad)?),
+        "done" => serde_json::to_string(&AgentDone::from_json(text).map_err(bad)?),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown wire kind {other:?}"
+            )))
+        }
+    };
+    out.map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDetector>()?;
@@ -639,6 +659,7 @@ fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(summarize_trace, m)?)?;
     m.add_function(wrap_pyfunction!(localize_fingerprints, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_base_ns, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_agent_wire, m)?)?;
     m.add_class::<PySampler>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("NOTHING", NOTHING)?;

@@ -7,9 +7,7 @@ use std::path::PathBuf;
 pub fn fixtures() -> Option<PathBuf> {
     let dir = std::env::var_os("WHYSLOW_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../tests/fixtures")
-        });
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"));
     assert!(
         dir.join("kineto").is_dir(),
         "fixtures not found at {} (they ship in the repository under tests/fixtures)",

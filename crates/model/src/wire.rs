@@ -1,0 +1,184 @@
+//! Files that whyslow's processes exchange, typed once: the agent protocol
+//! of `docs/agent.md` (a training rank asks a privileged `whyslow agent` to
+//! sample it during a profiling window). The Rust agent reads and writes
+//! these structs; the Python package writes the request and reads the done
+//! record with the same field names, and a test round-trips what each side
+//! writes through the other (`tests/python/test_unit.py`).
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A wire file that does not parse: the field (as a JSON path) and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct WireError {
+    /// Where in the document (`pid`, `interfaces[1]`, or `.` for the whole).
+    pub path: String,
+    /// What was wrong there.
+    pub message: String,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, WireError> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| WireError {
+        path: e.path().to_string(),
+        message: e.inner().to_string(),
+    })
+}
+
+/// `null` reads as the field's default, like an absent field.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+fn rate_or_default<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(DEFAULT_RATE_HZ))
+}
+
+fn default_rate() -> f64 {
+    DEFAULT_RATE_HZ
+}
+
+/// An id given as a string or as a number reads as a string.
+fn id_as_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(other) => Some(other.to_string()),
+    })
+}
+
+/// Sampling rate when a request names none, Hz.
+pub const DEFAULT_RATE_HZ: f64 = 1000.0;
+
+/// `rank-<r>.request.json`: a rank asks the agent to sample it. Unknown
+/// fields are ignored and `null` is the same as an absent field, so older and
+/// newer ranks and agents understand each other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentRequest {
+    /// The training process.
+    pub pid: i32,
+    /// Its training (main) thread; the process when absent.
+    #[serde(default)]
+    pub tid: Option<i32>,
+    /// The rank, when it differs from the file name's.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    /// Sampling rate, Hz (1–10,000).
+    #[serde(default = "default_rate", deserialize_with = "rate_or_default")]
+    pub rate_hz: f64,
+    /// NICs to sample, `eth0` or `veth0:1000` (capacity in Mbit/s).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub interfaces: Vec<String>,
+    /// Subtracted from the samples' timestamps (the trace's time origin), ns.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub time_base_ns: i64,
+    /// Stop by this Unix time even without a stop file.
+    #[serde(default)]
+    pub until_unix_s: Option<f64>,
+    /// The rank's window id, echoed in the done record.
+    #[serde(default, deserialize_with = "id_as_string")]
+    pub id: Option<String>,
+    /// GPU to sample with NVML, when any.
+    #[serde(default)]
+    pub gpu_index: Option<u32>,
+    /// `/proc/PID/stat` start time of the process: with the pid it
+    /// identifies the process (pids are reused).
+    #[serde(default)]
+    pub proc_start_ticks: Option<u64>,
+}
+
+impl AgentRequest {
+    /// Parses a request file's text.
+    pub fn from_json(text: &str) -> Result<Self, WireError> {
+        parse(text)
+    }
+}
+
+/// `rank-<r>.done`: the agent finished a window and wrote its samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentDone {
+    /// The request's id.
+    #[serde(default, deserialize_with = "id_as_string")]
+    pub id: Option<String>,
+    /// The rank (file name).
+    pub rank: u32,
+    /// The sampled process.
+    pub pid: i32,
+    /// Why the window ended (`stop file`, `deadline`, `process exited`, …).
+    pub reason: String,
+    /// The samples file's name, in the same directory.
+    pub samples: Option<String>,
+    /// The extra (GPU, frequency) samples file's name.
+    pub extra: Option<String>,
+    /// The time base the samples were shifted by, ns (from the request).
+    #[serde(default)]
+    pub time_base_ns: i64,
+    /// Resources with at least one sample.
+    #[serde(default)]
+    pub series: Vec<String>,
+    /// Sampler ticks.
+    #[serde(default)]
+    pub ticks: u64,
+    /// Ticks that came late.
+    #[serde(default)]
+    pub overruns: u64,
+    /// Achieved sampling rate, Hz.
+    #[serde(default)]
+    pub achieved_hz: f64,
+    /// Window length, s.
+    #[serde(default)]
+    pub elapsed_s: f64,
+    /// The sampler's own CPU use, fraction of one core.
+    #[serde(default)]
+    pub sampler_cpu_fraction: f64,
+    /// What could not be sampled, and why.
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+impl AgentDone {
+    /// Parses a done record's text.
+    pub fn from_json(text: &str) -> Result<Self, WireError> {
+        parse(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_tolerate_nulls_unknown_fields_and_numeric_ids() {
+        let r = AgentRequest::from_json(
+            r#"{"pid": 5, "until_unix_s": null, "rate_hz": null, "interfaces": null, "future_field": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(r.rate_hz, DEFAULT_RATE_HZ);
+        assert!(r.interfaces.is_empty() && r.until_unix_s.is_none() && r.tid.is_none());
+        let r = AgentRequest::from_json(r#"{"pid": 7, "id": 3}"#).unwrap();
+        assert_eq!(r.id.as_deref(), Some("3"));
+        // What the agent writes back, it reads back.
+        let again = AgentRequest::from_json(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(again, r);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        for (bad, path) in [
+            (r#"{}"#, "."),
+            (r#"[]"#, "."),
+            (r#"{"pid": "x"}"#, "pid"),
+            (r#"{"pid": 1, "tid": 1e20}"#, "tid"),
+            (r#"{"pid": 1, "interfaces": ["a", 2]}"#, "interfaces[1]"),
+            (r#"{"pid": 1, "proc_start_ticks": -1}"#, "proc_start_ticks"),
+        ] {
+            let e = AgentRequest::from_json(bad).unwrap_err();
+            assert_eq!(e.path, path, "{bad}: {e}");
+        }
+        assert!(AgentRequest::from_json("not json").is_err());
+    }
+}
