@@ -46,15 +46,7 @@ pub struct SampleArgs {
 }
 
 pub(crate) fn parse_interface(spec: &str) -> Result<NetInterface> {
-    let mut nic = NetInterface::new(spec);
-    if let Some((name, mbit)) = spec.split_once(':') {
-        let mbit: f64 = mbit
-            .parse()
-            .with_context(|| format!("--interface {spec:?}: capacity must be Mbit/s"))?;
-        nic = NetInterface::new(name);
-        nic.capacity_mbit = Some(mbit);
-    }
-    Ok(nic)
+    Ok(spec.parse()?)
 }
 
 /// Samples until the duration ends, Ctrl-C, or the process exits.

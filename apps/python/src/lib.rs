@@ -429,21 +429,8 @@ fn localize_fingerprints(
 
 /// Parses `name` or `name:mbit` (capacity in Mbit/s, for virtual links).
 fn parse_interface(s: &str) -> PyResult<whyslow_sampler::NetInterface> {
-    let s = s.trim();
-    match s.split_once(':') {
-        None if !s.is_empty() => Ok(whyslow_sampler::NetInterface::new(s)),
-        Some((name, mbit)) if !name.is_empty() => {
-            let c: f64 = mbit.trim().parse().map_err(|_| {
-                PyValueError::new_err(format!(
-                    "interface {s:?}: capacity {mbit:?} is not a number"
-                ))
-            })?;
-            Ok(whyslow_sampler::NetInterface::with_capacity_mbit(name, c))
-        }
-        _ => Err(PyValueError::new_err(format!(
-            "interface {s:?}: expected name or name:mbit"
-        ))),
-    }
+    s.parse()
+        .map_err(|e: whyslow_sampler::InterfaceSpecError| PyValueError::new_err(e.to_string()))
 }
 
 /// The `baseTimeNanoseconds` a (plain JSON) Kineto trace declares, if any.

@@ -777,31 +777,25 @@ fn user_annotations_are_not_called_operators() {
     assert!(!h.contains("user-annotated"), "{h}");
 }
 
-#[test]
-fn waiting_peers_are_folded_under_the_slow_worker() {
-    // The demo's shape: worker 2 runs extra Python work, the others wait for
-    // it in the allreduce; the allreduce is not a finding of its own.
-    let fps: Vec<_> = (0..4)
+/// The demo's shape, without utilization: worker 2 of 4 runs `extra` Python
+/// work (β `extra_beta`) and spends `comm_slow` of its window in the
+/// allreduce, the others `comm_waiting` (they wait for worker 2 in it).
+fn slow_worker_job(
+    comm_slow: f64,
+    comm_waiting: f64,
+    extra: &str,
+    extra_beta: f64,
+) -> Vec<Fingerprint> {
+    (0..4)
         .map(|w| {
             let slow = w == 2;
+            let comm = if slow { comm_slow } else { comm_waiting };
             let mut fs = vec![
-                pat(
-                    FunctionKind::Comm,
-                    "gloo:all_reduce",
-                    if slow { 0.2 } else { 0.8 },
-                    0.0,
-                    0.0,
-                ),
+                pat(FunctionKind::Comm, "gloo:all_reduce", comm, 0.0, 0.0),
                 pat(FunctionKind::CpuOp, "aten::mm", 0.04, 0.0, 0.0),
             ];
             if slow {
-                fs.push(pat(
-                    FunctionKind::Python,
-                    "train.py(36): extra_work",
-                    0.6,
-                    0.0,
-                    0.0,
-                ));
+                fs.push(pat(FunctionKind::Python, extra, extra_beta, 0.0, 0.0));
             }
             for p in &mut fs {
                 p.util_source = UtilizationSource::None;
@@ -811,7 +805,14 @@ fn waiting_peers_are_folded_under_the_slow_worker() {
             f.utilization_source = UtilizationSource::None;
             f
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn waiting_peers_are_folded_under_the_slow_worker() {
+    // The demo's shape: worker 2 runs extra Python work, the others wait for
+    // it in the allreduce; the allreduce is not a finding of its own.
+    let fps = slow_worker_job(0.2, 0.8, "train.py(36): extra_work", 0.6);
     let r = localize(&fps, &LocalizeConfig::default(), None);
     assert_eq!(r.findings.len(), 1, "{:#?}", r.findings);
     let f = &r.findings[0];
@@ -838,37 +839,7 @@ fn a_collective_heavy_everywhere_is_ranked_after_the_worker_it_waits_for() {
     // itself just above its range (0.32 > 0.30), so it stays a finding on all
     // workers; but most of the others' 0.68 is waiting for worker 2, so the
     // extra work on worker 2 comes first.
-    let fps: Vec<_> = (0..4)
-        .map(|w| {
-            let slow = w == 2;
-            let mut fs = vec![
-                pat(
-                    FunctionKind::Comm,
-                    "gloo:all_reduce",
-                    if slow { 0.32 } else { 0.68 },
-                    0.0,
-                    0.0,
-                ),
-                pat(FunctionKind::CpuOp, "aten::mm", 0.04, 0.0, 0.0),
-            ];
-            if slow {
-                fs.push(pat(
-                    FunctionKind::Python,
-                    "train.py(41): extra_work",
-                    0.31,
-                    0.0,
-                    0.0,
-                ));
-            }
-            for p in &mut fs {
-                p.util_source = UtilizationSource::None;
-                p.mu = 0.0;
-            }
-            let mut f = fp(w, fs);
-            f.utilization_source = UtilizationSource::None;
-            f
-        })
-        .collect();
+    let fps = slow_worker_job(0.32, 0.68, "train.py(41): extra_work", 0.31);
     let r = localize(&fps, &LocalizeConfig::default(), None);
     let names: Vec<&str> = r.findings.iter().map(|f| f.function.as_str()).collect();
     assert_eq!(

@@ -69,7 +69,7 @@ pub use clock::{kineto_base_time_ns, TimeBase};
 pub use cpu::CpuSource;
 pub use cpufreq::CpuFreqStatus;
 pub use gpu::GpuStatus;
-pub use net::NetInterface;
+pub use net::{InterfaceSpecError, NetInterface};
 pub use whyslow_model::{Resource, SampleSeries};
 pub use write::{extra_path_for, write_extra_csv, write_samples_csv};
 

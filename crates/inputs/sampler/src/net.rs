@@ -43,6 +43,51 @@ impl NetInterface {
     }
 }
 
+/// An interface spec that is not `name` or `name:mbit`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("interface {spec:?}: {why} (expected name or name:mbit, e.g. eth0 or veth0:1000)")]
+pub struct InterfaceSpecError {
+    /// The spec as given.
+    pub spec: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+impl std::str::FromStr for NetInterface {
+    type Err = InterfaceSpecError;
+
+    /// `eth0` (capacity from sysfs) or `veth0:1000` (capacity in Mbit/s, for
+    /// virtual links, whose sysfs speed is unknown). The one parser of the
+    /// `--interface` option, the agent's requests and `WHYSLOW_SAMPLE_IFACES`.
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let bad = |why| InterfaceSpecError {
+            spec: spec.to_string(),
+            why,
+        };
+        let s = spec.trim();
+        let (name, mbit) = match s.split_once(':') {
+            None => (s, None),
+            Some((name, mbit)) => {
+                let mbit: f64 = mbit
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad("the capacity is not a number"))?;
+                if !(mbit.is_finite() && mbit > 0.0) {
+                    return Err(bad("the capacity must be a positive number of Mbit/s"));
+                }
+                (name.trim(), Some(mbit))
+            }
+        };
+        if name.is_empty() {
+            return Err(bad("no interface name"));
+        }
+        Ok(NetInterface {
+            name: name.to_string(),
+            capacity_mbit: mbit,
+        })
+    }
+}
+
 /// Link speed in Mbit/s from sysfs, `None` when unknown (virtual links).
 pub fn link_speed_mbit(name: &str) -> Option<f64> {
     let s = std::fs::read_to_string(Path::new("/sys/class/net").join(name).join("speed")).ok()?;
@@ -104,5 +149,37 @@ impl NicCounter {
         let cap = self.bytes_per_ns * dt_ns.max(1) as f64;
         let u = |a: u64, b: u64| (a.saturating_sub(b) as f64 / cap).clamp(0.0, 1.0) as f32;
         Some((u(now.0, prev.0), u(now.1, prev.1)))
+    }
+}
+
+#[cfg(test)]
+mod spec_tests {
+    use super::*;
+
+    #[test]
+    fn interface_specs() {
+        let nic: NetInterface = "eth0".parse().unwrap();
+        assert_eq!((nic.name.as_str(), nic.capacity_mbit), ("eth0", None));
+        let nic: NetInterface = " veth0 : 1000 ".parse().unwrap();
+        assert_eq!(
+            (nic.name.as_str(), nic.capacity_mbit),
+            ("veth0", Some(1000.0))
+        );
+        for bad in [
+            "",
+            ":",
+            ":100",
+            "eth0:",
+            "eth0:fast",
+            "eth0:-5",
+            "eth0:0",
+            "eth0:inf",
+        ] {
+            let e = bad.parse::<NetInterface>().unwrap_err();
+            assert!(
+                e.to_string().contains("expected name or name:mbit"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

@@ -108,7 +108,12 @@ fn cpu_busy_idle_at(rate_hz: f64) {
         (m_busy - truth).abs() < 0.06,
         "busy thread mean {m_busy} vs its own clock {truth}"
     );
-    assert!(m_busy > 0.5, "busy thread mean {m_busy}");
+    // Busy reads clearly above idle. (Not "near 1": with other processes on
+    // the cores the spinner itself gets ~0.5 of a CPU, as its own clock says.)
+    assert!(
+        m_busy > 0.25 && m_busy > 5.0 * m_idle,
+        "busy thread mean {m_busy}, idle {m_idle}"
+    );
     assert!(m_idle < 0.05, "idle thread mean {m_idle}");
     assert!(out.threads.iter().any(|t| t.training && t.tid == busy));
     assert!(cpu.values.iter().all(|v| (0.0..=1.0).contains(v)));
