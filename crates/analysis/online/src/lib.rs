@@ -31,7 +31,7 @@ mod onset;
 mod policy;
 
 pub use detector::{Baseline, Degradation, Detector, DetectorConfig, Event, Iteration, Phase};
-pub use onset::{find_onset, iteration_times, OnsetConfig, Split};
+pub use onset::{find_onset, iteration_times, OnsetConfig, Split, MAX_SERIES};
 pub use policy::{Refusal, TriggerPolicy};
 
 /// A configuration value that the detector or the policy cannot work with.

@@ -108,11 +108,16 @@ pub fn find_onset(durations: &[f64], cfg: &OnsetConfig) -> Option<Split> {
     })
 }
 
+/// Per-worker series kept in a report, at most: beyond, the report keeps the
+/// job's median series only (a 1,024-rank job would otherwise write a
+/// megabyte of iteration times that no plot can show).
+pub const MAX_SERIES: usize = 64;
+
 /// Assembles the report's [`IterationTimes`]: the onset is found on the job's
 /// iteration time, the median over the series at each step (in synchronous
 /// training every worker waits for the slowest, so one slow worker shows on
 /// all). Steps present in fewer than half of the series are left out of
-/// that median.
+/// that median. More than [`MAX_SERIES`] series are replaced by that median.
 pub fn iteration_times(
     source: IterationSource,
     series: Vec<IterationSeries>,
@@ -142,6 +147,15 @@ pub fn iteration_times(
         before_ms: s.before,
         after_ms: s.after,
     });
+    let series = if series.len() > MAX_SERIES {
+        vec![IterationSeries {
+            worker: None,
+            steps,
+            ms: job,
+        }]
+    } else {
+        series
+    };
     Some(IterationTimes {
         source,
         series,
