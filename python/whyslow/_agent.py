@@ -17,6 +17,8 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
+from . import _whyslow
+
 #: Longest wait for the agent's ``.done`` (or ``.error``) after the stop file.
 WAIT_S = 5.0
 _OUTPUTS = (".stop", ".done", ".error", ".samples.csv", ".sampler-extra.csv")
@@ -93,31 +95,7 @@ class AgentWindow:
                 raise TimeoutError("no %s.done from the agent within %.0f s" % (self.prefix, WAIT_S))
             time.sleep(0.05)
         src = os.path.join(self.dir, done.get("samples") or "rank-%d.samples.csv" % self.rank)
-        rows = _shift_samples(src, out_path, base_ns - int(done.get("time_base_ns") or 0))
+        shift_ns = base_ns - int(done.get("time_base_ns") or 0)
+        rows = _whyslow.rebase_samples_file(src, out_path, shift_ns)
         done["rows"] = rows
         return done
-
-
-def _shift_samples(src: str, dst: str, shift_ns: int) -> int:
-    """Copies a samples file, subtracting ``shift_ns`` from ``ts_us`` (kept
-    exact when the shift is whole µs, as Kineto's base is whole seconds).
-    Returns the number of rows."""
-    n = 0
-    whole = shift_ns % 1000 == 0
-    with open(src) as f, open(dst, "w") as g:
-        header = f.readline()
-        g.write(header)
-        for line in f:
-            parts = line.rstrip("\n").split(",")
-            if len(parts) < 3:
-                continue
-            if shift_ns:
-                ts = parts[1]
-                ip, _, frac = ts.partition(".")
-                if whole and frac and ip.isdigit() and int(ip) >= shift_ns // 1000:
-                    parts[1] = "%d.%s" % (int(ip) - shift_ns // 1000, frac)
-                else:
-                    parts[1] = "%.3f" % (float(ts) - shift_ns / 1000.0)
-            g.write(",".join(parts) + "\n")
-            n += 1
-    return n

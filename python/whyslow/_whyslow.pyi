@@ -104,3 +104,7 @@ def parse_agent_wire(kind: str, text: str) -> str:
     """Parses an agent protocol file (``"request"`` or ``"done"``) as the Rust
     agent does and returns it as the agent writes it; ValueError names the
     bad field."""
+
+def rebase_samples_file(src: str, dst: str, shift_ns: int) -> int:
+    """Copies a samples file with ``shift_ns`` subtracted from every
+    timestamp; returns the number of samples."""

@@ -556,13 +556,7 @@ impl PySampler {
             .ok_or_else(|| PyValueError::new_err("sampler has no samples"))?;
         let mut series = samples.series.clone();
         py.allow_threads(|| {
-            if base_ns != 0 {
-                for s in series.values_mut() {
-                    for t in s.ts_ns.iter_mut() {
-                        *t -= base_ns;
-                    }
-                }
-            }
+            whyslow_sampler::rebase(series.values_mut(), base_ns);
             whyslow_sampler::write_samples_csv(&path, worker, &series)
         })
         .map_err(|e| PyOSError::new_err(e.to_string()))?;
@@ -638,6 +632,28 @@ fn parse_agent_wire(kind: &str, text: &str) -> PyResult<String> {
     out.map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// Copies a samples file (`resource,ts_us,value[,worker]`) from `src` to
+/// `dst` with `shift_ns` subtracted from every timestamp
+/// (`whyslow_sampler::rebase`): the agent samples on the Unix epoch, the rank
+/// moves them onto its trace's origin. Returns the number of samples.
+/// Releases the GIL.
+#[pyfunction]
+fn rebase_samples_file(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: PathBuf,
+    shift_ns: i64,
+) -> PyResult<usize> {
+    py.allow_threads(|| {
+        let mut s =
+            whyslow_ingest::read_samples(&src).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        whyslow_sampler::rebase(s.series.values_mut(), shift_ns);
+        whyslow_sampler::write_samples_csv(&dst, s.worker, &s.series)
+            .map_err(|e| PyOSError::new_err(format!("{}: {e}", dst.display())))?;
+        Ok(s.series.values().map(|v| v.ts_ns.len()).sum())
+    })
+}
+
 #[pymodule]
 fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDetector>()?;
@@ -647,6 +663,7 @@ fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(localize_fingerprints, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_base_ns, m)?)?;
     m.add_function(wrap_pyfunction!(parse_agent_wire, m)?)?;
+    m.add_function(wrap_pyfunction!(rebase_samples_file, m)?)?;
     m.add_class::<PySampler>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("NOTHING", NOTHING)?;

@@ -168,6 +168,12 @@ pub fn hint(f: &Finding, job: &Job) -> Option<String> {
     match f.kind {
         FunctionKind::Python => {
             let frames = lower_frames(&f.function);
+            // Starved of CPU in the rest of their work too: the host, even
+            // when the function is the DataLoader's next (a storage wait
+            // leaves the other work's CPU share alone).
+            if !all && is_peer(f) && cpu_starved(f) {
+                return Some(CPU_STARVED.into());
+            }
             if is_data_loading(&frames) {
                 // Waiting for input, or computing it in the training process?
                 let waiting = cpu_busy(f).map_or_else(|| innermost_waits(&frames), |busy| !busy);
@@ -207,9 +213,6 @@ pub fn hint(f: &Finding, job: &Job) -> Option<String> {
                      boundary (e.g. every 100-200 steps)."
                         .into(),
                 );
-            }
-            if !all && is_peer(f) && cpu_starved(f) {
-                return Some(CPU_STARVED.into());
             }
             if !all && on_subset(f, 0.5) && f.beta.peers < f.beta.value * 0.5 {
                 return Some(

@@ -730,6 +730,37 @@ fn storage_hint_needs_evidence_of_waiting() {
     assert!(hint(&idle, &GPU).unwrap().contains("waits for input"));
 }
 
+/// A CI testbed run with 4 busy loops in host 2's cgroup flagged worker 2's
+/// DataLoader next (β 0.26 vs 0.56 μ) with the rest of its CPU work at well
+/// under 80 % of its peers' CPU share: the host is contended, not the storage.
+/// A DataLoader that waits while the worker's other work runs at full CPU
+/// keeps the storage hint.
+#[test]
+fn a_starved_worker_is_contended_even_in_the_dataloader() {
+    let mut f = finding(FunctionKind::Python, WAITING, vec![2], 4);
+    f.reason = Reason::Both;
+    f.util_source = UtilizationSource::Samples;
+    f.mu = Stat {
+        value: 0.258,
+        peers: 0.558,
+        peer_count: Some(3),
+    };
+    f.resource_mu = Some(Stat {
+        value: 0.31,
+        peers: 0.62,
+        peer_count: Some(3),
+    });
+    let h = hint(&f, &CPU_ONLY).unwrap();
+    assert!(h.contains("contended"), "{h}");
+    f.resource_mu = Some(Stat {
+        value: 0.60,
+        peers: 0.62,
+        peer_count: Some(3),
+    });
+    let h = hint(&f, &CPU_ONLY).unwrap();
+    assert!(h.contains("waits for input"), "{h}");
+}
+
 #[test]
 fn preprocessing_outside_the_dataloader_gets_its_own_hint() {
     let stack = "app.py(10): run;image_transforms.py(390): normalize";

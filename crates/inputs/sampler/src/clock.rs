@@ -65,6 +65,22 @@ pub fn kineto_base_time_ns(epoch_ns: i64) -> i64 {
     epoch_ns.div_euclid(interval_ns) * interval_ns
 }
 
+/// Moves samples stamped on one origin to another: subtracts `shift_ns`
+/// from every timestamp (e.g. a trace's `baseTimeNanoseconds` from samples
+/// stamped on the Unix epoch). The one place whyslow changes a samples
+/// time base after sampling: the Python sampler's `write`, and the rank that
+/// takes the agent's epoch-stamped samples onto its trace's origin.
+pub fn rebase<'a>(series: impl IntoIterator<Item = &'a mut crate::SampleSeries>, shift_ns: i64) {
+    if shift_ns == 0 {
+        return;
+    }
+    for s in series {
+        for t in s.ts_ns.iter_mut() {
+            *t = t.saturating_sub(shift_ns);
+        }
+    }
+}
+
 fn clock_ns(id: libc::clockid_t) -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -148,5 +164,30 @@ mod tests {
         let now = realtime_ns();
         // After 2020-01-01 and before 2100.
         assert!(now > 1_577_836_800 * 1_000_000_000 && now < 4_102_444_800 * 1_000_000_000);
+    }
+}
+
+#[cfg(test)]
+mod rebase_tests {
+    use super::*;
+    use crate::SampleSeries;
+
+    #[test]
+    fn rebase_moves_every_stamp_and_zero_is_a_no_op() {
+        let base = kineto_base_time_ns(1_767_189_312_123_456_789);
+        let mut s = [SampleSeries {
+            ts_ns: vec![base + 1_000, base + 2_500],
+            values: vec![0.5, 1.0],
+        }];
+        rebase(s.iter_mut(), 0);
+        assert_eq!(s[0].ts_ns, vec![base + 1_000, base + 2_500]);
+        rebase(s.iter_mut(), base);
+        assert_eq!(s[0].ts_ns, vec![1_000, 2_500]);
+        rebase(s.iter_mut(), i64::MIN);
+        assert_eq!(
+            s[0].ts_ns,
+            vec![i64::MAX, i64::MAX],
+            "saturates, never wraps"
+        );
     }
 }

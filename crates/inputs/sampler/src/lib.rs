@@ -65,7 +65,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use clock::{kineto_base_time_ns, TimeBase};
+pub use clock::{kineto_base_time_ns, rebase, TimeBase};
 pub use cpu::CpuSource;
 pub use cpufreq::CpuFreqStatus;
 pub use gpu::GpuStatus;
