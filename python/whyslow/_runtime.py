@@ -44,12 +44,12 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
-
 def _record_always(step: int) -> "Any":
     """torch.profiler schedule: record every step (see ``_start_profile``)."""
     from torch.profiler import ProfilerAction
 
     return ProfilerAction.RECORD
+
 
 class _Disabled(Exception):
     pass
@@ -395,7 +395,7 @@ class Tracker:
         assert s is not None
         self.pending = None
         import torch
-        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU]
         use_cuda = self.cfg.cuda == "1" or (self.cfg.cuda == "auto" and torch.cuda.is_available())
