@@ -144,6 +144,29 @@ fn perfetto_export_holds_the_flagged_spans() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// A real testbed run (tests/fixtures/README.md): host 1's throttled link
+/// must stay a finding of its own, low and steady on the NIC, and not be
+/// folded as "waiting for" the CPU-starved worker 3 beside it.
+#[test]
+fn a_slow_link_is_not_folded_under_a_contended_neighbour() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = root.join("tests/fixtures/testbed/slow-link-busy-host");
+    assert!(dir.is_dir(), "fixture missing: {}", dir.display());
+    let report = json(&whyslow(&[
+        "localize",
+        dir.to_str().unwrap(),
+        "--config",
+        root.join("testbed/localize-cpu.toml").to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let link = finding(&report, "gloo:all_reduce").expect("the slow link is a finding");
+    assert_eq!(link["workers"], serde_json::json!([1]));
+    assert!(link["mu"]["value"].as_f64().unwrap() < link["mu"]["peers"].as_f64().unwrap());
+    assert!(link["sigma"]["value"].as_f64().unwrap() < link["sigma"]["peers"].as_f64().unwrap());
+    assert!(link["hint"].as_str().unwrap().contains("NIC"));
+}
+
 #[test]
 fn bad_files_are_skipped_with_one_clear_line_each_and_the_rest_is_analyzed() {
     let dir = temp_dir("bad");

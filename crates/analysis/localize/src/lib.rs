@@ -1371,7 +1371,16 @@ fn cause_first(mut findings: Vec<Finding>, cfg: &LocalizeConfig) -> Vec<Finding>
                 let range_max = cfg.range_for(other.kind, &other.function).beta.1;
                 let beyond = b_on > range_max;
                 let waits = !partial(other) || other.beta.value - b_on >= cfg.min_effect;
+                // Flagged on other workers *starved* in it (μ or σ that far
+                // below their peers': low and steady, PerfTracker Fig. 5):
+                // a slow link of their own, not a wait for the cause.
+                let starved_itself = partial(other)
+                    && other.util_source != UtilizationSource::None
+                    && other.mu.has_peers()
+                    && (other.mu.value <= other.mu.peers - cfg.min_util_diff
+                        || other.sigma.value <= other.sigma.peers - cfg.min_util_diff);
                 let waiting_on_cause = !own
+                    && !starved_itself
                     && waits
                     && !on.is_empty()
                     && !off.is_empty()
