@@ -144,27 +144,35 @@ fn perfetto_export_holds_the_flagged_spans() {
     let _ = fs::remove_dir_all(&dir);
 }
 
-/// A real testbed run (tests/fixtures/README.md): host 1's throttled link
-/// must stay a finding of its own, low and steady on the NIC, and not be
-/// folded as "waiting for" the CPU-starved worker 3 beside it.
+/// Real testbed runs (tests/fixtures/README.md) of host 1's throttled link:
+/// its allreduce must be a finding of its own, on worker 1 alone, low and
+/// steady on the NIC. In `slow-link-busy-host` it must not be folded as
+/// "waiting for" the CPU-starved worker 3 beside it; in
+/// `slow-link-not-flagged` worker 0, upstream of the slow link, is half as
+/// steady and hid it from Eq. 11's Δ (found now as far from the typical
+/// pattern of the four workers).
 #[test]
-fn a_slow_link_is_not_folded_under_a_contended_neighbour() {
+fn a_slow_link_is_named_on_its_host_alone() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let dir = root.join("tests/fixtures/testbed/slow-link-busy-host");
-    assert!(dir.is_dir(), "fixture missing: {}", dir.display());
-    let report = json(&whyslow(&[
-        "localize",
-        dir.to_str().unwrap(),
-        "--config",
-        root.join("testbed/localize-cpu.toml").to_str().unwrap(),
-        "--format",
-        "json",
-    ]));
-    let link = finding(&report, "gloo:all_reduce").expect("the slow link is a finding");
-    assert_eq!(link["workers"], serde_json::json!([1]));
-    assert!(link["mu"]["value"].as_f64().unwrap() < link["mu"]["peers"].as_f64().unwrap());
-    assert!(link["sigma"]["value"].as_f64().unwrap() < link["sigma"]["peers"].as_f64().unwrap());
-    assert!(link["hint"].as_str().unwrap().contains("NIC"));
+    for run in ["slow-link-busy-host", "slow-link-not-flagged"] {
+        let dir = root.join("tests/fixtures/testbed").join(run);
+        assert!(dir.is_dir(), "fixture missing: {}", dir.display());
+        let report = json(&whyslow(&[
+            "localize",
+            dir.to_str().unwrap(),
+            "--config",
+            root.join("testbed/localize-cpu.toml").to_str().unwrap(),
+            "--format",
+            "json",
+        ]));
+        let link = finding(&report, "gloo:all_reduce")
+            .unwrap_or_else(|| panic!("{run}: the slow link is no finding"));
+        assert_eq!(link["workers"], serde_json::json!([1]), "{run}");
+        let below =
+            |k: &str| link[k]["value"].as_f64().unwrap() < link[k]["peers"].as_f64().unwrap();
+        assert!(below("mu") && below("sigma"), "{run}: {link}");
+        assert!(link["hint"].as_str().unwrap().contains("NIC"), "{run}");
+    }
 }
 
 #[test]

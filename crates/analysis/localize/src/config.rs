@@ -147,7 +147,10 @@ pub struct LocalizeConfig {
     /// workers are. With a handful of workers the MAD of Δ is too coarse: in
     /// a 4-host ring with one slow link, the link's upstream neighbour is
     /// half-affected, Δ counts become e.g. [2, 3, 1, 2], and M + k·MAD exceeds
-    /// every count. Default true; false gives the paper's rule.
+    /// every count. In groups that small (k/(2|W|) > `min_margin`), a worker
+    /// at distance ≥ δ from the group's per-dimension median pattern is one
+    /// too, under the same minority condition (crate docs, "Isolated
+    /// workers"). Default true; false gives the paper's rule.
     pub flag_isolated: bool,
     /// The Δ rule applies only in groups with at least this many workers
     /// (with 1 or 2 workers "unlike its peers" is meaningless). Default 3.

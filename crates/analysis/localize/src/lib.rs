@@ -22,7 +22,13 @@
 //!   (|W| ≤ `max_peers`), a worker at distance ≥ δ from every other one is a
 //!   peer outlier too, if fewer than half the workers are
 //!   ([`LocalizeConfig::flag_isolated`]): with 4 workers one half-affected
-//!   neighbour makes M + k·MAD unreachable.
+//!   neighbour makes M + k·MAD unreachable. Where Δ is that coarse (k/(2|W|)
+//!   above `min_margin`: up to 8 workers by default), a worker at distance
+//!   ≥ δ from the group's *typical* pattern (the per-dimension median of its
+//!   normalized patterns) is one too, under the same minority condition: in
+//!   a testbed run the slow link's upstream neighbour was itself ≥ δ from
+//!   every worker, so "isolated" named no one, while the median, which a
+//!   minority does not move, still set the slow worker apart.
 //! * **Sampling.** W_N is drawn once per (group, function), without
 //!   replacement, from the group's workers in rank order, with a SplitMix64
 //!   generator seeded by [`LocalizeConfig::seed`] and a stable (FNV-1a) hash
@@ -135,7 +141,7 @@
 //! seed = 42              # peer sampling seed
 //! min_margin = 0.3       # Δ > M + max(k·MAD, min_margin)
 //! min_peer_workers = 3   # smallest group for the Δ rule
-//! flag_isolated = true   # small groups: far from every other worker ⇒ outlier
+//! flag_isolated = true   # small groups: far from every worker, or from the typical one ⇒ outlier
 //! max_points = 5000      # plot points kept per finding
 //! zero_floor = 1e-9      # values below are 0 for Δ
 //! norm_floor = 0.01      # Eq. 8 divides by at least this
@@ -521,6 +527,42 @@ fn keep_evenly(t: usize, keep: usize, total: usize) -> bool {
     ((t + 1) * keep) / total > (t * keep) / total
 }
 
+/// whyslow's rule for small groups compared in full (crate docs, "Isolated
+/// workers"): a worker at normalized distance ≥ `delta` from the group's
+/// typical pattern, the per-dimension median over all its workers (absent
+/// workers count as 0), is far from its peers, if fewer than half of the
+/// group are. Unlike Δ, one half-affected neighbour cannot hide it: a
+/// minority does not move the median. Sets `far[i]` for the flagged present
+/// workers; O(g log g).
+fn far_from_typical(
+    dims: [&[f32]; 3],
+    g: usize,
+    delta: f64,
+    column: &mut Vec<f64>,
+    far: &mut Vec<bool>,
+) {
+    let n = dims[0].len();
+    far.clear();
+    if g < 3 || n == 0 {
+        return;
+    }
+    let mut typical = [0f64; 3];
+    for (col, t) in dims.iter().zip(typical.iter_mut()) {
+        column.clear();
+        column.extend(col.iter().map(|&x| x as f64));
+        column.resize(g, 0.0); // absent workers
+        *t = median(column);
+    }
+    let distance = |p: [f32; 3]| -> f64 { (0..3).map(|d| (p[d] as f64 - typical[d]).abs()).sum() };
+    let away = |p: [f32; 3]| distance(p) >= delta - 1e-9;
+    far.extend((0..n).map(|i| away([dims[0][i], dims[1][i], dims[2][i]])));
+    let absent = if n < g && away([0.0; 3]) { g - n } else { 0 };
+    // When half the workers or more are δ away from it, nothing is typical.
+    if 2 * (far.iter().filter(|&&f| f).count() + absent) >= g {
+        far.iter_mut().for_each(|f| *f = false);
+    }
+}
+
 struct Scratch {
     sample: Vec<u32>,
     sb: Vec<f32>,
@@ -529,6 +571,9 @@ struct Scratch {
     counts: Vec<u32>,
     hist: Vec<u64>,
     dev_hist: Vec<u64>,
+    /// Per present worker: far from the group's typical pattern?
+    far: Vec<bool>,
+    column: Vec<f64>,
 }
 
 /// Analyzes one (group, function) bucket; returns its findings (none; one;
@@ -562,6 +607,7 @@ fn analyze_bucket(
     let mut isolated_from = usize::MAX;
     let n_peers = cfg.max_peers.min(g).max(1);
     scratch.counts.clear();
+    scratch.far.clear();
     if peer_ok {
         // Eq. 8: max normalization (absent workers contribute 0).
         let b = &mut cols.beta[lo..hi];
@@ -636,6 +682,10 @@ fn analyze_bucket(
         // Isolated workers: with every worker compared with every other, one
         // at distance ≥ δ from all of them (self excluded) is unlike its
         // peers whatever M and MAD say, as long as such workers are few.
+        // Δ moves in steps of 1/|W|: in a small group a single half-affected
+        // worker lifts M + k·MAD by ≥ k/(2|W|), past the margin, and Eq. 11
+        // can no longer be met (4 workers: 0.625 vs 0.3).
+        let coarse = cfg.k / (2.0 * g as f64) > cfg.min_margin;
         if cfg.flag_isolated && n_peers >= g {
             let is_isolated = |c: usize| c + 1 >= g;
             let absent = c0.map_or(0, |c| if is_isolated(c) { g - n } else { 0 });
@@ -647,6 +697,15 @@ fn analyze_bucket(
             if 2 * (present + absent) < g {
                 isolated_from = g - 1;
             }
+            if coarse {
+                far_from_typical(
+                    [&*b, &*m, &*s],
+                    g,
+                    cfg.delta,
+                    &mut scratch.column,
+                    &mut scratch.far,
+                );
+            }
         }
     }
 
@@ -654,7 +713,8 @@ fn analyze_bucket(
     let is_peer_outlier = |i: usize| {
         peer_ok
             && ((scratch.counts[i] as f64 / n_peers as f64) > threshold + 1e-12
-                || scratch.counts[i] as usize >= isolated_from)
+                || scratch.counts[i] as usize >= isolated_from
+                || scratch.far.get(i).copied().unwrap_or(false))
     };
     if !cfg.corroborate {
         let mut flagged: Vec<usize> = Vec::new();
@@ -1259,6 +1319,8 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         counts: Vec::new(),
         hist: Vec::new(),
         dev_hist: Vec::new(),
+        far: Vec::new(),
+        column: Vec::new(),
     };
     let mut findings = Vec::new();
     for (gname, members) in &groups {
