@@ -16,7 +16,7 @@
 //!
 //! **IPFIX / NetFlow v9 captures**: a file of concatenated IPFIX messages or v9
 //! packets as received by a collector (`.ipfix`, `.nf`, `.v9`, `.bin`, or sniffed
-//! from the first bytes), or a classic pcap (`.pcap`) of the export traffic (UDP
+//! from the first bytes), or a classic pcap or pcapng (`.pcap`, `.pcapng`) of the export traffic (UDP
 //! datagrams starting with version 9 or 10). See [`netflow`] for the decoding rules.
 //!
 //! **pcap of training traffic** (flowlet mode, [`pcap::read_pcap_flowlets`]): when no
@@ -112,7 +112,7 @@ pub enum FlowFileKind {
     Parquet,
     /// Concatenated IPFIX messages / NetFlow v9 packets.
     NetflowRaw,
-    /// Classic pcap (export traffic or, failing that, training traffic as flowlets).
+    /// Classic pcap or pcapng (export traffic or, failing that, training traffic as flowlets).
     Pcap,
 }
 
@@ -126,7 +126,11 @@ pub fn sniff_kind(name: &str, head: &[u8]) -> Option<FlowFileKind> {
     if base.ends_with(".parquet") || head.starts_with(b"PAR1") {
         return Some(FlowFileKind::Parquet);
     }
-    if base.ends_with(".pcap") || pcap::is_pcap(head) {
+    if base.ends_with(".pcap")
+        || base.ends_with(".pcapng")
+        || pcap::is_pcap(head)
+        || pcap::is_pcapng(head)
+    {
         return Some(FlowFileKind::Pcap);
     }
     if [".ipfix", ".nf", ".v9", ".netflow", ".bin"]
@@ -182,7 +186,7 @@ pub fn read_flow_file(path: &Path) -> Result<Vec<FlowRecord>, FlowIngestError> {
             .map_err(|msg| FlowIngestError::Format { path: p, msg }),
         None => Err(FlowIngestError::Format {
             path: p,
-            msg: "expected a .csv, .parquet, .pcap or IPFIX/NetFlow v9 capture file".into(),
+            msg: "expected a .csv, .parquet, .pcap, .pcapng or IPFIX/NetFlow v9 capture file".into(),
         }),
     }
 }

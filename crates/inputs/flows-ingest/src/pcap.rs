@@ -1,14 +1,21 @@
-//! Classic pcap input (little/big endian, µs/ns timestamps; link types Ethernet,
-//! Linux cooked v1/v2, raw IP, BSD null): either a capture of IPFIX / NetFlow v9
-//! export traffic (decoded like the collector would), or a capture of the training
-//! traffic itself, turned into **flowlets**: per 5-tuple, payload-carrying packets
-//! separated by at most `idle_gap_us` form one flow (a message of a long-lived TCP
-//! connection such as gloo's). Pure ACKs (no payload) are ignored. pcapng is not
-//! supported (convert with `tcpdump -r in.pcapng -w out.pcap`).
+//! Capture input: classic pcap (little/big endian, µs/ns timestamps) and
+//! pcapng (any interface's `if_tsresol`/`if_tsoffset`; Enhanced Packet Blocks;
+//! Simple Packet Blocks carry no time and are skipped), read with
+//! `pcap-parser`; frames decoded with `etherparse` (link types Ethernet with
+//! VLAN tags, Linux cooked v1/v2, raw IP, BSD null; snap-length-truncated
+//! packets keep their on-wire length). Either a capture of IPFIX / NetFlow
+//! v9 export traffic (decoded like the collector would), or a capture of the
+//! training traffic itself, turned into **flowlets**: per 5-tuple,
+//! payload-carrying packets separated by at most `idle_gap_us` form one flow
+//! (a message of a long-lived TCP connection such as gloo's). Pure ACKs (no
+//! payload) are ignored.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
+use etherparse::{EtherType, LaxNetSlice, LaxSlicedPacket, TransportSlice};
+use pcap_parser::pcapng::Block;
+use pcap_parser::{LegacyPcapSlice, Linktype, PcapBlockOwned, PcapNGSlice};
 use whyslow_model::flow::FlowRecord;
 
 use crate::netflow::FlowDecoder;
@@ -28,6 +35,11 @@ pub fn is_pcap(head: &[u8]) -> bool {
         )
 }
 
+/// True when `head` starts with a pcapng Section Header Block.
+pub fn is_pcapng(head: &[u8]) -> bool {
+    head.starts_with(&[0x0a, 0x0d, 0x0d, 0x0a])
+}
+
 /// One transport packet of a capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Packet<'a> {
@@ -45,138 +57,118 @@ pub struct Packet<'a> {
     pub payload_len: usize,
 }
 
-/// Parse a classic pcap into transport packets (other packets are skipped). Errors
-/// only for a bad global header; a truncated last record ends the capture.
+/// Parse a classic pcap or a pcapng into transport packets (other packets
+/// are skipped). Errors only for a bad file header; a truncated or corrupt
+/// record ends the capture (the packets before it are kept).
 pub fn packets(data: &[u8]) -> Result<Vec<Packet<'_>>, String> {
-    if data.len() < 24 || !is_pcap(data) {
-        return Err("expected a classic pcap global header".into());
-    }
-    let le = data[0] == 0xd4 || data[0] == 0x4d;
-    let nanos = data[0] == 0x4d || data[3] == 0x4d;
-    let u32_at = |b: &[u8], o: usize| -> u32 {
-        let a = [b[o], b[o + 1], b[o + 2], b[o + 3]];
-        if le {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        }
-    };
-    let link = u32_at(data, 20);
     let mut out = Vec::new();
-    let mut off = 24;
-    while off + 16 <= data.len() {
-        let sec = u32_at(data, off) as u64;
-        let frac = u32_at(data, off + 4) as u64;
-        let incl = u32_at(data, off + 8) as usize;
-        off += 16;
-        if incl > data.len() - off {
-            break;
+    if is_pcap(data) {
+        let capture = LegacyPcapSlice::from_slice(data)
+            .map_err(|e| format!("bad classic pcap header: {e:?}"))?;
+        let link = capture.header.network;
+        let nanos = capture.header.is_nanosecond_precision();
+        for block in capture {
+            let Ok(PcapBlockOwned::Legacy(b)) = block else {
+                break;
+            };
+            let frac = u64::from(b.ts_usec);
+            let ts_us = u64::from(b.ts_sec) * 1_000_000 + if nanos { frac / 1000 } else { frac };
+            out.extend(frame(link, b.data, ts_us));
         }
-        let frame = &data[off..off + incl];
-        off += incl;
-        let ts_us = sec * 1_000_000 + if nanos { frac / 1000 } else { frac };
-        let ip = match link {
-            1 => ether_payload(frame),
-            113 => frame
-                .get(16..)
-                .map(|p| (u16::from_be_bytes([frame[14], frame[15]]), p)),
-            276 => frame
-                .get(20..)
-                .map(|p| (u16::from_be_bytes([frame[0], frame[1]]), p)),
-            101 | 228 | 229 => frame
-                .first()
-                .map(|&b| (if b >> 4 == 6 { 0x86dd } else { 0x0800 }, frame)),
-            0 => frame.get(4..).map(|p| {
-                (
-                    if p.first().is_some_and(|&b| b >> 4 == 6) {
-                        0x86dd
-                    } else {
-                        0x0800
-                    },
-                    p,
-                )
-            }),
-            _ => None,
-        };
-        if let Some((ethertype, ip)) = ip {
-            if let Some(p) = transport(ethertype, ip, ts_us) {
-                out.push(p);
+    } else if is_pcapng(data) {
+        let capture =
+            PcapNGSlice::from_slice(data).map_err(|e| format!("bad pcapng section header: {e:?}"))?;
+        // Per interface of the current section: link type, units per second, offset (s).
+        let mut interfaces: Vec<(Linktype, u64, i64)> = Vec::new();
+        for block in capture {
+            let Ok(PcapBlockOwned::NG(b)) = block else {
+                break;
+            };
+            match b {
+                Block::SectionHeader(_) => interfaces.clear(),
+                Block::InterfaceDescription(idb) => interfaces.push((
+                    idb.linktype,
+                    idb.ts_resolution().unwrap_or(1_000_000),
+                    idb.ts_offset(),
+                )),
+                Block::EnhancedPacket(epb) => {
+                    let Some(&(link, per_s, offset_s)) = interfaces.get(epb.if_id as usize) else {
+                        continue;
+                    };
+                    let units = (u128::from(epb.ts_high) << 32) | u128::from(epb.ts_low);
+                    let us = units * 1_000_000 / u128::from(per_s.max(1));
+                    let ts_us = (us as i128 + i128::from(offset_s) * 1_000_000).max(0) as u64;
+                    let caplen = (epb.caplen as usize).min(epb.data.len());
+                    out.extend(frame(link, &epb.data[..caplen], ts_us));
+                }
+                _ => {}
             }
         }
+    } else {
+        return Err("expected a classic pcap (magic a1b2c3d4 or a1b23c4d) or a pcapng \
+                    (section header 0a0d0d0a)"
+            .into());
     }
     Ok(out)
 }
 
-fn ether_payload(f: &[u8]) -> Option<(u16, &[u8])> {
-    let mut t = u16::from_be_bytes([*f.get(12)?, *f.get(13)?]);
-    let mut off = 14;
-    while t == 0x8100 || t == 0x88a8 {
-        t = u16::from_be_bytes([*f.get(off + 2)?, *f.get(off + 3)?]);
-        off += 4;
-    }
-    Some((t, f.get(off..)?))
-}
-
-fn transport(ethertype: u16, ip: &[u8], ts_us: u64) -> Option<Packet<'_>> {
-    let (src, dst, proto, l4, l4_len) = match ethertype {
-        0x0800 => {
-            if ip.len() < 20 {
-                return None;
-            }
-            let ihl = ((*ip.first()? & 0x0f) as usize) * 4;
-            let total = u16::from_be_bytes([*ip.get(2)?, *ip.get(3)?]) as usize;
-            let frag = u16::from_be_bytes([*ip.get(6)?, *ip.get(7)?]) & 0x1fff;
-            if ihl < 20 || frag != 0 {
-                return None;
-            }
-            let s = Ipv4Addr::new(*ip.get(12)?, ip[13], ip[14], ip[15]);
-            let d = Ipv4Addr::new(*ip.get(16)?, ip[17], ip[18], ip[19]);
-            (
-                IpAddr::V4(s),
-                IpAddr::V4(d),
-                ip[9],
-                ip.get(ihl..)?,
-                total.checked_sub(ihl)?,
-            )
-        }
-        0x86dd => {
-            let s: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
-            let d: [u8; 16] = ip.get(24..40)?.try_into().ok()?;
-            let plen = u16::from_be_bytes([*ip.get(4)?, *ip.get(5)?]) as usize;
-            (
-                IpAddr::V6(Ipv6Addr::from(s)),
-                IpAddr::V6(Ipv6Addr::from(d)),
-                *ip.get(6)?,
-                ip.get(40..)?,
-                plen,
-            )
-        }
-        _ => return None,
-    };
-    let (sp, dp, hdr) = match proto {
-        17 => (
-            u16::from_be_bytes([*l4.first()?, *l4.get(1)?]),
-            u16::from_be_bytes([*l4.get(2)?, *l4.get(3)?]),
-            8,
+/// Decode one captured frame of link type `link` into its transport packet.
+fn frame(link: Linktype, f: &[u8], ts_us: u64) -> Option<Packet<'_>> {
+    let sliced = match link {
+        Linktype::ETHERNET => LaxSlicedPacket::from_ethernet(f).ok()?,
+        // Linux cooked capture v1: protocol (an EtherType) at bytes 14–15.
+        Linktype::LINUX_SLL => LaxSlicedPacket::from_ether_type(
+            EtherType(u16::from_be_bytes([*f.get(14)?, *f.get(15)?])),
+            f.get(16..)?,
         ),
-        6 => {
-            let doff = ((*l4.get(12)? >> 4) as usize) * 4;
+        // v2: protocol at bytes 0–1, 20-byte header.
+        Linktype::LINUX_SLL2 => LaxSlicedPacket::from_ether_type(
+            EtherType(u16::from_be_bytes([*f.first()?, *f.get(1)?])),
+            f.get(20..)?,
+        ),
+        Linktype::RAW | Linktype::IPV4 | Linktype::IPV6 => LaxSlicedPacket::from_ip(f).ok()?,
+        // BSD loopback: a 4-byte address family in host order.
+        Linktype::NULL => LaxSlicedPacket::from_ip(f.get(4..)?).ok()?,
+        _ => return None,
+    };
+    // On-wire length of the IP payload (the capture may hold less).
+    let (src, dst, ip_payload_len) = match sliced.net.as_ref()? {
+        LaxNetSlice::Ipv4(v4) => {
+            let h = v4.header();
+            if v4.payload().fragmented {
+                return None;
+            }
             (
-                u16::from_be_bytes([l4[0], l4[1]]),
-                u16::from_be_bytes([l4[2], l4[3]]),
-                doff.max(20),
+                IpAddr::V4(h.source_addr()),
+                IpAddr::V4(h.destination_addr()),
+                usize::from(h.total_len()).checked_sub(h.slice().len() + v4.extensions().auth.map_or(0, |a| a.slice().len()))?,
+            )
+        }
+        LaxNetSlice::Ipv6(v6) => {
+            let h = v6.header();
+            if v6.payload().fragmented {
+                return None;
+            }
+            (
+                IpAddr::V6(h.source_addr()),
+                IpAddr::V6(h.destination_addr()),
+                usize::from(h.payload_length()).checked_sub(v6.extensions().slice().len())?,
             )
         }
         _ => return None,
     };
-    let payload = l4.get(hdr.min(l4.len())..).unwrap_or(&[]);
+    let (proto, sp, dp, header, payload) = match sliced.transport.as_ref()? {
+        TransportSlice::Tcp(t) => (6, t.source_port(), t.destination_port(), t.slice().len() - t.payload().len(), t.payload()),
+        TransportSlice::Udp(u) => (17, u.source_port(), u.destination_port(), 8, u.payload()),
+        _ => return None,
+    };
     Some(Packet {
         ts_us,
         src: SocketAddr::new(src, sp),
         dst: SocketAddr::new(dst, dp),
         proto,
         payload,
-        payload_len: l4_len.saturating_sub(hdr),
+        payload_len: ip_payload_len.saturating_sub(header),
     })
 }
 
