@@ -186,7 +186,8 @@ pub fn read_flow_file(path: &Path) -> Result<Vec<FlowRecord>, FlowIngestError> {
             .map_err(|msg| FlowIngestError::Format { path: p, msg }),
         None => Err(FlowIngestError::Format {
             path: p,
-            msg: "expected a .csv, .parquet, .pcap, .pcapng or IPFIX/NetFlow v9 capture file".into(),
+            msg: "expected a .csv, .parquet, .pcap, .pcapng or IPFIX/NetFlow v9 capture file"
+                .into(),
         }),
     }
 }

@@ -76,8 +76,8 @@ pub fn packets(data: &[u8]) -> Result<Vec<Packet<'_>>, String> {
             out.extend(frame(link, b.data, ts_us));
         }
     } else if is_pcapng(data) {
-        let capture =
-            PcapNGSlice::from_slice(data).map_err(|e| format!("bad pcapng section header: {e:?}"))?;
+        let capture = PcapNGSlice::from_slice(data)
+            .map_err(|e| format!("bad pcapng section header: {e:?}"))?;
         // Per interface of the current section: link type, units per second, offset (s).
         let mut interfaces: Vec<(Linktype, u64, i64)> = Vec::new();
         for block in capture {
@@ -105,9 +105,11 @@ pub fn packets(data: &[u8]) -> Result<Vec<Packet<'_>>, String> {
             }
         }
     } else {
-        return Err("expected a classic pcap (magic a1b2c3d4 or a1b23c4d) or a pcapng \
+        return Err(
+            "expected a classic pcap (magic a1b2c3d4 or a1b23c4d) or a pcapng \
                     (section header 0a0d0d0a)"
-            .into());
+                .into(),
+        );
     }
     Ok(out)
 }
@@ -141,7 +143,9 @@ fn frame(link: Linktype, f: &[u8], ts_us: u64) -> Option<Packet<'_>> {
             (
                 IpAddr::V4(h.source_addr()),
                 IpAddr::V4(h.destination_addr()),
-                usize::from(h.total_len()).checked_sub(h.slice().len() + v4.extensions().auth.map_or(0, |a| a.slice().len()))?,
+                usize::from(h.total_len()).checked_sub(
+                    h.slice().len() + v4.extensions().auth.map_or(0, |a| a.slice().len()),
+                )?,
             )
         }
         LaxNetSlice::Ipv6(v6) => {
@@ -158,7 +162,13 @@ fn frame(link: Linktype, f: &[u8], ts_us: u64) -> Option<Packet<'_>> {
         _ => return None,
     };
     let (proto, sp, dp, header, payload) = match sliced.transport.as_ref()? {
-        TransportSlice::Tcp(t) => (6, t.source_port(), t.destination_port(), t.slice().len() - t.payload().len(), t.payload()),
+        TransportSlice::Tcp(t) => (
+            6,
+            t.source_port(),
+            t.destination_port(),
+            t.slice().len() - t.payload().len(),
+            t.payload(),
+        ),
         TransportSlice::Udp(u) => (17, u.source_port(), u.destination_port(), 8, u.payload()),
         _ => return None,
     };

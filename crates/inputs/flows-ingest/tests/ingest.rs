@@ -463,10 +463,15 @@ fn per_switch_ipfix_end_to_end() {
 /// pcapng by scapy (an independent writer).
 #[test]
 fn a_real_gloo_capture_reads_the_same_as_pcap_and_pcapng() {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../tests/fixtures/pcap");
+    let dir =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../tests/fixtures/pcap");
     let classic = dir.join("gloo-allreduce-2rank.pcap.gz");
     let ng = dir.join("gloo-allreduce-2rank.pcapng.gz");
-    assert!(classic.is_file() && ng.is_file(), "fixture missing in {}", dir.display());
+    assert!(
+        classic.is_file() && ng.is_file(),
+        "fixture missing in {}",
+        dir.display()
+    );
     let unzip = |p: &std::path::Path| {
         let mut out = Vec::new();
         std::io::Read::read_to_end(
@@ -497,7 +502,10 @@ fn a_real_gloo_capture_reads_the_same_as_pcap_and_pcapng() {
     assert!(pa.len() > 10_000, "{} packets", pa.len());
     assert_eq!(pa.len(), pb.len());
     for (x, y) in pa.iter().zip(&pb) {
-        assert_eq!((x.ts_us, x.src, x.dst, x.proto, x.payload_len), (y.ts_us, y.src, y.dst, y.proto, y.payload_len));
+        assert_eq!(
+            (x.ts_us, x.src, x.dst, x.proto, x.payload_len),
+            (y.ts_us, y.src, y.dst, y.proto, y.payload_len)
+        );
         assert!(x.payload.len() <= 128, "the snap length truncates payloads");
     }
     // Each rank sends half the tensor twice per all-reduce (reduce-scatter,
@@ -507,9 +515,15 @@ fn a_real_gloo_capture_reads_the_same_as_pcap_and_pcapng() {
     assert_eq!(flows, read_flow_file(&classic).unwrap());
     let mut per_direction: BTreeMap<(IpAddr, u16, u16), u64> = BTreeMap::new();
     for f in &flows {
-        *per_direction.entry((f.src, f.src_port.unwrap(), f.dst_port.unwrap())).or_default() += f.bytes;
+        *per_direction
+            .entry((f.src, f.src_port.unwrap(), f.dst_port.unwrap()))
+            .or_default() += f.bytes;
     }
-    let mut heavy: Vec<u64> = per_direction.values().copied().filter(|&b| b > 1 << 20).collect();
+    let mut heavy: Vec<u64> = per_direction
+        .values()
+        .copied()
+        .filter(|&b| b > 1 << 20)
+        .collect();
     heavy.sort_unstable();
     assert_eq!(heavy.len(), 2, "{per_direction:?}");
     for bytes in heavy {
