@@ -6,7 +6,11 @@
 //!
 //! **CSV** (`.csv`, `.csv.gz`): a header line, then one flow per line. Required
 //! columns `start_us,src,dst,bytes,dur_us` (start in µs since any common epoch,
-//! addresses IPv4/IPv6, bytes, duration in µs); optional `switches` (the switch path,
+//! addresses IPv4/IPv6, bytes, duration in µs). The time columns' suffix names
+//! their unit: `start_ns`/`dur_ns`, `start_ms`/`dur_ms` or `start_s`/`dur_s`
+//! instead of `_us` (each pair on its own). Times and bytes may be integers or
+//! decimals (`25267.33`, `1.5e3`; rounded to the nearest µs / byte), never
+//! negative. Optional `switches` (the switch path,
 //! `;`-separated, e.g. `leaf1;spine;leaf2`), `src_port`, `dst_port`, `proto` (IP
 //! protocol number). Column order is free; unknown columns are ignored; empty optional
 //! cells are allowed. A malformed row is an error naming its line.
@@ -219,11 +223,12 @@ pub fn read_netflow_bytes(data: &[u8]) -> (Vec<FlowRecord>, DecodeStats) {
 }
 
 struct Cols {
-    start: usize,
+    /// Column and µs per unit of the start time.
+    start: (usize, f64),
     src: usize,
     dst: usize,
     bytes: usize,
-    dur: usize,
+    dur: (usize, f64),
     switches: Option<usize>,
     sport: Option<usize>,
     dport: Option<usize>,
@@ -233,6 +238,27 @@ struct Cols {
 fn parse_num<T: std::str::FromStr>(b: &[u8]) -> Option<T> {
     std::str::from_utf8(b).ok()?.trim().parse().ok()
 }
+
+/// A non-negative integer or decimal quantity times `scale`, rounded.
+fn parse_quantity(b: &[u8], scale: f64) -> Option<u64> {
+    if let Some(v) = parse_num::<u64>(b) {
+        // Exact for integers (a ns epoch time has more digits than f64 keeps).
+        return if scale >= 1.0 {
+            v.checked_mul(scale as u64)
+        } else {
+            let per = (1.0 / scale).round() as u64;
+            Some(v / per + u64::from(v % per >= per.div_ceil(2)))
+        };
+    }
+    let v = parse_num::<f64>(b)? * scale;
+    // 2^64 as f64; above it the cast would saturate silently.
+    (0.0..18_446_744_073_709_551_616.0)
+        .contains(&v)
+        .then(|| v.round() as u64)
+}
+
+/// Time-column suffixes and their length in µs.
+const TIME_UNITS: [(&str, f64); 4] = [("us", 1.0), ("ns", 1e-3), ("ms", 1e3), ("s", 1e6)];
 
 /// Parse CSV flow records (see the crate docs for the columns).
 pub fn read_csv<R: Read>(reader: R, path: &str) -> Result<Vec<FlowRecord>, FlowIngestError> {
@@ -262,12 +288,26 @@ pub fn read_csv<R: Read>(reader: R, path: &str) -> Result<Vec<FlowRecord>, FlowI
             )
         })
     };
+    let time = |base: &str| {
+        TIME_UNITS
+            .iter()
+            .find_map(|&(unit, scale)| find(&format!("{base}_{unit}")).map(|i| (i, scale)))
+            .ok_or_else(|| {
+                err(
+                    1,
+                    format!(
+                        "missing column `{base}_us` (or `{base}_ns`, `{base}_ms`, `{base}_s`; \
+                         need start_us,src,dst,bytes,dur_us)"
+                    ),
+                )
+            })
+    };
     let c = Cols {
-        start: need("start_us")?,
+        start: time("start")?,
         src: need("src")?,
         dst: need("dst")?,
         bytes: need("bytes")?,
-        dur: need("dur_us")?,
+        dur: time("dur")?,
         switches: find("switches"),
         sport: find("src_port"),
         dport: find("dst_port"),
@@ -287,12 +327,12 @@ pub fn read_csv<R: Read>(reader: R, path: &str) -> Result<Vec<FlowRecord>, FlowI
         }
         let get = |i: usize| rec.get(i).unwrap_or(b"");
         let opt = |i: Option<usize>| i.map(get).filter(|s| !s.is_empty());
-        let num = |i: usize, what: &str| -> Result<u64, FlowIngestError> {
-            parse_num::<u64>(get(i)).ok_or_else(|| {
+        let num = |(i, scale): (usize, f64), what: &str| -> Result<u64, FlowIngestError> {
+            parse_quantity(get(i), scale).ok_or_else(|| {
                 err(
                     line,
                     format!(
-                        "expected an unsigned integer for {what}, got {:?}",
+                        "expected a non-negative number for {what}, got {:?}",
                         String::from_utf8_lossy(get(i))
                     ),
                 )
@@ -328,11 +368,11 @@ pub fn read_csv<R: Read>(reader: R, path: &str) -> Result<Vec<FlowRecord>, FlowI
             .map(|v| u8::try_from(v).map_err(|_| err(line, format!("proto {v} > 255"))))
             .transpose()?;
         out.push(FlowRecord {
-            start_us: num(c.start, "start_us")?,
+            start_us: num(c.start, "the start time")?,
             src: addr(c.src, "src")?,
             dst: addr(c.dst, "dst")?,
-            bytes: num(c.bytes, "bytes")?,
-            dur_us: num(c.dur, "dur_us")?,
+            bytes: num((c.bytes, 1.0), "bytes")?,
+            dur_us: num(c.dur, "the duration")?,
             src_port: port(c.sport, "src_port")?,
             dst_port: port(c.dport, "dst_port")?,
             proto,

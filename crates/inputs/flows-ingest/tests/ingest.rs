@@ -81,7 +81,7 @@ fn csv_errors_name_the_line() {
         (
             "start_us,src,dst,bytes,dur_us\n-1,10.0.0.1,10.0.0.2,5,1\n",
             2,
-            "unsigned",
+            "non-negative",
         ),
         (
             "start_us,src,dst,bytes,dur_us,src_port\n1,10.0.0.1,10.0.0.2,5,1,70000\n",
@@ -530,4 +530,50 @@ fn a_real_gloo_capture_reads_the_same_as_pcap_and_pcapng() {
         let mib = bytes as f64 / (1 << 20) as f64;
         assert!((8.0..8.5).contains(&mib), "{mib:.3} MiB one way");
     }
+}
+
+#[test]
+fn csv_times_may_be_decimal_and_in_any_unit() {
+    let read = |text: &str| read_csv(text.as_bytes(), "t.csv");
+    // Issue 11's row: fractional µs, as derived from a production trace.
+    let got =
+        read("start_us,src,dst,bytes,dur_us\n0.0,10.1.3.3,10.1.3.4,76474100,25267.33\n").unwrap();
+    assert_eq!(
+        (got[0].start_us, got[0].dur_us, got[0].bytes),
+        (0, 25267, 76_474_100)
+    );
+    let got = read("start_us,src,dst,bytes,dur_us\n12.5,10.0.0.1,10.0.0.2,1.5e3,0.49\n").unwrap();
+    assert_eq!(
+        (got[0].start_us, got[0].dur_us, got[0].bytes),
+        (13, 0, 1500)
+    );
+    // Nanoseconds (exact on a 2026 epoch time), milliseconds, seconds.
+    let got =
+        read("start_ns,src,dst,bytes,dur_ns\n1795405903137220499,10.0.0.1,10.0.0.2,10,2500\n")
+            .unwrap();
+    assert_eq!((got[0].start_us, got[0].dur_us), (1_795_405_903_137_220, 3));
+    let got =
+        read("dur_ms,start_s,src,dst,bytes\n2.25,1795405903.5,10.0.0.1,10.0.0.2,10\n").unwrap();
+    assert_eq!(
+        (got[0].start_us, got[0].dur_us),
+        (1_795_405_903_500_000, 2250)
+    );
+    // Negative, non-finite, too large, or not numbers: the line is named.
+    for bad in ["-1", "nan", "inf", "1e30", "12:00"] {
+        let e = read(&format!(
+            "start_us,src,dst,bytes,dur_us\n{bad},10.0.0.1,10.0.0.2,10,1\n"
+        ))
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("t.csv: line 2") && msg.contains("non-negative number"),
+            "{bad}: {msg}"
+        );
+    }
+    let e = read("start_min,src,dst,bytes,dur_us\n1,10.0.0.1,10.0.0.2,10,1\n").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("missing column `start_us` (or `start_ns`"),
+        "{e}"
+    );
 }
