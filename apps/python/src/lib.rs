@@ -433,47 +433,13 @@ fn parse_interface(s: &str) -> PyResult<whyslow_sampler::NetInterface> {
         .map_err(|e: whyslow_sampler::InterfaceSpecError| PyValueError::new_err(e.to_string()))
 }
 
-/// The `baseTimeNanoseconds` a (plain JSON) Kineto trace declares, if any.
-/// Kineto writes it at the end of the file, so the tail is looked at first.
-fn trace_base_ns(path: &Path) -> std::io::Result<Option<i64>> {
-    use std::io::{Read, Seek, SeekFrom};
-    const KEY: &[u8] = b"\"baseTimeNanoseconds\"";
-    fn find(buf: &[u8]) -> Option<i64> {
-        let at = buf.windows(KEY.len()).rposition(|w| w == KEY)?;
-        let rest = &buf[at + KEY.len()..];
-        let rest = rest
-            .iter()
-            .skip_while(|b| b.is_ascii_whitespace() || **b == b':');
-        let digits: String = rest
-            .take_while(|b| b.is_ascii_digit() || **b == b'-')
-            .map(|&b| b as char)
-            .collect();
-        digits.parse().ok()
-    }
-    let mut f = std::fs::File::open(path)?;
-    let len = f.metadata()?.len();
-    let tail = 64 * 1024;
-    if len > tail {
-        f.seek(SeekFrom::Start(len - tail))?;
-        let mut buf = Vec::with_capacity(tail as usize);
-        f.read_to_end(&mut buf)?;
-        if let Some(v) = find(&buf) {
-            return Ok(Some(v));
-        }
-        f.seek(SeekFrom::Start(0))?;
-    }
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf)?;
-    Ok(find(&buf))
-}
-
-/// Returns the `baseTimeNanoseconds` of a plain-JSON Kineto trace (newer
+/// Returns the `baseTimeNanoseconds` of a Kineto trace (plain or gzip JSON) (newer
 /// PyTorch writes event `ts` relative to it), or None when it has none (its
 /// `ts` are then Unix-epoch µs). Releases the GIL.
 #[pyfunction]
 fn kineto_base_ns(py: Python<'_>, trace_path: PathBuf) -> PyResult<Option<i64>> {
-    py.allow_threads(|| trace_base_ns(&trace_path))
-        .map_err(|e| PyOSError::new_err(format!("{}: {e}", trace_path.display())))
+    py.allow_threads(|| whyslow_ingest::read_kineto_base_time_ns(&trace_path))
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// Hardware utilization sampler (`whyslow-sampler`) running in a thread of

@@ -29,7 +29,8 @@ pub use error::{ErrorKind, IngestError, Location};
 pub use fingerprint::{parse_fingerprint, read_fingerprint, write_fingerprint};
 pub use generic::read_generic;
 pub use kineto::{
-    read_kineto, read_kineto_from_reader, read_kineto_from_reader_with, read_kineto_with,
+    read_kineto, read_kineto_base_time_ns, read_kineto_from_reader, read_kineto_from_reader_with,
+    read_kineto_with,
 };
 pub use samples::{read_samples, read_samples_all, WorkerSamples};
 

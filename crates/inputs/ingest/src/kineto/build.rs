@@ -150,6 +150,8 @@ pub(crate) struct Builder {
     pg_config: Vec<(Vec<u8>, Option<Vec<u32>>, bool)>,
     devices: Vec<(Option<u64>, String)>,
     pub display_time_unit: Option<String>,
+    /// The trace's top-level `baseTimeNanoseconds`.
+    pub base_time_ns: Option<i64>,
 }
 
 fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {

@@ -130,6 +130,31 @@ pub fn read_kineto_from_reader_with<R: Read>(
     read_kineto_impl(r, Path::new(name), opts)
 }
 
+/// The `baseTimeNanoseconds` a Kineto trace (plain or gzip JSON) declares
+/// at its top level, if any: newer PyTorch writes event `ts` relative to it,
+/// older traces have none and Unix-epoch `ts`. Reads the top level only
+/// (`traceEvents` is skipped, not parsed); errors name the file and offset.
+pub fn read_kineto_base_time_ns(path: &Path) -> Result<Option<i64>, IngestError> {
+    let f = File::open(path).map_err(|e| IngestError::io(path, "cannot open", &e))?;
+    let mut br = BufReader::with_capacity(1 << 16, f);
+    let head = br
+        .fill_buf()
+        .map_err(|e| IngestError::io(path, "cannot read", &e))?;
+    let gzip = head.starts_with(&[0x1f, 0x8b]);
+    let mut b = Builder::default();
+    let outcome = if gzip {
+        let mut s = JsonStream::new(MultiGzDecoder::new(br));
+        drive(&mut s, &mut b, &ReadOptions::default(), false, false)
+    } else {
+        let mut s = JsonStream::new(br);
+        drive(&mut s, &mut b, &ReadOptions::default(), false, false)
+    };
+    match outcome {
+        Ok(_) => Ok(b.base_time_ns),
+        Err((e, _)) => Err(stream_error(path, gzip, e)),
+    }
+}
+
 fn read_kineto_impl<R: Read>(
     r: R,
     path: &Path,
@@ -154,6 +179,44 @@ fn read_kineto_impl<R: Read>(
     }
 }
 
+/// A stream error as the user sees it: which file, where, what was expected.
+fn stream_error(path: &Path, gzip: bool, e: StreamError) -> IngestError {
+    match e {
+        StreamError::Io { offset, err } => IngestError::new(
+            path,
+            Location::ByteOffset(offset),
+            if gzip {
+                ErrorKind::Compression
+            } else {
+                ErrorKind::Io
+            },
+            if gzip {
+                format!("corrupt or truncated gzip data: {err}")
+            } else {
+                format!("read error: {err}")
+            },
+        ),
+        StreamError::Syntax { offset, msg } => {
+            IngestError::new(path, Location::ByteOffset(offset), ErrorKind::Syntax, msg)
+        }
+        StreamError::Eof { offset, what } => IngestError::new(
+            path,
+            Location::ByteOffset(offset),
+            ErrorKind::Truncated,
+            format!("unexpected end of input: expected {what} (truncated file?)"),
+        ),
+        StreamError::TooLarge { offset } => IngestError::new(
+            path,
+            Location::ByteOffset(offset),
+            ErrorKind::TooLarge,
+            format!(
+                "a single JSON value larger than {} MiB: expected trace events of reasonable size",
+                stream::MAX_VALUE >> 20
+            ),
+        ),
+    }
+}
+
 fn read_stream<R: Read>(
     r: R,
     path: &Path,
@@ -163,43 +226,8 @@ fn read_stream<R: Read>(
 ) -> Result<WorkerTrace, IngestError> {
     let mut s = JsonStream::new(r);
     let mut b = Builder::default();
-    let outcome = drive(&mut s, &mut b, opts, use_fast);
-    let err = |e: StreamError| -> IngestError {
-        match e {
-            StreamError::Io { offset, err } => IngestError::new(
-                path,
-                Location::ByteOffset(offset),
-                if gzip {
-                    ErrorKind::Compression
-                } else {
-                    ErrorKind::Io
-                },
-                if gzip {
-                    format!("corrupt or truncated gzip data: {err}")
-                } else {
-                    format!("read error: {err}")
-                },
-            ),
-            StreamError::Syntax { offset, msg } => {
-                IngestError::new(path, Location::ByteOffset(offset), ErrorKind::Syntax, msg)
-            }
-            StreamError::Eof { offset, what } => IngestError::new(
-                path,
-                Location::ByteOffset(offset),
-                ErrorKind::Truncated,
-                format!("unexpected end of input: expected {what} (truncated file?)"),
-            ),
-            StreamError::TooLarge { offset } => IngestError::new(
-                path,
-                Location::ByteOffset(offset),
-                ErrorKind::TooLarge,
-                format!(
-                    "a single JSON value larger than {} MiB: expected trace events of reasonable size",
-                    stream::MAX_VALUE >> 20
-                ),
-            ),
-        }
-    };
+    let outcome = drive(&mut s, &mut b, opts, use_fast, true);
+    let err = |e: StreamError| stream_error(path, gzip, e);
     let mut truncated_warning = None;
     match outcome {
         Ok(Outcome::Done) => {}
@@ -290,6 +318,7 @@ fn drive<R: Read>(
     b: &mut Builder,
     opts: &ReadOptions,
     use_fast: bool,
+    with_events: bool,
 ) -> Result<Outcome, DriveError> {
     let outer = |e| (e, false);
     match s.peek().map_err(outer)? {
@@ -358,6 +387,10 @@ fn drive<R: Read>(
             .map_err(outer)?;
         s.expect(b':', "':' after a key").map_err(outer)?;
         match key.as_slice() {
+            b"traceEvents" if !with_events => {
+                seen_events = true;
+                s.skip_value("traceEvents").map_err(outer)?;
+            }
             b"traceEvents" => {
                 if s.peek().map_err(outer)? == Some(b'[') {
                     seen_events = true;
@@ -383,6 +416,15 @@ fn drive<R: Read>(
                         if let Ok(d) = Vec::<DeviceProp>::deserialize(&v) {
                             b.device_properties(d);
                         }
+                        ((), n)
+                    })
+                })
+                .map_err(outer)?;
+            }
+            b"baseTimeNanoseconds" => {
+                s.value("baseTimeNanoseconds", |sl| {
+                    one::<serde_json::Value>(sl).map(|(v, n)| {
+                        b.base_time_ns = v.as_i64();
                         ((), n)
                     })
                 })
