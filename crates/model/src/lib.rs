@@ -19,6 +19,7 @@
 mod fingerprint;
 pub mod flow;
 mod report;
+pub mod rng;
 pub mod topology;
 mod trace;
 pub mod wire;

@@ -33,7 +33,6 @@ pub mod classify;
 pub mod diagnose;
 pub mod jobs;
 pub mod merge;
-pub mod synth;
 pub mod timeline;
 
 use std::net::IpAddr;

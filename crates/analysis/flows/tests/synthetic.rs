@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use whyslow_flows::synth::{generate, Fault, Synth, SynthCluster, SynthJob};
 use whyslow_flows::{analyze, FindingLevel, FlowConfig, FlowReport, PairType};
+use whyslow_testkit::flows::{generate, Fault, Synth, SynthCluster, SynthJob};
 
 fn two_jobs() -> SynthCluster {
     SynthCluster {

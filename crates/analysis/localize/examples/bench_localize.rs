@@ -15,25 +15,11 @@
 use std::time::Instant;
 
 use whyslow_localize::{localize, LocalizeConfig};
+use whyslow_model::rng::SplitMix64;
 use whyslow_model::{
     Fingerprint, FunctionKind, FunctionPattern, Resource, UtilizationSource, FINGERPRINT_FORMAT,
     FINGERPRINT_VERSION,
 };
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1].
-    fn sym(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-    }
-}
 
 /// This process's CPU time (user + system) in seconds, from /proc (Linux);
 /// less sensitive than wall time to other load on the machine.
@@ -97,10 +83,10 @@ fn main() {
     let comm = 6usize;
     let gemm_outlier = (workers as u32) / 8 + 1;
     let comm_outliers: Vec<u32> = (0..5).map(|i| (workers as u32) / 2 + i).collect();
-    let mut rng = Rng(42);
+    let mut rng = SplitMix64::new(42);
     let gc_workers: Vec<u32> = {
         let mut v: Vec<u32> = (0..3)
-            .map(|_| (rng.next() % workers as u64) as u32)
+            .map(|_| (rng.next_u64() % workers as u64) as u32)
             .collect();
         v.sort_unstable();
         v.dedup();
@@ -113,9 +99,9 @@ fn main() {
     for w in 0..workers as u32 {
         let mut functions = Vec::with_capacity(nfun + 1);
         for (i, (kind, resource, name, b, m, s)) in base.iter().enumerate() {
-            let mut beta = b * (1.0 + 0.03 * rng.sym());
-            let mut mu = m * (1.0 + 0.03 * rng.sym());
-            let mut sigma = s * (1.0 + 0.03 * rng.sym());
+            let mut beta = b * (1.0 + 0.03 * rng.symmetric());
+            let mut mu = m * (1.0 + 0.03 * rng.symmetric());
+            let mut sigma = s * (1.0 + 0.03 * rng.symmetric());
             if i == gemm && w == gemm_outlier {
                 beta *= 3.0;
             }

@@ -173,6 +173,7 @@ mod config;
 mod hint;
 
 use std::collections::{BTreeSet, HashMap};
+use whyslow_model::rng::SplitMix64;
 
 pub use config::{ExpectedRange, ExpectedRanges, LocalizeConfig, RangeOverride};
 pub use hint::{hint, Job};
@@ -209,24 +210,6 @@ fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x100_0000_01b3);
     }
     h
-}
-
-/// SplitMix64.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in 0..=bound (inclusive), bound < 2^32 in practice.
-    fn below_incl(&mut self, bound: usize) -> usize {
-        let n = bound as u128 + 1;
-        ((u128::from(self.next_u64()) * n) >> 64) as usize
-    }
 }
 
 /// N distinct indices of 0..n, ascending (Floyd's algorithm).

@@ -665,10 +665,6 @@ fn ring(patterns: &[(f64, f64, f64)]) -> Vec<Fingerprint> {
         .collect()
 }
 
-fn uniform(rng: &mut SplitMix64, lo: f64, hi: f64) -> f64 {
-    lo + (hi - lo) * (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-}
-
 #[test]
 fn a_slow_link_beside_a_half_affected_neighbour_is_far_from_typical() {
     // tests/fixtures/testbed/slow-link-not-flagged (a CI run, 2026-11-23):
@@ -704,25 +700,13 @@ fn a_slow_link_beside_a_half_affected_neighbour_is_far_from_typical() {
         let upstream = (slow + 3) % 4;
         let patterns: Vec<_> = (0..4)
             .map(|w| {
-                let b = uniform(&mut rng, 0.80, 0.89);
+                let b = rng.range(0.80, 0.89);
                 if w == slow {
-                    (
-                        b,
-                        uniform(&mut rng, 0.19, 0.22),
-                        uniform(&mut rng, 0.04, 0.09),
-                    )
+                    (b, rng.range(0.19, 0.22), rng.range(0.04, 0.09))
                 } else if w == upstream {
-                    (
-                        b,
-                        uniform(&mut rng, 0.26, 0.30),
-                        uniform(&mut rng, 0.19, 0.27),
-                    )
+                    (b, rng.range(0.26, 0.30), rng.range(0.19, 0.27))
                 } else {
-                    (
-                        b,
-                        uniform(&mut rng, 0.27, 0.33),
-                        uniform(&mut rng, 0.30, 0.42),
-                    )
+                    (b, rng.range(0.27, 0.33), rng.range(0.30, 0.42))
                 }
             })
             .collect();
@@ -743,7 +727,7 @@ fn healthy_small_groups_have_no_typical_pattern_outlier() {
             for _ in 0..100 {
                 let patterns: Vec<_> = (0..n)
                     .map(|_| {
-                        let j = |rng: &mut SplitMix64, v: f64| v * uniform(rng, 0.94, 1.06);
+                        let j = |rng: &mut SplitMix64, v: f64| v * rng.range(0.94, 1.06);
                         (j(&mut rng, b), j(&mut rng, m), j(&mut rng, s))
                     })
                     .collect();

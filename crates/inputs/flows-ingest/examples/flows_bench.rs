@@ -6,10 +6,10 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use whyslow_flows::synth::{generate, SynthCluster, SynthJob};
 use whyslow_flows::{analyze, classify, jobs, FlowConfig, FlowIndex, PairType};
 use whyslow_flows_ingest::netflow::encode;
 use whyslow_flows_ingest::FlowDecoder;
+use whyslow_testkit::flows::{generate, SynthCluster, SynthJob};
 
 fn main() {
     let want: usize = std::env::args()

@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use whyslow_flows::synth::{generate, SynthCluster, SynthJob};
 use whyslow_flows::{analyze, FlowConfig, FlowRecord, PairType};
 use whyslow_flows_ingest::netflow::encode;
 use whyslow_flows_ingest::{
     pcap, read_csv, read_flow_file, read_netflow_bytes, write_csv, FlowDecoder, FlowIngestError,
 };
+use whyslow_testkit::flows::{generate, SynthCluster, SynthJob};
 
-fn small() -> whyslow_flows::synth::Synth {
+fn small() -> whyslow_testkit::flows::Synth {
     generate(&SynthCluster {
         jobs: vec![
             SynthJob {

@@ -20,44 +20,8 @@
 
 use whyslow_model::{Execution, FunctionId, FunctionKind, Resource, WorkerTrace, UNKNOWN_UTIL};
 
-/// SplitMix64: a small seeded generator, the same on every platform.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator for `seed`.
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Uniform in [lo, hi).
-    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
-    }
-    /// `count` distinct values of 0..n, ascending.
-    pub fn choose(&mut self, n: u32, count: usize) -> Vec<u32> {
-        let mut all: Vec<u32> = (0..n).collect();
-        let count = count.min(all.len());
-        for i in 0..count {
-            let j = i + (self.next_u64() % (all.len() - i) as u64) as usize;
-            all.swap(i, j);
-        }
-        let mut out = all[..count].to_vec();
-        out.sort_unstable();
-        out
-    }
-}
+/// The replays' generator (one stream per rank).
+pub use whyslow_model::rng::SplitMix64 as Rng;
 
 /// How per-execution noise is applied (see the crate docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

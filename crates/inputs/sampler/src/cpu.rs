@@ -54,6 +54,11 @@ pub(crate) struct ThreadClock {
     source: CpuSource,
     ns_per_tick: i64,
     pub last_ns: Option<i64>,
+    /// Monotonic time just after the last read: a value is CPU time over
+    /// the time between this thread's own reads, not between the sampler's
+    /// ticks, so a sampler preempted between its tick and the read does not
+    /// count the busy thread's CPU time against a too-short interval.
+    pub last_read_at: Option<i64>,
     /// CPU time read but not yet attributed (see the module docs).
     pub carry_ns: i64,
 }
@@ -121,9 +126,11 @@ impl ThreadClock {
             source,
             ns_per_tick: 1_000_000_000 / user_hz(),
             last_ns: None,
+            last_read_at: None,
             carry_ns: 0,
         };
         t.last_ns = Some(t.read_ns()?);
+        t.last_read_at = Some(crate::clock::monotonic_ns());
         Some(t)
     }
 

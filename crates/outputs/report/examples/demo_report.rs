@@ -11,11 +11,9 @@ use whyslow_model::{
     FINGERPRINT_VERSION,
 };
 
+/// ±1 noise, a stream per `seed`.
 fn jitter(seed: u64) -> f64 {
-    let mut z = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    whyslow_model::rng::SplitMix64::new(seed).symmetric()
 }
 
 fn pat(

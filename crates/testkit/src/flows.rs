@@ -20,8 +20,10 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::topology::{Machine, Switch};
-use crate::{FlowRecord, PairType, Topology};
+use whyslow_model::rng::SplitMix64;
+
+use whyslow_model::flow::{FlowRecord, PairType};
+use whyslow_model::topology::{Machine, Switch, Topology};
 
 /// One synthetic job.
 #[derive(Debug, Clone, PartialEq)]
@@ -155,25 +157,9 @@ pub struct Synth {
     pub truth: Truth,
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1].
-    fn sym(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-    }
-}
-
 /// Generate the cluster's flows.
 pub fn generate(c: &SynthCluster) -> Synth {
-    let mut rng = Rng(c.seed);
+    let mut rng = SplitMix64::new(c.seed);
     let mut machines = Vec::new();
     let mut leaf_of_machine = Vec::new();
     let mut truth = Truth::default();
@@ -251,7 +237,7 @@ pub fn generate(c: &SynthCluster) -> Synth {
         };
         let mut t0 = c.start_us;
         let emit = |records: &mut Vec<FlowRecord>,
-                    rng: &mut Rng,
+                    rng: &mut SplitMix64,
                     start: u64,
                     ma: usize,
                     mb: usize,
@@ -260,7 +246,7 @@ pub fn generate(c: &SynthCluster) -> Synth {
                     slow: f64|
          -> u64 {
             let p = path(ma, mb);
-            let bw = c.link_gbps / (throttle(&p) * slow) * (1.0 + c.jitter * rng.sym());
+            let bw = c.link_gbps / (throttle(&p) * slow) * (1.0 + c.jitter * rng.symmetric());
             let dur = ((bytes as f64 * 8.0) / (bw * 1e3)).max(1.0) as u64;
             let (src, dst) = (addr(j, ma, t), addr(j, mb, t));
             let mut r = FlowRecord::new(start, src, dst, bytes, dur);
@@ -284,8 +270,8 @@ pub fn generate(c: &SynthCluster) -> Synth {
                     _ => 1.0,
                 })
                 .product();
-            let jit = |rng: &mut Rng, us: u64| {
-                ((us as f64) * slow_step * (1.0 + c.jitter * rng.sym())) as u64
+            let jit = |rng: &mut SplitMix64, us: u64| {
+                ((us as f64) * slow_step * (1.0 + c.jitter * rng.symmetric())) as u64
             };
             let (m, p) = (job.microbatches, job.pp);
             let mut stage_done = vec![0u64; p];
@@ -349,10 +335,8 @@ pub fn generate(c: &SynthCluster) -> Synth {
                             for (start, a, b) in
                                 [(fwd_end[s][i], ma, mb), (bwd_end[s + 1][i], mb, ma)]
                             {
-                                if c.noise > 0.0
-                                    && (rng.next() >> 11) as f64 / ((1u64 << 53) as f64) < c.noise
-                                {
-                                    let sz = 64 + rng.next() % 4096;
+                                if c.noise > 0.0 && rng.unit() < c.noise {
+                                    let sz = 64 + rng.next_u64() % 4096;
                                     emit(&mut records, &mut rng, start + 50, a, b, t, sz, 1.0);
                                 }
                             }
