@@ -113,6 +113,8 @@ def main():
     ap.add_argument("--sim-compute-ms", type=float, default=0.0,
                     help="ms per iteration of simulated accelerator time (CPU-only runs)")
     ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--no-ready-file", action="store_true",
+                    help="do not create $TESTBED_READY_FILE (as a script unaware of the testbed)")
     ap.add_argument("--times-out", default="", help="write per-iteration times (s) here (rank 0)")
     a = ap.parse_args()
 
@@ -146,7 +148,7 @@ def main():
     t_first = None
     # testbed/run counts --fault-after from the moment training runs: rank 0
     # creates this file after its first iteration.
-    ready_file = os.environ.get("TESTBED_READY_FILE") if rank == 0 else None
+    ready_file = os.environ.get("TESTBED_READY_FILE") if rank == 0 and not a.no_ready_file else None
     fault_onset_logged = False
     while it < a.iters:
         for x, y in loader:

@@ -45,6 +45,7 @@ class Config:
     sample_hz                     WHYSLOW_SAMPLE_HZ            1000 (0: off)
     sample_ifaces                 WHYSLOW_SAMPLE_IFACES        "" (e.g. ``eth0`` or ``veth0:1000``)
     agent_dir                     WHYSLOW_AGENT_DIR            "" (directory shared with ``whyslow agent``)
+    ready_file                    WHYSLOW_READY_FILE           "" (touched when the first step ends)
     ============================  ===========================  ===================
 
     ``sample_hz``: when > 0, the utilization sampler (whyslow-sampler) runs
@@ -60,6 +61,11 @@ class Config:
     ranks share oversubscribed CPUs (whyslow's own CI): there the training
     threads' CPU availability differs across ranks for reasons outside the
     job, and the μ/σ of CPU work would differ spuriously.
+
+    ``ready_file``: when set, each rank creates this (empty) file once, as
+    its first training step ends: a harness (whyslow's testbed) times its
+    faults from when the job trains, not from launch, without the script's
+    help. A failure to create it is logged once and ignored.
 
     ``agent_dir``: when set, the rank does not sample itself: a privileged
     ``whyslow agent --samples-dir DIR`` sidecar (PerfTracker §5: an
@@ -101,6 +107,7 @@ class Config:
     sample_hz: float = 1000.0
     sample_ifaces: str = ""
     agent_dir: str = ""
+    ready_file: str = ""
 
     @classmethod
     def from_env(

@@ -192,6 +192,8 @@ class Tracker:
         try:
             t = _now()
             self.steps += 1
+            if self.steps == 1 and self.cfg.ready_file:
+                self._signal_ready()
             if self.det.step(t) == 2:
                 self._on_slowdown(t)
             if self.prof is not None:
@@ -203,6 +205,14 @@ class Tracker:
                 self._poll(t)
         except Exception as e:  # never harm training
             self.disable("the step hook", e)
+
+    def _signal_ready(self) -> None:
+        """Creates ``ready_file`` (the job trains); never raises."""
+        try:
+            with open(self.cfg.ready_file, "a"):
+                pass
+        except OSError as e:
+            log.warning("whyslow: cannot create the ready file %s: %s", self.cfg.ready_file, e)
 
     def on_manual_step(self) -> None:
         """``whyslow.step()``: ends one iteration and starts the next."""

@@ -69,7 +69,11 @@ def test_heavy_comm(tmp_path):
 
 
 def test_healthy_run_does_not_trigger(tmp_path):
-    run = torchrun(tmp_path, ["--iters", "320", "--fault", "none", "--log-every", "40"] + SIM_COMPUTE)
+    ready = tmp_path / "ready"
+    run = torchrun(tmp_path, ["--iters", "320", "--fault", "none", "--log-every", "40"] + SIM_COMPUTE,
+                   env={"WHYSLOW_READY_FILE": str(ready)})
     assert run.rc == 0, run.out[-3000:]
     assert run.sessions() == [], run.out[-3000:]
+    # WHYSLOW_READY_FILE: created as the first step ends (train.py does not know it).
+    assert ready.exists()
     assert "profiling all ranks" not in run.out

@@ -76,14 +76,15 @@ class Result:
         return "\n".join(text)
 
 
-def run_testbed(tmp_path, fault, iters, fault_after=6, hosts=4):
+def run_testbed(tmp_path, fault, iters, fault_after=6, hosts=4, env_extra=None, script_args=()):
     out = str(tmp_path / "tb")
     env = dict(os.environ)
     env.update(TESTBED_ENV)
     env["WHYSLOW_KEEP_TRACES"] = "1"  # the fingerprints' samples, for a failure's post-mortem
+    env.update(env_extra or {})
     cmd = [sys.executable, RUN, "--hosts", str(hosts), "--fault", fault,
            "--fault-after", str(fault_after), "--out", out, "--timeout", "150",
-           "--", TRAIN, "--iters", str(iters), "--log-every", "50"]
+           "--", TRAIN, "--iters", str(iters), "--log-every", "50"] + list(script_args)
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        timeout=300)
@@ -156,3 +157,30 @@ def test_healthy_run_has_no_finding(tmp_path):
     res = run_testbed(tmp_path, "none", iters=200)
     rep = res.report()
     assert rep is None or rep["findings"] == [], _brief(rep)
+
+
+def test_exec_fault_runs_in_the_host_from_training_start_without_the_scripts_help(tmp_path):
+    """A script that neither imports an active whyslow nor writes the ready
+    file: the testbed learns training start from the hosts' traffic, and the
+    exec fault runs in host 2's namespace from then + --fault-after to the end."""
+    probe = tmp_path / "probe.sh"
+    marker = tmp_path / "probe-alive"
+    probe.write_text("#!/bin/sh\nip -o -4 addr show eth0\ncat /proc/self/cgroup\n"
+                     "touch %s\nexec sleep 600\n" % marker)
+    probe.chmod(0o755)
+    res = run_testbed(tmp_path, "exec:host=2,cmd=%s" % probe, iters=150, fault_after=3,
+                      env_extra={"WHYSLOW_DISABLE": "1"}, script_args=["--no-ready-file"])
+    with open(os.path.join(res.dir, "testbed.json")) as f:
+        meta = json.load(f)
+    assert meta["ready_by"] == "traffic", (meta, res.logs())
+    assert meta["ready_after_s"] < 60, meta
+    # On time: --fault-after after training start, give or take the 0.1 s loop.
+    late = meta["fault_at_s"] - meta["ready_after_s"] - 3
+    assert -0.05 <= late < 1.0, meta
+    with open(os.path.join(res.dir, "exec-fault.log")) as f:
+        log = f.read()
+    assert "10.99.0.3/" in log, log  # host 2's address: its namespace
+    assert marker.exists()
+    # Killed when the job ended: no sleep of the probe is left.
+    left = subprocess.run(["pgrep", "-f", "sleep 600"], stdout=subprocess.PIPE).stdout.split()
+    assert not left, left
