@@ -620,21 +620,12 @@ fn contended_host_cpu_is_told_apart_from_a_slow_function() {
 /// 200 Mbit/s, as measured (PerfTracker §3): worker 1 steady and slow, its
 /// upstream neighbour 0 half-steady (it sends into the slow link).
 fn four_host_ring() -> Vec<Fingerprint> {
-    [
+    ring(&[
         (0.832, 0.263, 0.221),
         (0.834, 0.216, 0.085),
         (0.828, 0.275, 0.309),
         (0.796, 0.290, 0.353),
-    ]
-    .iter()
-    .enumerate()
-    .map(|(w, &(b, m, s))| {
-        fp(
-            w as u32,
-            vec![pat(FunctionKind::Comm, "gloo:all_reduce", b, m, s)],
-        )
-    })
-    .collect()
+    ])
 }
 
 #[test]
@@ -652,6 +643,7 @@ fn isolated_worker_of_a_small_group_is_flagged() {
     assert!(localize(&four_host_ring(), &cfg, None).findings.is_empty());
 }
 
+/// One allreduce pattern (β, μ, σ) per worker.
 fn ring(patterns: &[(f64, f64, f64)]) -> Vec<Fingerprint> {
     patterns
         .iter()
