@@ -35,6 +35,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 
+use crate::agent_events::{init_logging, AgentEvent};
 use whyslow_model::wire::{AgentDone, AgentRequest};
 use whyslow_sampler::{Sampler, SamplerConfig, Samples, TimeBase};
 
@@ -62,6 +63,19 @@ pub struct AgentArgs {
     /// How often DIR is polled, milliseconds.
     #[arg(long, default_value_t = 50, value_name = "MS")]
     poll_ms: u64,
+    /// `text`: one line per event for people; `json`: one JSON object per
+    /// event (its name in `fields.event`) for supervisors and tests.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+/// How the agent writes its events to stderr.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One line per event.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// `rank-<r>.request.json` (docs/agent.md), typed in `whyslow_model::wire`.
@@ -80,10 +94,6 @@ fn unix_now() -> f64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-fn log(msg: impl std::fmt::Display) {
-    eprintln!("whyslow agent: {msg}");
 }
 
 /// Field 22 (`starttime`, clock ticks since boot) of `/proc/PID/stat`: with
@@ -152,28 +162,31 @@ impl Agent {
             let stale = (name.starts_with(".rank-") && name.ends_with(".tmp"))
                 || rank_of(&name, ".stop").is_some();
             if stale {
-                log(format_args!("removing stale {name}"));
+                AgentEvent::StaleRemoved { name }.emit();
                 let _ = fs::remove_file(e.path());
             }
         }
         if self.pause_file.exists() {
-            log(format_args!(
-                "removing stale pause file {}",
-                self.pause_file.display()
-            ));
+            AgentEvent::StaleRemoved {
+                name: self.pause_file.display().to_string(),
+            }
+            .emit();
             let _ = fs::remove_file(&self.pause_file);
         }
         Ok(())
     }
 
     fn write_error(&self, rank: u32, msg: &str) {
-        log(format_args!("rank {rank}: {msg}"));
+        // The error file first: the event says the rank has been told.
         let line = format!("{}\n", msg.replace('\n', " "));
         if let Err(e) = write_atomic(&self.path(rank, ".error"), line.as_bytes()) {
-            log(format_args!(
-                "rank {rank}: cannot write its error file: {e:#}"
-            ));
+            AgentEvent::ErrorFileFailed {
+                rank,
+                error: format!("{e:#}"),
+            }
+            .emit();
         }
+        AgentEvent::RequestFailed { rank, reason: msg }.emit();
     }
 
     /// Reads, removes and validates one request; `Err(message)` for the
@@ -244,16 +257,14 @@ impl Agent {
             .unwrap_or(f64::INFINITY)
             .min(now + self.args.max_window);
         let deadline = Instant::now() + Duration::from_secs_f64((until - now).max(0.0));
-        log(format_args!(
-            "rank {rank}: sampling pid {} (tid {}) at {} Hz{}",
-            req.pid,
-            req.tid.unwrap_or(req.pid),
-            req.rate_hz,
-            req.id
-                .as_deref()
-                .map(|i| format!(", request {i}"))
-                .unwrap_or_default()
-        ));
+        AgentEvent::WindowStarted {
+            rank,
+            pid: req.pid,
+            tid: req.tid.unwrap_or(req.pid),
+            rate_hz: req.rate_hz,
+            request: req.id.as_deref(),
+        }
+        .emit();
         let start_ticks = proc_start_ticks(req.pid);
         self.active.insert(
             rank,
@@ -277,11 +288,13 @@ impl Agent {
             Err(e) => return self.write_error(rank, &format!("sampler: {e}")),
         };
         match self.write_samples(rank, &w.req, &samples, reason) {
-            Ok(()) => log(format_args!(
-                "rank {rank}: {} ticks at {:.0} Hz ({reason})",
-                samples.stats.ticks,
-                samples.stats.achieved_hz()
-            )),
+            Ok(()) => AgentEvent::WindowDone {
+                rank,
+                ticks: samples.stats.ticks,
+                achieved_hz: samples.stats.achieved_hz(),
+                reason,
+            }
+            .emit(),
             Err(e) => self.write_error(rank, &format!("{e:#}")),
         }
     }
@@ -341,23 +354,42 @@ impl Agent {
             .spawn();
         let mut child = match child {
             Ok(c) => c,
-            Err(e) => return log(format_args!("{what} hook not run: {e}")),
+            Err(e) => {
+                return AgentEvent::HookFailed {
+                    hook: what,
+                    problem: format!("not run: {e}"),
+                }
+                .emit()
+            }
         };
         let until = Instant::now() + Duration::from_secs_f64(self.args.hook_timeout.max(0.0));
         loop {
             match child.try_wait() {
                 Ok(Some(st)) if st.success() => return,
-                Ok(Some(st)) => return log(format_args!("{what} hook failed: {st}")),
+                Ok(Some(st)) => {
+                    return AgentEvent::HookFailed {
+                        hook: what,
+                        problem: format!("failed: {st}"),
+                    }
+                    .emit()
+                }
                 Ok(None) if Instant::now() >= until => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return log(format_args!(
-                        "{what} hook killed after {} s",
-                        self.args.hook_timeout
-                    ));
+                    return AgentEvent::HookFailed {
+                        hook: what,
+                        problem: format!("killed after {} s", self.args.hook_timeout),
+                    }
+                    .emit();
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                Err(e) => return log(format_args!("{what} hook: {e}")),
+                Err(e) => {
+                    return AgentEvent::HookFailed {
+                        hook: what,
+                        problem: e.to_string(),
+                    }
+                    .emit()
+                }
             }
         }
     }
@@ -374,7 +406,10 @@ impl Agent {
             "until_unix_s": until.is_finite().then_some(until),
         });
         if let Err(e) = write_atomic(&self.pause_file, format!("{body}\n").as_bytes()) {
-            log(format_args!("pause file: {e:#}"));
+            AgentEvent::PauseFileFailed {
+                problem: format!("{e:#}"),
+            }
+            .emit();
         }
     }
 
@@ -407,7 +442,10 @@ impl Agent {
         if self.paused_since.take().is_some() {
             if let Err(e) = fs::remove_file(&self.pause_file) {
                 if e.kind() != std::io::ErrorKind::NotFound {
-                    log(format_args!("removing {}: {e}", self.pause_file.display()));
+                    AgentEvent::PauseFileFailed {
+                        problem: format!("removing {}: {e}", self.pause_file.display()),
+                    }
+                    .emit();
                 }
             }
             let ranks = std::mem::take(&mut self.paused_ranks);
@@ -500,6 +538,7 @@ impl Agent {
 
 /// Serves sampling requests until SIGINT / SIGTERM / SIGHUP.
 pub fn run(args: AgentArgs) -> Result<u8> {
+    init_logging(args.log_format == LogFormat::Json);
     let dir = args.samples_dir.clone();
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let pause_file = args
@@ -522,11 +561,11 @@ pub fn run(args: AgentArgs) -> Result<u8> {
         paused_ranks: Vec::new(),
     };
     agent.clean_stale()?;
-    log(format_args!(
-        "watching {} (pause file {})",
-        agent.dir.display(),
-        agent.pause_file.display()
-    ));
+    AgentEvent::Watching {
+        dir: &agent.dir,
+        pause_file: &agent.pause_file,
+    }
+    .emit();
     let mut result = Ok(());
     while !stop.load(Ordering::SeqCst) {
         if let Err(e) = agent.poll() {
@@ -536,7 +575,7 @@ pub fn run(args: AgentArgs) -> Result<u8> {
         std::thread::sleep(poll);
     }
     agent.shutdown();
-    log("stopped");
+    AgentEvent::Stopped.emit();
     result.map(|_| 0)
 }
 

@@ -20,6 +20,7 @@ use std::io::{self, Write};
 use clap::Parser;
 
 mod agent;
+mod agent_events;
 mod commands;
 mod flows;
 mod sample;

@@ -3,8 +3,10 @@
 //! privileged monitor, a temporary directory as the shared emptyDir.
 
 use std::fs;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -55,32 +57,86 @@ impl Drop for Busy {
     }
 }
 
-struct Agent(Child);
+/// The agent binary, its JSON events (`--log-format json`) read from its
+/// stderr as they come: tests wait for what the agent says it did.
+struct Agent {
+    child: Child,
+    events: Receiver<Value>,
+    seen: Vec<Value>,
+}
 
 impl Agent {
     fn spawn(dir: &Path, extra: &[&str]) -> Agent {
-        let child = Command::new(env!("CARGO_BIN_EXE_whyslow"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_whyslow"))
             .arg("agent")
             .arg("--samples-dir")
             .arg(dir)
-            .args(["--poll-ms", "20"])
+            .args(["--poll-ms", "20", "--log-format", "json"])
             .args(extra)
             .stdin(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        Agent(child)
+        let (tx, events) = channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("agent log line is not JSON ({e}): {line}"));
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        Agent {
+            child,
+            events,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for the next event `name` whose fields satisfy `pred`; returns
+    /// its fields. Every event read is kept in `seen`.
+    fn wait_event(&mut self, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(e) = self
+            .seen
+            .iter()
+            .find(|e| e["fields"]["event"] == name && pred(&e["fields"]))
+        {
+            return e["fields"].clone();
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let e = self
+                .events
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no {name} event; saw {:#?}", self.seen));
+            self.seen.push(e.clone());
+            if e["fields"]["event"] == name && pred(&e["fields"]) {
+                return e["fields"].clone();
+            }
+        }
+    }
+
+    /// Names of the events read so far.
+    fn seen_names(&self) -> Vec<String> {
+        self.seen
+            .iter()
+            .map(|e| e["fields"]["event"].as_str().unwrap_or("").to_string())
+            .collect()
     }
 
     /// SIGTERM, then the exit status (success expected).
     fn terminate(&mut self) -> std::process::ExitStatus {
         let st = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
+            .args(["-TERM", &self.child.id().to_string()])
             .status()
             .unwrap();
         assert!(st.success());
         let until = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(st) = self.0.try_wait().unwrap() {
+            if let Some(st) = self.child.try_wait().unwrap() {
                 return st;
             }
             assert!(Instant::now() < until, "agent did not exit on SIGTERM");
@@ -91,8 +147,8 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -156,20 +212,32 @@ fn serves_two_ranks_holds_the_pause_file_and_runs_hooks() {
     put(&dir, "rank-7.stop", "");
     let pause_cmd = format!("echo pause $WHYSLOW_ACTIVE_RANKS >> {}", hooks.display());
     let resume_cmd = format!("echo resume >> {}", hooks.display());
-    let _agent = Agent::spawn(
+    let mut agent = Agent::spawn(
         &dir,
         &["--pause-cmd", &pause_cmd, "--resume-cmd", &resume_cmd],
     );
     let pause = dir.join("whyslow.pause");
-    wait_for("stale files removed", 5.0, || {
-        !pause.exists() && !dir.join("rank-7.stop").exists()
-    });
+    agent.wait_event("watching", |_| true);
+    let stale: Vec<String> = agent
+        .seen
+        .iter()
+        .filter(|e| e["fields"]["event"] == "stale_removed")
+        .map(|e| e["fields"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(stale.len(), 2, "{stale:?}");
+    assert!(stale.iter().any(|n| n == "rank-7.stop"), "{stale:?}");
+    assert!(!pause.exists() && !dir.join("rank-7.stop").exists());
 
     let (a, b) = (Busy::spawn(), Busy::spawn());
     let t0 = Instant::now();
     let ticks0 = [cpu_ticks(a.pid()), cpu_ticks(b.pid())];
     request(&dir, 0, a.pid(), "w0");
     request(&dir, 1, b.pid(), "w1");
+    for (rank, id) in [(0, "w0"), (1, "w1")] {
+        let e = agent.wait_event("window_started", |f| f["rank"] == rank);
+        assert_eq!(e["request"], id);
+        assert_eq!(e["rate_hz"], 500.0);
+    }
     wait_for("the pause file", 5.0, || pause.exists());
     let p = read_json(&pause);
     assert_eq!(p["who"], "whyslow agent");
@@ -186,7 +254,9 @@ fn serves_two_ranks_holds_the_pause_file_and_runs_hooks() {
     // Rank 0 ends its window; rank 1's is still active: pause file stays.
     let truth0 = (cpu_ticks(a.pid()) - ticks0[0]) as f64 / 100.0 / t0.elapsed().as_secs_f64();
     put(&dir, "rank-0.stop", "");
-    wait_for("rank 0 done", 5.0, || dir.join("rank-0.done").exists());
+    let e = agent.wait_event("window_done", |f| f["rank"] == 0);
+    assert_eq!(e["reason"], "stop file");
+    assert!(dir.join("rank-0.done").exists());
     assert!(pause.exists());
     wait_for("pause file rewritten for rank 1", 5.0, || {
         read_json(&pause)["ranks"] == serde_json::json!([1])
@@ -217,7 +287,12 @@ fn serves_two_ranks_holds_the_pause_file_and_runs_hooks() {
         // leaves it: the sampled mean must match its CPU time from
         // /proc/PID/stat over (about) the same window.
         let mean = time_weighted_mean(&series);
-        assert!(mean > 0.1, "mean cpu {mean}");
+        // How much a spinner gets depends on the machine's load (0.09 of a
+        // CPU seen beside a busy loop, a test suite and a testbed run).
+        assert!(
+            mean > 0.0 && truth > 0.0,
+            "mean cpu {mean}, /proc says {truth}"
+        );
         assert!(
             (mean - truth).abs() < 0.25,
             "mean cpu {mean}, /proc says {truth}"
@@ -260,11 +335,13 @@ fn serves_two_ranks_holds_the_pause_file_and_runs_hooks() {
 fn missing_process_gets_an_error_file() {
     let _g = serial();
     let dir = temp_dir("missing");
-    let _agent = Agent::spawn(&dir, &[]);
+    let mut agent = Agent::spawn(&dir, &[]);
     // Far above any pid_max: no such process.
     request(&dir, 2, 99_999_999, "gone");
     let err = dir.join("rank-2.error");
-    wait_for("the error file", 5.0, || err.exists());
+    let e = agent.wait_event("request_failed", |f| f["rank"] == 2);
+    assert!(e["reason"].as_str().unwrap().contains("not found"), "{e}");
+    assert!(err.exists());
     let msg = fs::read_to_string(&err).unwrap();
     assert_eq!(msg.lines().count(), 1, "{msg}");
     assert!(
@@ -273,15 +350,21 @@ fn missing_process_gets_an_error_file() {
     );
     assert!(!dir.join("rank-2.done").exists());
     assert!(!dir.join("rank-2.request.json").exists());
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(!dir.join("whyslow.pause").exists());
     // A malformed request: an error file too, and the agent keeps serving.
     put(&dir, "rank-3.request.json", "{\"pid\": \"x\"}");
-    wait_for("the second error file", 5.0, || {
-        dir.join("rank-3.error").exists()
-    });
+    let e = agent.wait_event("request_failed", |f| f["rank"] == 3);
+    assert!(e["reason"].as_str().unwrap().contains("bad request"), "{e}");
+    assert!(dir.join("rank-3.error").exists());
+    // No window was opened for either: the agent said so before the next one.
     let busy = Busy::spawn();
     request(&dir, 4, busy.pid(), "ok");
+    agent.wait_event("window_started", |f| f["rank"] == 4);
+    let names = agent.seen_names();
+    assert_eq!(
+        names.iter().filter(|n| *n == "window_started").count(),
+        1,
+        "{names:?}"
+    );
     wait_for("pause", 5.0, || dir.join("whyslow.pause").exists());
 }
 
@@ -299,6 +382,10 @@ fn sigterm_writes_what_was_sampled_and_removes_the_pause_file() {
     let st = agent.terminate();
     assert!(st.success(), "{st:?}");
     assert!(!pause.exists(), "pause file left after SIGTERM");
+    let e = agent.wait_event("window_done", |f| f["rank"] == 0);
+    assert_eq!(e["reason"], "agent stopped");
+    let e = agent.wait_event("stopped", |_| true);
+    assert_eq!(e["windows"], 1);
     let done = read_json(&dir.join("rank-0.done"));
     assert_eq!(done["reason"], "agent stopped");
     assert!(cpu_values(&dir.join("rank-0.samples.csv")).len() > 30);

@@ -1,0 +1,196 @@
+//! The agent's events, typed (vector's internal events, on `tracing`): each
+//! is logged and counted in one place, [`AgentEvent::emit`]. With
+//! `--log-format json` every event is one JSON line on stderr whose
+//! `fields.event` names it, which tests and supervisors wait on.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tracing::{error, info, warn};
+
+/// Something the agent did or ran into.
+#[derive(Debug)]
+pub(crate) enum AgentEvent<'a> {
+    /// Serving `dir`.
+    Watching { dir: &'a Path, pause_file: &'a Path },
+    /// A file left by an earlier agent was removed at startup.
+    StaleRemoved { name: String },
+    /// A rank's request could not be served (its error file, written
+    /// before this event, says why).
+    RequestFailed { rank: u32, reason: &'a str },
+    /// The rank's error file itself could not be written.
+    ErrorFileFailed { rank: u32, error: String },
+    /// A sampling window began.
+    WindowStarted {
+        rank: u32,
+        pid: i32,
+        tid: i32,
+        rate_hz: f64,
+        request: Option<&'a str>,
+    },
+    /// A window's samples and done marker were written.
+    WindowDone {
+        rank: u32,
+        ticks: u64,
+        achieved_hz: f64,
+        reason: &'a str,
+    },
+    /// A pause/resume hook did not succeed.
+    HookFailed { hook: &'a str, problem: String },
+    /// The pause file could not be written or removed.
+    PauseFileFailed { problem: String },
+    /// The agent stops (SIGINT/SIGTERM/SIGHUP, or an error).
+    Stopped,
+}
+
+const KINDS: usize = 9;
+static COUNTS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
+
+impl AgentEvent<'_> {
+    /// The event's name (`fields.event` in JSON logs).
+    pub(crate) fn name(&self) -> &'static str {
+        NAMES[self.index()]
+    }
+
+    fn index(&self) -> usize {
+        match self {
+            AgentEvent::Watching { .. } => 0,
+            AgentEvent::StaleRemoved { .. } => 1,
+            AgentEvent::RequestFailed { .. } => 2,
+            AgentEvent::ErrorFileFailed { .. } => 3,
+            AgentEvent::WindowStarted { .. } => 4,
+            AgentEvent::WindowDone { .. } => 5,
+            AgentEvent::HookFailed { .. } => 6,
+            AgentEvent::PauseFileFailed { .. } => 7,
+            AgentEvent::Stopped => 8,
+        }
+    }
+
+    /// Counts the event and logs it (one line, with its fields).
+    pub(crate) fn emit(self) {
+        COUNTS[self.index()].fetch_add(1, Ordering::Relaxed);
+        let event = self.name();
+        match self {
+            AgentEvent::Watching { dir, pause_file } => info!(
+                event,
+                dir = %dir.display(),
+                pause_file = %pause_file.display(),
+                "watching {} (pause file {})",
+                dir.display(),
+                pause_file.display()
+            ),
+            AgentEvent::StaleRemoved { name } => {
+                info!(event, name = %name, "removing stale {name}")
+            }
+            AgentEvent::RequestFailed { rank, reason } => {
+                warn!(event, rank, reason, "rank {rank}: {reason}")
+            }
+            AgentEvent::ErrorFileFailed { rank, error } => error!(
+                event,
+                rank,
+                error = %error,
+                "rank {rank}: cannot write its error file: {error}"
+            ),
+            AgentEvent::WindowStarted {
+                rank,
+                pid,
+                tid,
+                rate_hz,
+                request,
+            } => info!(
+                event,
+                rank,
+                pid,
+                tid,
+                rate_hz,
+                request = request.unwrap_or(""),
+                "rank {rank}: sampling pid {pid} (tid {tid}) at {rate_hz} Hz{}",
+                request
+                    .map(|i| format!(", request {i}"))
+                    .unwrap_or_default()
+            ),
+            AgentEvent::WindowDone {
+                rank,
+                ticks,
+                achieved_hz,
+                reason,
+            } => info!(
+                event,
+                rank,
+                ticks,
+                achieved_hz,
+                reason,
+                "rank {rank}: {ticks} ticks at {achieved_hz:.0} Hz ({reason})"
+            ),
+            AgentEvent::HookFailed { hook, problem } => {
+                warn!(event, hook, problem = %problem, "{hook} hook: {problem}")
+            }
+            AgentEvent::PauseFileFailed { problem } => {
+                warn!(event, problem = %problem, "pause file: {problem}")
+            }
+            AgentEvent::Stopped => {
+                let c = counts();
+                info!(
+                    event,
+                    windows = c[5],
+                    failed = c[2],
+                    "stopped after {} window(s), {} failed request(s)",
+                    c[5],
+                    c[2]
+                )
+            }
+        }
+    }
+}
+
+const NAMES: [&str; KINDS] = [
+    "watching",
+    "stale_removed",
+    "request_failed",
+    "error_file_failed",
+    "window_started",
+    "window_done",
+    "hook_failed",
+    "pause_file_failed",
+    "stopped",
+];
+
+/// How many of each event so far, in [`AgentEvent`] order.
+pub(crate) fn counts() -> [u64; KINDS] {
+    std::array::from_fn(|i| COUNTS[i].load(Ordering::Relaxed))
+}
+
+/// Sends the agent's events to stderr: `text` (one line each, for people)
+/// or `json` (one object each, for programs).
+pub(crate) fn init_logging(json: bool) {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(false);
+    // A second init (tests in one process) keeps the first subscriber.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_is_counted_under_its_own_name() {
+        let before = counts();
+        AgentEvent::StaleRemoved { name: "x".into() }.emit();
+        AgentEvent::Stopped.emit();
+        let after = counts();
+        assert_eq!(after[1] - before[1], 1);
+        assert_eq!(after[8] - before[8], 1);
+        assert_eq!(AgentEvent::Stopped.name(), "stopped");
+        let mut names = NAMES.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), KINDS);
+    }
+}
