@@ -55,6 +55,30 @@ class _Disabled(Exception):
     pass
 
 
+def session_record(session: int, target: int, iters: int, window_s: float, reason: str,
+                   proposer: int, world_size: int) -> Dict[str, Any]:
+    """The session record ranks agree on through the store
+    (``whyslow_model::wire::SessionRecord``: the same fields, checked by
+    Rust when read back, see ``read_session``)."""
+    return {
+        "session": int(session),
+        "target": int(target),
+        "iters": int(iters),
+        "window_s": float(window_s),
+        "stamp": time.strftime("%Y%m%d-%H%M%S"),
+        "reason": str(reason),
+        "proposer": int(proposer),
+        "world_size": int(world_size),
+    }
+
+
+def read_session(raw: Any) -> Dict[str, Any]:
+    """A session record from the store, parsed and checked by whyslow's Rust
+    side (``SessionRecord::from_json``); ValueError names a bad field."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return json.loads(_whyslow.parse_wire("session", text))
+
+
 class Tracker:
     """One per process. Created by ``whyslow.init``."""
 
@@ -340,7 +364,7 @@ class Tracker:
         if self.pending is None and self.prof is None:
             nxt = self.session + 1
             if store is not None and store.check([self._key("s%d" % nxt, "session")]):
-                self._accept(json.loads(store.get(self._key("s%d" % nxt, "session")).decode()))
+                self._accept(read_session(store.get(self._key("s%d" % nxt, "session"))))
             elif self.want:
                 self._propose(nxt, t)
         self.stats["polls"] += 1
@@ -355,21 +379,19 @@ class Tracker:
             iters = self.cfg.window_iters
         else:
             iters = max(3, int(self.cfg.window_s * 1e9 / mean) + 1) if mean > 0 else 20
-        proposal = {
-            "session": nxt,
-            "target": self.steps + lead,
-            "iters": iters,
-            "window_s": 0.0 if self.cfg.window_iters > 0 else self.cfg.window_s,
-            "stamp": time.strftime("%Y%m%d-%H%M%S"),
-            "reason": self.want,
-            "proposer": self.rank,
-            "world_size": self.world_size,
-        }
+        proposal = session_record(
+            session=nxt,
+            target=self.steps + lead,
+            iters=iters,
+            window_s=0.0 if self.cfg.window_iters > 0 else self.cfg.window_s,
+            reason=self.want or "",
+            proposer=self.rank,
+            world_size=self.world_size,
+        )
         store = self._get_store()
         if store is not None:
             key = self._key("s%d" % nxt, "session")
-            won = store.compare_set(key, "", json.dumps(proposal))
-            proposal = json.loads(won.decode() if isinstance(won, bytes) else won)
+            proposal = read_session(store.compare_set(key, "", json.dumps(proposal)))
         self.want = None
         self._accept(proposal)
 

@@ -100,10 +100,10 @@ class Sampler:
     @property
     def running(self) -> bool: ...
 
-def parse_agent_wire(kind: str, text: str) -> str:
-    """Parses an agent protocol file (``"request"`` or ``"done"``) as the Rust
-    agent does and returns it as the agent writes it; ValueError names the
-    bad field."""
+def parse_wire(kind: str, text: str) -> str:
+    """Parses a wire record (``"request"`` or ``"done"`` of the agent
+    protocol, ``"session"``) as whyslow's Rust side does and returns it as
+    Rust writes it; ValueError names the bad field."""
 
 def rebase_samples_file(src: str, dst: str, shift_ns: int) -> int:
     """Copies a samples file with ``shift_ns`` subtracted from every

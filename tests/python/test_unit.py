@@ -122,15 +122,29 @@ def test_agent_wire_round_trips_between_python_and_rust(tmp_path):
                     interfaces=["lo:1000"], window_s=2.0, session=7)
     text = (tmp_path / "rank-3.request.json").read_text()
     written = json.loads(text)
-    read = json.loads(_whyslow.parse_agent_wire("request", text))
+    read = json.loads(_whyslow.parse_wire("request", text))
     for key in ("pid", "tid", "rank", "rate_hz", "interfaces", "time_base_ns", "id",
                 "proc_start_ticks"):
         assert read[key] == written[key], key
     assert set(written) <= set(read), "fields the agent does not know: %s" % (set(written) - set(read))
     # The done record as the agent writes it has what AgentWindow.collect uses.
-    done = json.loads(_whyslow.parse_agent_wire("done", json.dumps(
+    done = json.loads(_whyslow.parse_wire("done", json.dumps(
         {"id": w.id, "rank": 3, "pid": os.getpid(), "reason": "stop file",
          "samples": "rank-3.samples.csv", "extra": None})))
     assert {"id", "samples", "time_base_ns"} <= set(done) and done["id"] == w.id
     with pytest.raises(ValueError, match="pid"):
-        _whyslow.parse_agent_wire("request", '{"pid": "x"}')
+        _whyslow.parse_wire("request", '{"pid": "x"}')
+
+
+def test_session_record_round_trips_between_python_and_rust():
+    """The session record ranks agree on: what Python writes, Rust reads
+    (whyslow_model::wire::SessionRecord) with the same values, and back."""
+    import json
+    from whyslow._runtime import read_session, session_record
+    s = session_record(session=3, target=140, iters=60, window_s=2.5, reason="slowdown +80 %",
+                       proposer=1, world_size=4)
+    back = read_session(json.dumps(s).encode())
+    assert back == s
+    for key, bad in (("iters", 0), ("proposer", 4), ("stamp", "../x"), ("target", "soon")):
+        with pytest.raises(ValueError, match=key):
+            read_session(json.dumps(dict(s, **{key: bad})))

@@ -578,17 +578,19 @@ fn cli_main(py: Python<'_>, args: Vec<String>) -> i32 {
     })
 }
 
-/// Parses an agent protocol file as the Rust agent does (`kind`:
-/// `"request"` or `"done"`, `whyslow_model::wire`) and returns it as the
-/// agent would write it back; raises ValueError naming the bad field. Lets
-/// the Python side test that what it writes is what the agent reads.
+/// Parses a wire record as whyslow's Rust side does (`kind`: `"request"`
+/// or `"done"` of the agent protocol, `"session"` for the session record
+/// ranks agree on; `whyslow_model::wire`) and returns it as Rust would write
+/// it; raises ValueError naming the bad field. The Python side checks with
+/// it what it writes and reads.
 #[pyfunction]
-fn parse_agent_wire(kind: &str, text: &str) -> PyResult<String> {
-    use whyslow_model::wire::{AgentDone, AgentRequest};
+fn parse_wire(kind: &str, text: &str) -> PyResult<String> {
+    use whyslow_model::wire::{AgentDone, AgentRequest, SessionRecord};
     let bad = |e: whyslow_model::wire::WireError| PyValueError::new_err(e.to_string());
     let out = match kind {
         "request" => serde_json::to_string(&AgentRequest::from_json(text).map_err(bad)?),
         "done" => serde_json::to_string(&AgentDone::from_json(text).map_err(bad)?),
+        "session" => serde_json::to_string(&SessionRecord::from_json(text).map_err(bad)?),
         other => {
             return Err(PyValueError::new_err(format!(
                 "unknown wire kind {other:?}"
@@ -628,7 +630,7 @@ fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(summarize_trace, m)?)?;
     m.add_function(wrap_pyfunction!(localize_fingerprints, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_base_ns, m)?)?;
-    m.add_function(wrap_pyfunction!(parse_agent_wire, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_wire, m)?)?;
     m.add_function(wrap_pyfunction!(rebase_samples_file, m)?)?;
     m.add_class::<PySampler>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,6 +1,8 @@
-//! Files that whyslow's processes exchange, typed once: the agent protocol
-//! of `docs/agent.md` (a training rank asks a privileged `whyslow agent` to
-//! sample it during a profiling window). The Rust agent reads and writes
+//! Files and records that whyslow's processes exchange, typed once: the
+//! agent protocol of `docs/agent.md` (a training rank asks a privileged
+//! `whyslow agent` to sample it during a profiling window), and the session
+//! record ranks agree on through the job's store (PerfTracker §4.1: every
+//! worker profiles the same iterations). The Rust agent reads and writes
 //! these structs; the Python package writes the request and reads the done
 //! record with the same field names, and a test round-trips what each side
 //! writes through the other (`tests/python/test_unit.py`).
@@ -147,6 +149,66 @@ impl AgentDone {
     }
 }
 
+/// A profiling session the ranks agree on (the job's `torch.distributed`
+/// store, key `…/s<N>/session`; written as `session.json` next to the
+/// report with what was collected): the first proposal for session N wins
+/// (compare-and-set), and every rank profiles `iters` iterations from step
+/// `target`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// Session number, 1, 2, … within the job.
+    pub session: u64,
+    /// The step (optimizer steps and `whyslow.step()` calls) at which every
+    /// rank starts profiling.
+    pub target: u64,
+    /// Iterations in the window.
+    pub iters: u64,
+    /// The window's wall-clock cap, seconds (0: none, `iters` alone).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub window_s: f64,
+    /// Local time of the proposal, `YYYYMMDD-HHMMSS` (the session folder's prefix).
+    pub stamp: String,
+    /// Why: the detector's slowdown, a signal, a trigger file.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub reason: String,
+    /// The rank that proposed it.
+    pub proposer: u32,
+    /// The job's world size when proposed.
+    pub world_size: u32,
+}
+
+impl SessionRecord {
+    /// Parses a session record, checking what a rank relies on: a window of
+    /// at least one iteration, a stamp fit for a folder name, a proposer
+    /// inside the world.
+    pub fn from_json(text: &str) -> Result<Self, WireError> {
+        let s: SessionRecord = parse(text)?;
+        let bad = |path: &str, message: String| WireError {
+            path: path.into(),
+            message,
+        };
+        if s.iters == 0 {
+            return Err(bad("iters", "a window needs at least one iteration".into()));
+        }
+        if !s.window_s.is_finite() || s.window_s < 0.0 {
+            return Err(bad("window_s", format!("{} is not a duration", s.window_s)));
+        }
+        if s.stamp.is_empty() || !s.stamp.chars().all(|c| c.is_ascii_digit() || c == '-') {
+            return Err(bad(
+                "stamp",
+                format!("{:?} is not YYYYMMDD-HHMMSS", s.stamp),
+            ));
+        }
+        if s.world_size == 0 || s.proposer >= s.world_size {
+            return Err(bad(
+                "proposer",
+                format!("rank {} outside a world of {}", s.proposer, s.world_size),
+            ));
+        }
+        Ok(s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +226,29 @@ mod tests {
         // What the agent writes back, it reads back.
         let again = AgentRequest::from_json(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(again, r);
+    }
+
+    #[test]
+    fn session_records_round_trip_and_are_checked() {
+        let text = r#"{"session": 2, "target": 130, "iters": 60, "window_s": 0.0,
+            "stamp": "20261123-044500", "reason": "slowdown +80 %", "proposer": 3,
+            "world_size": 4, "collected": [0, 1, 2, 3]}"#;
+        let s = SessionRecord::from_json(text).unwrap();
+        assert_eq!((s.session, s.target, s.iters, s.proposer), (2, 130, 60, 3));
+        let again = SessionRecord::from_json(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(again, s);
+        for (edit, path) in [
+            (("iters", "0"), "iters"),
+            (("stamp", "\"../x\""), "stamp"),
+            (("proposer", "4"), "proposer"),
+            (("window_s", "-1"), "window_s"),
+            (("target", "\"soon\""), "target"),
+        ] {
+            let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+            v[edit.0] = serde_json::from_str(edit.1).unwrap();
+            let e = SessionRecord::from_json(&v.to_string()).unwrap_err();
+            assert_eq!(e.path, path, "{e}");
+        }
     }
 
     #[test]
