@@ -561,7 +561,6 @@ struct Scratch {
 
 /// Analyzes one (group, function) bucket; returns its findings (none; one;
 /// or, with the noise guard, one on the whole group and one on part of it).
-#[allow(clippy::too_many_arguments)]
 fn analyze_bucket(
     ctx: &Ctx<'_, '_>,
     members: &[u32],
@@ -692,6 +691,16 @@ fn analyze_bucket(
         }
     }
 
+    let bucket = Bucket {
+        ctx,
+        members,
+        group,
+        cols: &*cols,
+        lo,
+        hi,
+        kind,
+        name,
+    };
     // Eq. 11.
     let is_peer_outlier = |i: usize| {
         peer_ok
@@ -717,14 +726,8 @@ fn analyze_bucket(
         if flagged.is_empty() {
             return Vec::new();
         }
-        let reason = match (any_outside, any_peer) {
-            (true, true) => Reason::Both,
-            (true, false) => Reason::Unexpected,
-            _ => Reason::PeerOutlier,
-        };
-        return vec![build_finding(
-            ctx, members, group, cols, lo, hi, &flagged, kind, name, reason,
-        )];
+        let reason = reason_of(any_outside, any_peer);
+        return vec![build_finding(&bucket, &flagged, reason)];
     }
 
     // With the noise guard (crate docs, "Noise"): a range violation on most
@@ -738,18 +741,7 @@ fn analyze_bucket(
     let mut findings = Vec::new();
     if common {
         let all: Vec<usize> = (0..n).collect();
-        findings.push(build_finding(
-            ctx,
-            members,
-            group,
-            cols,
-            lo,
-            hi,
-            &all,
-            kind,
-            name,
-            Reason::Unexpected,
-        ));
+        findings.push(build_finding(&bucket, &all, Reason::Unexpected));
     }
     // … and a finding on part of it must be borne out off the critical path.
     let candidates: Vec<usize> = (0..n)
@@ -771,15 +763,33 @@ fn analyze_bucket(
     }
     let any_outside = !common && flagged.iter().any(|&i| flags[i] & OUTSIDE != 0);
     let any_peer = flagged.iter().any(|&i| is_peer_outlier(i));
-    let reason = match (any_outside, any_peer) {
+    let reason = reason_of(any_outside, any_peer);
+    findings.push(build_finding(&bucket, &flagged, reason));
+    findings
+}
+
+/// The reason of a finding whose workers are outside the expected range
+/// (D > 0), peer outliers (Δ), or both.
+fn reason_of(outside: bool, peer: bool) -> Reason {
+    match (outside, peer) {
         (true, true) => Reason::Both,
         (true, false) => Reason::Unexpected,
         _ => Reason::PeerOutlier,
-    };
-    findings.push(build_finding(
-        ctx, members, group, cols, lo, hi, &flagged, kind, name, reason,
-    ));
-    findings
+    }
+}
+
+/// One (group, function) bucket, as its findings are built: the group's
+/// members, its columns (entries `lo..hi` are the function's), the function.
+#[derive(Clone, Copy)]
+struct Bucket<'x, 'a, 'c> {
+    ctx: &'x Ctx<'a, 'c>,
+    members: &'x [u32],
+    group: Option<&'x str>,
+    cols: &'x GroupColumns,
+    lo: usize,
+    hi: usize,
+    kind: FunctionKind,
+    name: &'x str,
 }
 
 /// What a (group, function) bucket says off the critical path: each
@@ -920,19 +930,17 @@ impl Evidence {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build_finding(
-    ctx: &Ctx<'_, '_>,
-    members: &[u32],
-    group: Option<&str>,
-    cols: &GroupColumns,
-    lo: usize,
-    hi: usize,
-    flagged: &[usize],
-    kind: FunctionKind,
-    name: &str,
-    reason: Reason,
-) -> Finding {
+fn build_finding(bucket: &Bucket<'_, '_, '_>, flagged: &[usize], reason: Reason) -> Finding {
+    let Bucket {
+        ctx,
+        members,
+        group,
+        cols,
+        lo,
+        hi,
+        kind,
+        name,
+    } = *bucket;
     let fps = ctx.fps;
     let cfg = ctx.cfg;
     let g = members.len();
