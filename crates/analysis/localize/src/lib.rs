@@ -546,6 +546,7 @@ fn far_from_typical(
     }
 }
 
+#[derive(Default)]
 struct Scratch {
     sample: Vec<u32>,
     sb: Vec<f32>,
@@ -1143,141 +1144,10 @@ fn build_finding(bucket: &Bucket<'_, '_, '_>, flagged: &[usize], reason: Reason)
 /// [`Report::warnings`].
 pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u32>) -> Report {
     let mut warnings: Vec<String> = Vec::new();
-
-    // Ranks: order by rank, keep the first fingerprint of each rank.
-    let mut order: Vec<u32> = (0..fps.len() as u32).collect();
-    order.sort_unstable_by_key(|&i| (fps[i as usize].worker, i));
-    let mut kept: Vec<u32> = Vec::with_capacity(order.len());
-    let mut dups = 0usize;
-    for i in order {
-        let fp = &fps[i as usize];
-        if let Some(&last) = kept.last() {
-            let prev = &fps[last as usize];
-            if prev.worker == fp.worker {
-                dups += 1;
-                if dups <= MAX_LISTED_WARNINGS {
-                    warnings.push(format!(
-                        "duplicate fingerprint for worker {} ({}): kept the first one ({})",
-                        fp.worker, fp.source, prev.source
-                    ));
-                }
-                continue;
-            }
-        }
-        kept.push(i);
-    }
-    if dups > MAX_LISTED_WARNINGS {
-        warnings.push(format!(
-            "… and {} more duplicate fingerprints dropped",
-            dups - MAX_LISTED_WARNINGS
-        ));
-    }
-
-    // Missing ranks.
-    let expected_end: u64 = match world_size {
-        Some(ws) => u64::from(ws),
-        None => kept
-            .last()
-            .map(|&i| u64::from(fps[i as usize].worker) + 1)
-            .unwrap_or(0),
-    };
-    let mut missing = Vec::new();
-    let mut n_missing = 0u64;
-    {
-        let mut next = 0u64;
-        let mut push_range = |from: u64, to: u64, missing: &mut Vec<u32>| {
-            n_missing += to.saturating_sub(from);
-            let mut r = from;
-            while r < to && missing.len() < MAX_MISSING_LISTED {
-                missing.push(r as u32);
-                r += 1;
-            }
-        };
-        for &i in &kept {
-            let r = u64::from(fps[i as usize].worker);
-            if r >= expected_end {
-                break;
-            }
-            push_range(next, r, &mut missing);
-            next = r + 1;
-        }
-        push_range(next, expected_end, &mut missing);
-    }
-    if n_missing > missing.len() as u64 {
-        warnings.push(format!(
-            "{} missing ranks; only the first {} are listed",
-            n_missing,
-            missing.len()
-        ));
-    }
-    if let Some(ws) = world_size {
-        let outside = kept
-            .iter()
-            .filter(|&&i| fps[i as usize].worker >= ws)
-            .count();
-        if outside > 0 {
-            warnings.push(format!(
-                "{outside} fingerprint(s) have a rank >= the world size {ws}"
-            ));
-        }
-    }
-
-    // Utilization source and hosts.
-    let (mut s_samples, mut s_trace, mut s_none) = (false, false, false);
-    let mut hosts: BTreeSet<&str> = BTreeSet::new();
-    for &i in &kept {
-        let fp = &fps[i as usize];
-        match fp.utilization_source {
-            UtilizationSource::Samples => s_samples = true,
-            UtilizationSource::Trace => s_trace = true,
-            UtilizationSource::None => s_none = true,
-        }
-        if let Some(h) = fp.host.as_deref() {
-            hosts.insert(h);
-        }
-    }
-    let utilization_source = match (s_samples, s_trace, s_none) {
-        (true, false, false) => "samples",
-        (false, true, false) => "trace",
-        (false, false, _) => "none",
-        _ => "mixed",
-    }
-    .to_string();
-
-    // Comparison groups, by name (None first), members in rank order.
-    let mut group_index: HashMap<Option<&str>, usize> = HashMap::new();
-    let mut groups: Vec<(Option<&str>, Vec<u32>)> = Vec::new();
-    for &i in &kept {
-        let gname = fps[i as usize].group.as_deref();
-        let gi = *group_index.entry(gname).or_insert_with(|| {
-            groups.push((gname, Vec::new()));
-            groups.len() - 1
-        });
-        groups[gi].1.push(i);
-    }
-    groups.sort_by(|a, b| a.0.cmp(&b.0));
-    if groups.len() > 1 {
-        if let Some((None, m)) = groups.first() {
-            warnings.push(format!(
-                "{} worker(s) have no group while others do: they are compared among themselves",
-                m.len()
-            ));
-        }
-    }
-    let mut small = 0usize;
-    for (gname, m) in &groups {
-        if m.len() < cfg.min_peer_workers {
-            small += 1;
-            if small <= MAX_LISTED_WARNINGS {
-                warnings.push(format!(
-                    "{} has {} worker(s): too few to compare with peers (Δ rule needs {}), only expected ranges apply",
-                    gname.map_or_else(|| "the job".to_string(), |g| format!("group {g:?}")),
-                    m.len(),
-                    cfg.min_peer_workers
-                ));
-            }
-        }
-    }
+    let kept = first_per_rank(fps, &mut warnings);
+    let missing = missing_ranks(fps, &kept, world_size, &mut warnings);
+    let (utilization_source, hosts) = utilization_and_hosts(fps, &kept);
+    let groups = comparison_groups(fps, &kept, cfg, &mut warnings);
 
     let mut ctx = Ctx {
         fps,
@@ -1302,17 +1172,7 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         ent_bucket: Vec::new(),
         pos_cache: Vec::new(),
     };
-    let mut scratch = Scratch {
-        sample: Vec::new(),
-        sb: Vec::new(),
-        sm: Vec::new(),
-        ss: Vec::new(),
-        counts: Vec::new(),
-        hist: Vec::new(),
-        dev_hist: Vec::new(),
-        far: Vec::new(),
-        column: Vec::new(),
-    };
+    let mut scratch = Scratch::default();
     let mut findings = Vec::new();
     for (gname, members) in &groups {
         let mut cols = ctx.columns(members);
@@ -1361,16 +1221,179 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         missing_workers: missing,
         findings,
         utilization_source,
-        hosts: if hosts.is_empty() {
-            None
-        } else {
-            Some(hosts.len())
-        },
+        hosts,
         warnings,
         verdict,
         not_judged: Vec::new(),
         iterations: None,
     }
+}
+/// Fingerprints in rank order, the first of each rank (input order); a
+/// warning per dropped duplicate.
+fn first_per_rank(fps: &[Fingerprint], warnings: &mut Vec<String>) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..fps.len() as u32).collect();
+    order.sort_unstable_by_key(|&i| (fps[i as usize].worker, i));
+    let mut kept: Vec<u32> = Vec::with_capacity(order.len());
+    let mut dups = 0usize;
+    for i in order {
+        let fp = &fps[i as usize];
+        if let Some(&last) = kept.last() {
+            let prev = &fps[last as usize];
+            if prev.worker == fp.worker {
+                dups += 1;
+                if dups <= MAX_LISTED_WARNINGS {
+                    warnings.push(format!(
+                        "duplicate fingerprint for worker {} ({}): kept the first one ({})",
+                        fp.worker, fp.source, prev.source
+                    ));
+                }
+                continue;
+            }
+        }
+        kept.push(i);
+    }
+    if dups > MAX_LISTED_WARNINGS {
+        warnings.push(format!(
+            "… and {} more duplicate fingerprints dropped",
+            dups - MAX_LISTED_WARNINGS
+        ));
+    }
+
+    kept
+}
+
+/// Ranks below the world size (or the largest rank seen) without a
+/// fingerprint, the first [`MAX_MISSING_LISTED`] of them.
+fn missing_ranks(
+    fps: &[Fingerprint],
+    kept: &[u32],
+    world_size: Option<u32>,
+    warnings: &mut Vec<String>,
+) -> Vec<u32> {
+    let expected_end: u64 = match world_size {
+        Some(ws) => u64::from(ws),
+        None => kept
+            .last()
+            .map(|&i| u64::from(fps[i as usize].worker) + 1)
+            .unwrap_or(0),
+    };
+    let mut missing = Vec::new();
+    let mut n_missing = 0u64;
+    {
+        let mut next = 0u64;
+        let mut push_range = |from: u64, to: u64, missing: &mut Vec<u32>| {
+            n_missing += to.saturating_sub(from);
+            let mut r = from;
+            while r < to && missing.len() < MAX_MISSING_LISTED {
+                missing.push(r as u32);
+                r += 1;
+            }
+        };
+        for &i in kept {
+            let r = u64::from(fps[i as usize].worker);
+            if r >= expected_end {
+                break;
+            }
+            push_range(next, r, &mut missing);
+            next = r + 1;
+        }
+        push_range(next, expected_end, &mut missing);
+    }
+    if n_missing > missing.len() as u64 {
+        warnings.push(format!(
+            "{} missing ranks; only the first {} are listed",
+            n_missing,
+            missing.len()
+        ));
+    }
+    if let Some(ws) = world_size {
+        let outside = kept
+            .iter()
+            .filter(|&&i| fps[i as usize].worker >= ws)
+            .count();
+        if outside > 0 {
+            warnings.push(format!(
+                "{outside} fingerprint(s) have a rank >= the world size {ws}"
+            ));
+        }
+    }
+
+    missing
+}
+
+/// The job's utilization source (`samples`, `trace`, `none`, `mixed`) and
+/// its number of hosts, when known.
+fn utilization_and_hosts(fps: &[Fingerprint], kept: &[u32]) -> (String, Option<usize>) {
+    let (mut s_samples, mut s_trace, mut s_none) = (false, false, false);
+    let mut hosts: BTreeSet<&str> = BTreeSet::new();
+    for &i in kept {
+        let fp = &fps[i as usize];
+        match fp.utilization_source {
+            UtilizationSource::Samples => s_samples = true,
+            UtilizationSource::Trace => s_trace = true,
+            UtilizationSource::None => s_none = true,
+        }
+        if let Some(h) = fp.host.as_deref() {
+            hosts.insert(h);
+        }
+    }
+    let utilization_source = match (s_samples, s_trace, s_none) {
+        (true, false, false) => "samples",
+        (false, true, false) => "trace",
+        (false, false, _) => "none",
+        _ => "mixed",
+    }
+    .to_string();
+
+    (
+        utilization_source,
+        (!hosts.is_empty()).then_some(hosts.len()),
+    )
+}
+
+/// Comparison groups, by name (None first), members in rank order; warns
+/// about ungrouped workers beside groups and groups too small for Δ.
+fn comparison_groups<'a>(
+    fps: &'a [Fingerprint],
+    kept: &[u32],
+    cfg: &LocalizeConfig,
+    warnings: &mut Vec<String>,
+) -> Vec<(Option<&'a str>, Vec<u32>)> {
+    let mut group_index: HashMap<Option<&str>, usize> = HashMap::new();
+    let mut groups: Vec<(Option<&str>, Vec<u32>)> = Vec::new();
+    for &i in kept {
+        let gname = fps[i as usize].group.as_deref();
+        let gi = *group_index.entry(gname).or_insert_with(|| {
+            groups.push((gname, Vec::new()));
+            groups.len() - 1
+        });
+        groups[gi].1.push(i);
+    }
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
+    if groups.len() > 1 {
+        if let Some((None, m)) = groups.first() {
+            warnings.push(format!(
+                "{} worker(s) have no group while others do: they are compared among themselves",
+                m.len()
+            ));
+        }
+    }
+    let mut small = 0usize;
+    for (gname, m) in &groups {
+        if m.len() < cfg.min_peer_workers {
+            small += 1;
+            if small <= MAX_LISTED_WARNINGS {
+                warnings.push(format!(
+                    "{} has {} worker(s): too few to compare with peers (Δ rule needs {}), only expected ranges apply",
+                    gname.map_or_else(|| "the job".to_string(), |g| format!("group {g:?}")),
+                    m.len(),
+                    cfg.min_peer_workers
+                ));
+            }
+        }
+    }
+
+    groups
 }
 
 /// The cause first (whyslow, not in the papers): each finding's share of the
