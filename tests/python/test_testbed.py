@@ -160,19 +160,23 @@ def test_healthy_run_has_no_finding(tmp_path):
 
 
 def test_exec_fault_runs_in_the_host_from_training_start_without_the_scripts_help(tmp_path):
-    """A script that neither imports an active whyslow nor writes the ready
-    file: the testbed learns training start from the hosts' traffic, and the
-    exec fault runs in host 2's namespace from then + --fault-after to the end."""
+    """A script whose ready signals do not reach the testbed (train.py
+    --no-ready-file; whyslow's WHYSLOW_READY_FILE pointed elsewhere): the
+    testbed learns training start from the hosts' traffic, and the exec
+    fault runs in host 2's namespace from then + --fault-after to the end."""
+    elsewhere = tmp_path / "whyslow-ready"
     probe = tmp_path / "probe.sh"
     marker = tmp_path / "probe-alive"
     probe.write_text("#!/bin/sh\nip -o -4 addr show eth0\ncat /proc/self/cgroup\n"
                      "touch %s\nexec sleep 600\n" % marker)
     probe.chmod(0o755)
     res = run_testbed(tmp_path, "exec:host=2,cmd=%s" % probe, iters=150, fault_after=3,
-                      env_extra={"WHYSLOW_DISABLE": "1"}, script_args=["--no-ready-file"])
+                      env_extra={"WHYSLOW_READY_FILE": str(elsewhere)},
+                      script_args=["--no-ready-file"])
     with open(os.path.join(res.dir, "testbed.json")) as f:
         meta = json.load(f)
     assert meta["ready_by"] == "traffic", (meta, res.logs())
+    assert elsewhere.exists()  # whyslow signalled its first step where told
     assert meta["ready_after_s"] < 60, meta
     # On time: --fault-after after training start, give or take the 0.1 s loop.
     late = meta["fault_at_s"] - meta["ready_after_s"] - 3
