@@ -12,6 +12,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
+# train.py with one whyslow failure injected through the runtime's test seam
+FAULTY_TRAIN = os.path.join(ROOT, "tests", "python", "faulty_train.py")
 
 # Settings for this 2-core CI machine, where 4 ranks share 2 cores. Healthy
 # CPU-bound runs drifted by +50 % in CI (25 -> 37.5 ms, the mean of 30
@@ -69,7 +71,7 @@ class Run:
         return out
 
 
-def torchrun(tmp_path, args, nproc=4, env=None, timeout=240, launcher=None):
+def torchrun(tmp_path, args, nproc=4, env=None, timeout=240, launcher=None, script=TRAIN):
     report_root = str(tmp_path / "reports")
     e = dict(os.environ)
     e.update(TEST_ENV)
@@ -78,7 +80,7 @@ def torchrun(tmp_path, args, nproc=4, env=None, timeout=240, launcher=None):
     if env:
         e.update(env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(nproc), TRAIN] + list(args)
+           "--nproc-per-node", str(nproc), script] + list(args)
     if launcher:
         cmd = launcher + cmd
     t0 = time.monotonic()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from conftest import TRAIN, needs_torch, torchrun
+from conftest import FAULTY_TRAIN, TRAIN, needs_torch, torchrun
 
 pytestmark = needs_torch
 
@@ -26,7 +26,7 @@ def test_on_demand_trigger_writes_a_report(tmp_path):
 
 
 def test_profiler_raises(tmp_path):
-    run = torchrun(tmp_path, ARGS, nproc=2, env={"WHYSLOW_TEST_FAULT": "raise_profiler_start"})
+    run = torchrun(tmp_path, ARGS, nproc=2, script=FAULTY_TRAIN, env={"WHYSLOW_TEST_FAULT": "raise_profiler_start"})
     assert run.rc == 0, run.out[-3000:]
     assert run.out.count("whyslow: disabled on rank") == 2, run.out[-3000:]
     assert "injected test fault at profiler_start" in run.out
@@ -34,7 +34,7 @@ def test_profiler_raises(tmp_path):
 
 
 def test_store_unreachable(tmp_path):
-    run = torchrun(tmp_path, ARGS, nproc=2, env={"WHYSLOW_TEST_FAULT": "raise_store"})
+    run = torchrun(tmp_path, ARGS, nproc=2, script=FAULTY_TRAIN, env={"WHYSLOW_TEST_FAULT": "raise_store"})
     assert run.rc == 0, run.out[-3000:]
     assert run.out.count("whyslow: disabled on rank") == 2, run.out[-3000:]
 
@@ -50,7 +50,7 @@ def test_rank0_dies_during_collection(tmp_path):
     # must not hang (torchrun then ends the job with rank 0's failure).
     t0 = time.monotonic()
     run = torchrun(tmp_path, ["--iters", "1500", "--trigger-at", "30", "--log-every", "0"], nproc=2,
-                   env={"WHYSLOW_TEST_FAULT": "die_rank0_after_summarize"}, timeout=180)
+                   script=FAULTY_TRAIN, env={"WHYSLOW_TEST_FAULT": "die_rank0_after_summarize"}, timeout=180)
     assert time.monotonic() - t0 < 180
     assert run.rc != 0  # rank 0 died: the job fails, but nothing hangs
     assert run.reports() == []
@@ -59,7 +59,7 @@ def test_rank0_dies_during_collection(tmp_path):
 def test_rank1_late_fingerprint_is_named_missing(tmp_path):
     # Rank 1's background summarizer fails: rank 0 waits the (short) collect
     # timeout, analyzes itself alone and names rank 1 as missing.
-    run = torchrun(tmp_path, ARGS, nproc=2, env={
+    run = torchrun(tmp_path, ARGS, nproc=2, script=FAULTY_TRAIN, env={
         "WHYSLOW_TEST_FAULT": "raise_after_summarize_rank1",
         "WHYSLOW_COLLECT_TIMEOUT_S": "5",
     })

@@ -35,9 +35,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 
-use crate::agent_events::{init_logging, AgentEvent};
+use crate::events::{init_logging, AgentEvent};
 use whyslow_model::wire::{AgentDone, AgentRequest};
-use whyslow_sampler::{Sampler, SamplerConfig, Samples, TimeBase};
+use whyslow_sampler::{NetInterface, Sampler, SamplerConfig, Samples, TimeBase};
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
@@ -225,7 +225,7 @@ impl Agent {
     fn start_window(&mut self, rank: u32, req: Request) {
         let mut interfaces = Vec::new();
         for spec in &req.interfaces {
-            match crate::sample::parse_interface(spec) {
+            match spec.parse::<NetInterface>() {
                 Ok(i) => interfaces.push(i),
                 Err(e) => return self.write_error(rank, &format!("{e:#}")),
             }

@@ -47,7 +47,7 @@ enum Command {
     /// Protocol in docs/agent.md: `rank-<r>.request.json` / `rank-<r>.stop` in,
     /// `rank-<r>.samples.csv` + `rank-<r>.done` (or `.error`) out; holds
     /// `whyslow.pause` while a window is active so other monitors step aside.
-    Agent(crate::agent::AgentArgs),
+    Agent(whyslow_agent::AgentArgs),
     /// Black-box diagnosis from switch-level network flow records (LLMPrism).
     #[command(subcommand)]
     Flows(crate::flows::FlowsCommand),
@@ -164,7 +164,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Localize(args) => localize(args),
         Command::Flows(cmd) => crate::flows::run(cmd),
         Command::Sample(args) => crate::sample::run(args),
-        Command::Agent(args) => crate::agent::run(args),
+        Command::Agent(args) => whyslow_agent::run(args),
     }
 }
 
@@ -453,26 +453,7 @@ fn merge_samples(
 }
 
 fn summarize(args: SummarizeArgs) -> Result<u8> {
-    let files = whyslow_ingest::discover(std::slice::from_ref(&args.trace))?;
-    let mut traces = Vec::new();
-    for file in files {
-        match file {
-            InputFile::Kineto(p) => traces.push(whyslow_ingest::read_kineto(&p)?),
-            InputFile::Generic(p) => traces.extend(whyslow_ingest::read_generic(&p)?),
-            other => bail!(
-                "{}: not a trace (expected Kineto JSON[.gz] or a generic events file), found {other:?}",
-                args.trace.display()
-            ),
-        }
-    }
-    let trace = match traces.len() {
-        0 => bail!("{}: no trace found", args.trace.display()),
-        1 => traces.remove(0),
-        n => bail!(
-            "{}: holds {n} workers; `summarize` takes one worker (use `analyze` for several)",
-            args.trace.display()
-        ),
-    };
+    let trace = whyslow_ingest::read_worker_trace(&args.trace)?;
     for w in &trace.warnings {
         warn(&format!("{}: {w}", args.trace.display()));
     }

@@ -19,8 +19,6 @@ use std::io::{self, Write};
 
 use clap::Parser;
 
-mod agent;
-mod agent_events;
 mod commands;
 mod flows;
 mod sample;

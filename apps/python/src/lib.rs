@@ -298,7 +298,7 @@ fn summarize_impl(
         }
         None => BTreeMap::new(),
     };
-    let mut trace = whyslow_ingest::read_kineto(trace_path).map_err(|e| e.to_string())?;
+    let mut trace = whyslow_ingest::read_worker_trace(trace_path).map_err(|e| e.to_string())?;
     if let Some(r) = rank {
         if trace.meta.rank != r {
             trace.meta.rank = r;
@@ -318,11 +318,12 @@ fn summarize_impl(
     serde_json::to_string(&fp).map_err(|e| e.to_string())
 }
 
-/// Reads a Kineto (Chrome) trace, summarizes it into the worker's fingerprint
+/// Reads one worker's trace (Kineto/Chrome JSON, or a generic events file of
+/// one worker), summarizes it into the worker's fingerprint
 /// and returns the fingerprint as JSON; also writes it to `out_path` when
 /// given. `rank` overrides the rank the trace declares. `samples_path` is a
 /// whyslow samples file of this worker (e.g. written by
-/// `Sampler.stop_and_write`) on the trace's time origin; its utilization then
+/// `Sampler.write`) on the trace's time origin; its utilization then
 /// gives the fingerprint's μ/σ. Releases the GIL.
 #[pyfunction]
 #[pyo3(signature = (trace_path, out_path=None, rank=None, host=None, group=None, max_functions=100, beta_floor=0.001, samples_path=None))]
@@ -445,7 +446,7 @@ fn kineto_base_ns(py: Python<'_>, trace_path: PathBuf) -> PyResult<Option<i64>> 
 /// Hardware utilization sampler (`whyslow-sampler`) running in a thread of
 /// this process: CPU of the training thread (and the process's other
 /// threads), NIC throughput of the given interfaces, the GPU through NVML
-/// when built with it. Timestamps are Unix-epoch; `stop_and_write` shifts
+/// when built with it. Timestamps are Unix-epoch; `write` shifts
 /// them onto a trace's origin.
 #[pyclass(name = "Sampler", module = "whyslow._whyslow")]
 struct PySampler {
@@ -541,19 +542,6 @@ impl PySampler {
         d.set_item("series", names)?;
         d.set_item("notes", samples.notes.clone())?;
         Ok(d.into_any().unbind())
-    }
-
-    /// `stop` then `write`.
-    #[pyo3(signature = (path, worker=None, base_ns=0))]
-    fn stop_and_write(
-        &mut self,
-        py: Python<'_>,
-        path: PathBuf,
-        worker: Option<u32>,
-        base_ns: i64,
-    ) -> PyResult<PyObject> {
-        self.stop(py)?;
-        self.write(py, path, worker, base_ns)
     }
 
     /// Whether the sampler thread is running.

@@ -220,35 +220,25 @@ impl Collector<'_> {
 
     fn finish(self) -> Vec<WorkerTrace> {
         let mut out = Vec::new();
-        let mut used: std::collections::BTreeSet<u32> = self
-            .workers
-            .values()
-            .filter_map(|w| w.trace.as_ref())
-            .filter(|t| t.meta.rank_source == RankSource::Trace)
-            .map(|t| t.meta.rank)
-            .collect();
-        let mut next = 0u32;
         for (key, w) in self.workers {
             let Some(mut t) = w.trace else { continue };
-            if t.meta.rank_source == RankSource::FileOrder {
-                while used.contains(&next) {
-                    next += 1;
-                }
-                t.meta.rank = next;
-                used.insert(next);
-                t.warnings.push(format!(
-                    "{}: worker {key:?} is not an integer rank; numbered {next}",
-                    self.path.display()
-                ));
-            }
             t.training_thread = w
                 .busy
                 .iter()
                 .enumerate()
                 .max_by_key(|(i, b)| (**b, std::cmp::Reverse(*i)))
                 .map(|(i, _)| i as u32);
-            out.push(t);
+            out.push((key, t));
         }
+        let (keys, mut out): (Vec<String>, Vec<WorkerTrace>) = out.into_iter().unzip();
+        let path = self.path;
+        crate::number_unranked(&mut out, |i, next| {
+            format!(
+                "{}: worker {:?} is not an integer rank; numbered {next}",
+                path.display(),
+                keys[i]
+            )
+        });
         out.sort_by_key(|t| t.meta.rank);
         out
     }

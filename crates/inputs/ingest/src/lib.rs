@@ -224,25 +224,13 @@ pub fn read_traces(
 
 /// Gives file-order ranks to traces without one, and warns about duplicates.
 fn assign_ranks(traces: &mut [WorkerTrace]) {
-    let mut used: std::collections::BTreeSet<u32> = traces
-        .iter()
-        .filter(|t| t.meta.rank_source != RankSource::FileOrder)
-        .map(|t| t.meta.rank)
-        .collect();
-    let mut next = 0u32;
-    for t in traces.iter_mut() {
-        if t.meta.rank_source == RankSource::FileOrder {
-            while used.contains(&next) {
-                next += 1;
-            }
-            t.meta.rank = next;
-            used.insert(next);
-            t.warnings.push(format!(
-                "{}: rank {next} assigned from file order (no rank in the trace or file name)",
-                t.meta.source
-            ));
-        }
-    }
+    let sources: Vec<String> = traces.iter().map(|t| t.meta.source.clone()).collect();
+    number_unranked(traces, |i, next| {
+        format!(
+            "{}: rank {next} assigned from file order (no rank in the trace or file name)",
+            sources[i]
+        )
+    });
     let mut count: std::collections::BTreeMap<u32, usize> = Default::default();
     for t in traces.iter() {
         *count.entry(t.meta.rank).or_default() += 1;
@@ -256,4 +244,60 @@ fn assign_ranks(traces: &mut [WorkerTrace]) {
         }
     }
     traces.sort_by_key(|t| t.meta.rank);
+}
+
+/// Gives each trace without a rank ([`RankSource::FileOrder`]), in order,
+/// the smallest rank no other trace holds, with the warning `why(index, rank)`.
+pub(crate) fn number_unranked(traces: &mut [WorkerTrace], why: impl Fn(usize, u32) -> String) {
+    let mut used: std::collections::BTreeSet<u32> = traces
+        .iter()
+        .filter(|t| t.meta.rank_source != RankSource::FileOrder)
+        .map(|t| t.meta.rank)
+        .collect();
+    let mut next = 0u32;
+    for (i, t) in traces.iter_mut().enumerate() {
+        if t.meta.rank_source == RankSource::FileOrder {
+            while used.contains(&next) {
+                next += 1;
+            }
+            t.meta.rank = next;
+            used.insert(next);
+            t.warnings.push(why(i, next));
+        }
+    }
+}
+
+/// Reads the one worker's trace in `path` (a Kineto trace, or a generic
+/// events file holding a single worker): what `summarize` takes. An error
+/// names the file when it holds no worker or several.
+pub fn read_worker_trace(path: &Path) -> Result<WorkerTrace, IngestError> {
+    let mut traces = match classify(path).unwrap_or_else(|| InputFile::Kineto(path.to_path_buf())) {
+        InputFile::Kineto(p) => vec![read_kineto(&p)?],
+        InputFile::Generic(p) => read_generic(&p)?,
+        other => {
+            return Err(IngestError::new(
+                path,
+                Location::File,
+                ErrorKind::Content,
+                format!(
+                "not a trace (expected Kineto JSON[.gz] or a generic events file), found {other:?}"
+            ),
+            ))
+        }
+    };
+    match traces.len() {
+        1 => Ok(traces.remove(0)),
+        0 => Err(IngestError::new(
+            path,
+            Location::File,
+            ErrorKind::Content,
+            "no worker in this file",
+        )),
+        n => Err(IngestError::new(
+            path,
+            Location::File,
+            ErrorKind::Content,
+            format!("holds {n} workers; one worker's trace was expected (`analyze` takes several)"),
+        )),
+    }
 }

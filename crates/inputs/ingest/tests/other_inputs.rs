@@ -247,3 +247,39 @@ fn rank_from_names() {
         assert_eq!(rank_from_file_name(Path::new(n)), r, "{n}");
     }
 }
+
+#[test]
+fn one_workers_trace_or_a_clear_error() {
+    let d = tmpdir("one-worker");
+    let one = d.join("one.csv");
+    write(
+        &one,
+        "worker,name,kind,start_us,dur_us\nnode-a,step,python,0,100\n",
+    );
+    let t = read_worker_trace(&one).unwrap();
+    assert_eq!(
+        (t.meta.rank, t.meta.rank_source),
+        (0, RankSource::FileOrder)
+    );
+    assert!(t
+        .warnings
+        .iter()
+        .any(|w| w.contains("\"node-a\" is not an integer rank")));
+    let two = d.join("two.csv");
+    write(
+        &two,
+        "worker,name,kind,start_us,dur_us\n0,step,python,0,100\n1,step,python,0,90\n",
+    );
+    let e = read_worker_trace(&two).unwrap_err().to_string();
+    assert!(
+        e.contains("two.csv") && e.contains("holds 2 workers"),
+        "{e}"
+    );
+    let samples = d.join("x.samples.csv");
+    write(&samples, "resource,ts_us,value\ncpu,0,0.5\n");
+    let e = read_worker_trace(&samples).unwrap_err().to_string();
+    assert!(
+        e.contains("x.samples.csv") && e.contains("not a trace"),
+        "{e}"
+    );
+}
