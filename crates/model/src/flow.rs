@@ -80,6 +80,28 @@ pub struct Job {
     pub clusters: usize,
     /// DP groups: connected components of the refined DP graph (§IV-B), sorted.
     pub dp_groups: Vec<Vec<String>>,
+    /// The job's step period: the median step duration over its ranks, µs (absent
+    /// when no rank has a complete step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_us: Option<f64>,
+    /// Stalls that recur every few steps (checkpoints, evaluation, logging): not
+    /// slow steps, so not findings, but worth knowing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recurring_stalls: Vec<RecurringStall>,
+}
+
+/// Steps that are slow every `every` steps by about the same time (§IV-C's
+/// cross-step diagnosis skips them: a periodic checkpoint is not an anomaly).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecurringStall {
+    /// Period, in steps.
+    pub every: usize,
+    /// Index of the first such step (in the ranks' step lists).
+    pub first_step: usize,
+    /// Median extra time of those steps over the others' median, µs.
+    pub extra_us: f64,
+    /// Ranks on which the pattern was seen.
+    pub ranks: usize,
 }
 
 /// An endpoint pair and its communication type (§IV-B).

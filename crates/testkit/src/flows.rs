@@ -5,12 +5,27 @@
 //! `tp` GPUs/NICs; tensor parallelism stays inside a machine (invisible), so the
 //! network sees, per TP lane t, PP send/recv between (d, s, t) and (d, s+1, t) and a
 //! ring all-reduce among (·, s, t) — i.e. `tp` cross-machine clusters over the same
-//! machines, which Algorithm 1 must merge. Schedule per step (GPipe-like): `m`
-//! micro-batch forwards (activation sends s → s+1), `m` backwards (gradient sends
-//! s+1 → s), then per DP group a ring all-reduce of each gradient bucket (2(D−1)
-//! rounds of chunk flows of bucket/D bytes), then the optimizer; the next step starts
-//! when every DP group is done. Ground truth step end of a rank = end of its group's
-//! all-reduce.
+//! machines, which Algorithm 1 must merge.
+//!
+//! Schedules a job can follow (LLMPrism §IV-B/C must hold on each; the tests run
+//! every combination):
+//! - pipeline ([`PipelineSchedule`]): GPipe (`m` micro-batch forwards with
+//!   activation sends s → s+1, then `m` backwards with gradient sends s+1 → s) or
+//!   1F1B (each stage warms up with p−1−s forwards, then alternates one forward and
+//!   one backward, then drains: stage-dependent timing, PP traffic spread over the
+//!   step);
+//! - data parallelism ([`DpSchedule`]): a ring all-reduce of each gradient bucket
+//!   after the last backward (2(D−1) rounds of chunk flows of bucket/D bytes); DDP's
+//!   bucketed all-reduce overlapping the last backward (bucket b leaves when the
+//!   backward has produced it); or ZeRO: a reduce-scatter of each bucket after the
+//!   backward, the optimizer on the shard, then an all-gather of the parameters
+//!   (two DP phases per step, D−1 rounds each);
+//! - ring chunks of varying size (`chunk_spread`), an optimizer gap, a checkpoint
+//!   gap every `checkpoint_every` steps, compute and bandwidth jitter, and the
+//!   faults of [`Fault`] (a slow step among them).
+//!
+//! The next step starts when every DP group is done. Ground truth step end of a
+//! rank = end of its DP group's last DP flow of the step.
 //!
 //! Machines hang under leaf switches (`machines_per_leaf` each) joined by one spine;
 //! a flow's path is `[leaf]` or `[leaf_a, spine, leaf_b]`.
@@ -46,8 +61,41 @@ pub struct SynthJob {
     pub pp_bytes: u64,
     /// Gradient bucket sizes all-reduced per DP group per step.
     pub dp_buckets: Vec<u64>,
-    /// Optimizer time after the all-reduce, µs.
+    /// Optimizer time after the all-reduce (ZeRO: between reduce-scatter and
+    /// all-gather), µs.
     pub optimizer_us: u64,
+    /// Pipeline schedule.
+    pub schedule: PipelineSchedule,
+    /// Data-parallel communication schedule.
+    pub dp_schedule: DpSchedule,
+    /// Relative spread of ring chunk sizes (uniform ±; 0 = every chunk bucket/D).
+    pub chunk_spread: f64,
+    /// A checkpoint every this many steps (0 = never)…
+    pub checkpoint_every: usize,
+    /// …stalls the job this long before the next step, µs.
+    pub checkpoint_us: u64,
+}
+
+/// Order of micro-batch forwards and backwards on the pipeline stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PipelineSchedule {
+    /// All forwards, then all backwards.
+    #[default]
+    GPipe,
+    /// One forward, one backward (PipeDream-Flush / Megatron's default).
+    OneFOneB,
+}
+
+/// When the data-parallel collectives of a step run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DpSchedule {
+    /// Ring all-reduce of every bucket after the last backward.
+    #[default]
+    AllReduceAfterBackward,
+    /// DDP: each bucket's all-reduce starts when the last backward has produced it.
+    OverlappedBuckets,
+    /// ZeRO: reduce-scatter after the backward, optimizer, then all-gather.
+    ZeroReduceScatterAllGather,
 }
 
 impl Default for SynthJob {
@@ -63,8 +111,90 @@ impl Default for SynthJob {
             pp_bytes: 8 << 20,
             dp_buckets: vec![25 << 20, 25 << 20, 12 << 20],
             optimizer_us: 10_000,
+            schedule: PipelineSchedule::GPipe,
+            dp_schedule: DpSchedule::AllReduceAfterBackward,
+            chunk_spread: 0.0,
+            checkpoint_every: 0,
+            checkpoint_us: 0,
         }
     }
+}
+
+/// Times indexed `[stage][micro-batch]`, µs.
+type StageTimes = Vec<Vec<u64>>;
+
+/// Per micro-batch compute end times of one step: `(fwd_end, bwd_start, bwd_end)`,
+/// from the step's start `t0`; `dur(fwd)` draws one compute time.
+fn pipeline_times(
+    schedule: PipelineSchedule,
+    p: usize,
+    m: usize,
+    t0: u64,
+    mut dur: impl FnMut(bool) -> u64,
+) -> (StageTimes, StageTimes, StageTimes) {
+    // Per stage, its operations in order: (is_forward, micro-batch).
+    let order: Vec<Vec<(bool, usize)>> = (0..p)
+        .map(|s| match schedule {
+            PipelineSchedule::GPipe => (0..m)
+                .map(|i| (true, i))
+                .chain((0..m).map(|i| (false, i)))
+                .collect(),
+            PipelineSchedule::OneFOneB => {
+                let warm = (p - 1 - s).min(m);
+                let mut ops: Vec<(bool, usize)> = (0..warm).map(|i| (true, i)).collect();
+                let (mut f, mut b) = (warm, 0);
+                while b < m {
+                    if f < m {
+                        ops.push((true, f));
+                        f += 1;
+                    }
+                    ops.push((false, b));
+                    b += 1;
+                }
+                ops
+            }
+        })
+        .collect();
+    const UNSET: u64 = u64::MAX;
+    let mut fwd_end = vec![vec![UNSET; m]; p];
+    let mut bwd_start = vec![vec![UNSET; m]; p];
+    let mut bwd_end = vec![vec![UNSET; m]; p];
+    let mut next = vec![0usize; p];
+    let mut free = vec![t0; p];
+    // Each pass runs every stage's next operations whose inputs are ready; the
+    // schedules are deadlock-free, so every pass makes progress.
+    while (0..p).any(|s| next[s] < order[s].len()) {
+        for s in 0..p {
+            while next[s] < order[s].len() {
+                let (fwd, i) = order[s][next[s]];
+                let ready = if fwd {
+                    if s == 0 {
+                        t0
+                    } else {
+                        fwd_end[s - 1][i]
+                    }
+                } else if s == p - 1 {
+                    fwd_end[s][i]
+                } else {
+                    bwd_end[s + 1][i]
+                };
+                if ready == UNSET {
+                    break;
+                }
+                let start = ready.max(free[s]);
+                let end = start + dur(fwd);
+                if fwd {
+                    fwd_end[s][i] = end;
+                } else {
+                    bwd_start[s][i] = start;
+                    bwd_end[s][i] = end;
+                }
+                free[s] = end;
+                next[s] += 1;
+            }
+        }
+    }
+    (fwd_end, bwd_start, bwd_end)
 }
 
 /// An injected performance problem.
@@ -274,39 +404,12 @@ pub fn generate(c: &SynthCluster) -> Synth {
                 ((us as f64) * slow_step * (1.0 + c.jitter * rng.symmetric())) as u64
             };
             let (m, p) = (job.microbatches, job.pp);
-            let mut stage_done = vec![0u64; p];
-            // Forward.
-            let mut fwd_end = vec![vec![0u64; m]; p];
-            for s in 0..p {
-                for i in 0..m {
-                    let ready = if s == 0 {
-                        if i == 0 {
-                            t0
-                        } else {
-                            fwd_end[0][i - 1]
-                        }
-                    } else {
-                        fwd_end[s - 1][i].max(if i == 0 { 0 } else { fwd_end[s][i - 1] })
-                    };
-                    fwd_end[s][i] = ready + jit(&mut rng, job.fwd_us);
-                }
-            }
-            let mut bwd_end = vec![vec![0u64; m]; p];
-            for s in (0..p).rev() {
-                for i in 0..m {
-                    let ready = if s == p - 1 {
-                        if i == 0 {
-                            fwd_end[p - 1][m - 1]
-                        } else {
-                            bwd_end[s][i - 1]
-                        }
-                    } else {
-                        bwd_end[s + 1][i].max(if i == 0 { 0 } else { bwd_end[s][i - 1] })
-                    };
-                    bwd_end[s][i] = ready + jit(&mut rng, job.bwd_us);
-                }
-                stage_done[s] = bwd_end[s][m - 1];
-            }
+            let (fwd_end, bwd_start, bwd_end) = pipeline_times(job.schedule, p, m, t0, |fwd| {
+                jit(&mut rng, if fwd { job.fwd_us } else { job.bwd_us })
+            });
+            let stage_done: Vec<u64> = (0..p)
+                .map(|s| bwd_end[s].iter().copied().max().unwrap_or(t0))
+                .collect();
             for d in 0..job.dp {
                 for t in 0..job.tp {
                     for s in 0..p.saturating_sub(1) {
@@ -362,18 +465,60 @@ pub fn generate(c: &SynthCluster) -> Synth {
                         })
                         .product();
                     let mut clock = stage_done[s] + 200;
+                    let last_bwd = (bwd_start[s][m - 1], bwd_end[s][m - 1]);
+                    let nb = job.dp_buckets.len().max(1) as u64;
+                    let spread = job.chunk_spread;
+                    // One ring phase over `bucket`: `rounds` rounds of chunk flows.
+                    let ring = |records: &mut Vec<FlowRecord>,
+                                rng: &mut SplitMix64,
+                                mut clock: u64,
+                                bucket: u64,
+                                rounds: usize|
+                     -> u64 {
+                        for _round in 0..rounds {
+                            let mut round_end = clock;
+                            for d in 0..job.dp {
+                                let (ma, mb) = (d * p + s, ((d + 1) % job.dp) * p + s);
+                                let chunk = ((bucket / job.dp as u64) as f64
+                                    * (1.0 + spread * rng.symmetric()))
+                                .max(1.0) as u64;
+                                let dur = emit(records, rng, clock, ma, mb, t, chunk, slow);
+                                round_end = round_end.max(clock + dur);
+                            }
+                            clock = round_end + 5;
+                        }
+                        clock
+                    };
                     if job.dp >= 2 {
-                        for &bucket in &job.dp_buckets {
-                            let chunk = (bucket / job.dp as u64).max(1);
-                            for _round in 0..2 * (job.dp - 1) {
-                                let mut round_end = clock;
-                                for d in 0..job.dp {
-                                    let (ma, mb) = (d * p + s, ((d + 1) % job.dp) * p + s);
-                                    let dur =
-                                        emit(&mut records, &mut rng, clock, ma, mb, t, chunk, slow);
-                                    round_end = round_end.max(clock + dur);
+                        let rounds = job.dp - 1;
+                        match job.dp_schedule {
+                            DpSchedule::AllReduceAfterBackward => {
+                                for &bucket in &job.dp_buckets {
+                                    clock = ring(&mut records, &mut rng, clock, bucket, 2 * rounds);
                                 }
-                                clock = round_end + 5;
+                            }
+                            DpSchedule::OverlappedBuckets => {
+                                clock = last_bwd.0;
+                                for (b, &bucket) in job.dp_buckets.iter().enumerate() {
+                                    let produced = last_bwd.0
+                                        + (last_bwd.1 - last_bwd.0) * (b as u64 + 1) / nb;
+                                    clock = ring(
+                                        &mut records,
+                                        &mut rng,
+                                        clock.max(produced + 100),
+                                        bucket,
+                                        2 * rounds,
+                                    );
+                                }
+                            }
+                            DpSchedule::ZeroReduceScatterAllGather => {
+                                for &bucket in &job.dp_buckets {
+                                    clock = ring(&mut records, &mut rng, clock, bucket, rounds);
+                                }
+                                clock += jit(&mut rng, job.optimizer_us);
+                                for &bucket in &job.dp_buckets {
+                                    clock = ring(&mut records, &mut rng, clock, bucket, rounds);
+                                }
                             }
                         }
                     }
@@ -392,7 +537,15 @@ pub fn generate(c: &SynthCluster) -> Synth {
                     job_end = job_end.max(end);
                 }
             }
-            t0 = job_end + jit(&mut rng, job.optimizer_us);
+            t0 = job_end
+                + match job.dp_schedule {
+                    // ZeRO's optimizer ran between its two phases.
+                    DpSchedule::ZeroReduceScatterAllGather => jit(&mut rng, 500),
+                    _ => jit(&mut rng, job.optimizer_us),
+                };
+            if job.checkpoint_every > 0 && (k + 1) % job.checkpoint_every == 0 {
+                t0 += jit(&mut rng, job.checkpoint_us);
+            }
         }
         // Truth pairs.
         for d in 0..job.dp {

@@ -5,7 +5,7 @@ use crate::classify::Classified;
 use crate::jobs::Jobs;
 use crate::timeline::RankTimelines;
 use crate::{
-    FlowFinding, FlowIndex, FlowReport, Job, Pair, Rank, SwitchStats, Timelines,
+    FlowFinding, FlowIndex, FlowReport, Job, Pair, Rank, RecurringStall, SwitchStats, Timelines,
     FLOW_REPORT_VERSION,
 };
 
@@ -16,8 +16,19 @@ pub(crate) fn assemble(
     tl: RankTimelines,
     switches: Vec<SwitchStats>,
     findings: Vec<FlowFinding>,
+    mut stalls: Vec<Vec<RecurringStall>>,
 ) -> FlowReport {
     let name = |id: u32| index.addrs[id as usize].to_string();
+    let step_us = |j: usize| -> Option<f64> {
+        let mut d: Vec<f64> = tl
+            .ranks
+            .iter()
+            .filter(|r| r.job == j)
+            .flat_map(|r| r.steps.iter().map(|s| s.dur_us() as f64))
+            .collect();
+        d.sort_by(f64::total_cmp);
+        d.get(d.len() / 2).copied()
+    };
     let jobs_out: Vec<Job> = (0..jobs.members.len())
         .map(|j| Job {
             id: j,
@@ -28,6 +39,8 @@ pub(crate) fn assemble(
                 .iter()
                 .map(|g| g.iter().map(|&id| name(id)).collect())
                 .collect(),
+            step_us: step_us(j),
+            recurring_stalls: stalls.get_mut(j).map(std::mem::take).unwrap_or_default(),
         })
         .collect();
     let pairs: Vec<Pair> = index

@@ -9,7 +9,10 @@
 //! lab data does not flag tiny deviations.
 //!
 //! * **Cross-step**: each rank's step durations; flagged steps of one job that overlap
-//!   in time are reported once, with the number of ranks that agree.
+//!   in time are reported once, with the number of ranks that agree. Steps slow at a
+//!   fixed period (every K ≥ 2 steps, each of them slow: a checkpoint, an evaluation)
+//!   are a recurring stall of the job ([`recurring_stall`]), not a finding; the other
+//!   steps are tested without them.
 //! * **Cross-group**: the mean DP communication time per step (duration of each DP
 //!   burst, first/last burst of the window excluded when possible) of each DP group of
 //!   a job, compared across the job's DP groups.
@@ -24,7 +27,58 @@
 use crate::classify::Classified;
 use crate::jobs::Jobs;
 use crate::timeline::RankTimelines;
-use crate::{FindingLevel, FlowConfig, FlowFinding, FlowIndex, FxHashMap, PairType, SwitchStats};
+use crate::{
+    FindingLevel, FlowConfig, FlowFinding, FlowIndex, FxHashMap, PairType, RecurringStall,
+    SwitchStats,
+};
+
+/// A period in the slow steps of one rank: `Some((every, first))` when some of the
+/// flagged indices `slow` (ascending) are evenly spaced by `every` ≥ 2 and every
+/// step at that phase, from the first to the last complete one, is slow (above the
+/// midpoint between the other steps' median and those steps' median). Of several
+/// such periods, the one holding the most steps. A slow step that is not on the
+/// period stays out of it (and is tested again without the period's steps); two
+/// independent slow steps never make a period, since the steps at the same
+/// spacing after them would have to be slow too.
+pub fn recurring_stall(durations: &[f64], slow: &[usize]) -> Option<(usize, usize)> {
+    let slow = &slow[..slow.len().min(64)];
+    let median = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let holds = |every: usize, first: usize| -> Option<usize> {
+        let on: Vec<usize> = (first..durations.len()).step_by(every).collect();
+        let off: Vec<f64> = (0..durations.len())
+            .filter(|i| i % every != first)
+            .map(|i| durations[i])
+            .collect();
+        if on.len() < 2 || off.is_empty() {
+            return None;
+        }
+        let cut = 0.5 * (median(on.iter().map(|&i| durations[i]).collect()) + median(off));
+        on.iter().all(|&i| durations[i] > cut).then_some(on.len())
+    };
+    let mut best: Option<(usize, usize, usize)> = None; // (steps, every, first)
+    for (x, &a) in slow.iter().enumerate() {
+        for &b in &slow[x + 1..] {
+            let every = b - a;
+            if every < 2 {
+                continue;
+            }
+            let first = a % every;
+            if let Some(n) = holds(every, first) {
+                let better = match best {
+                    None => true,
+                    Some((m, e, _)) => n > m || (n == m && every < e),
+                };
+                if better {
+                    best = Some((n, every, first));
+                }
+            }
+        }
+    }
+    best.map(|(_, every, first)| (every, first))
+}
 
 /// Leave-one-out k-σ test. Returns, for each value, `Some(threshold)` when it is an
 /// outlier (above mean + kσ when `high`, below mean − kσ otherwise).
@@ -191,12 +245,13 @@ pub fn diagnose(
     tl: &RankTimelines,
     switches: &[SwitchStats],
     cfg: &FlowConfig,
-) -> Vec<FlowFinding> {
+) -> (Vec<FlowFinding>, Vec<Vec<RecurringStall>>) {
     let _ = index;
     let mut findings = Vec::new();
+    let mut stalls = vec![Vec::new(); jobs.members.len()];
     let k = cfg.k_sigma;
     // Cross-step.
-    for job in 0..jobs.members.len() {
+    for (job, job_stalls) in stalls.iter_mut().enumerate() {
         let ranks: Vec<_> = tl
             .ranks
             .iter()
@@ -205,17 +260,46 @@ pub fn diagnose(
         // (start, end, dur, threshold, step index)
         let mut flagged: Vec<(u64, u64, f64, f64, usize)> = Vec::new();
         let mut mean_sum = 0.0;
+        // (every, first) → (ranks, extra time of each)
+        let mut periodic: std::collections::BTreeMap<(usize, usize), (usize, Vec<f64>)> =
+            Default::default();
         for r in &ranks {
             let d: Vec<f64> = r.steps.iter().map(|s| s.dur_us() as f64).collect();
-            mean_sum += d.iter().sum::<f64>() / d.len() as f64;
-            for (i, t) in k_sigma_outliers(&d, k, cfg.min_rel_sigma, cfg.min_samples, true)
-                .into_iter()
-                .enumerate()
-            {
+            let outliers = k_sigma_outliers(&d, k, cfg.min_rel_sigma, cfg.min_samples, true);
+            let slow: Vec<usize> = (0..d.len()).filter(|&i| outliers[i].is_some()).collect();
+            // Without a recurring stall's steps, the rest are tested on their own.
+            let (kept, outliers) = match recurring_stall(&d, &slow) {
+                Some((every, first)) => {
+                    let kept: Vec<usize> = (0..d.len()).filter(|i| i % every != first).collect();
+                    let rest: Vec<f64> = kept.iter().map(|&i| d[i]).collect();
+                    let mut sorted = rest.clone();
+                    sorted.sort_by(f64::total_cmp);
+                    let base = sorted[sorted.len() / 2];
+                    let e = periodic.entry((every, first)).or_default();
+                    e.0 += 1;
+                    e.1.extend((first..d.len()).step_by(every).map(|i| d[i] - base));
+                    let o = k_sigma_outliers(&rest, k, cfg.min_rel_sigma, cfg.min_samples, true);
+                    (kept, o)
+                }
+                None => ((0..d.len()).collect(), outliers),
+            };
+            let kept_d: Vec<f64> = kept.iter().map(|&i| d[i]).collect();
+            mean_sum += kept_d.iter().sum::<f64>() / kept_d.len().max(1) as f64;
+            for (j, t) in outliers.into_iter().enumerate() {
                 if let Some(thr) = t {
+                    let i = kept[j];
                     flagged.push((r.steps[i].start_us, r.steps[i].end_us, d[i], thr, i));
                 }
             }
+        }
+        for ((every, first_step), (n, mut extra)) in periodic {
+            extra.sort_by(f64::total_cmp);
+            job_stalls.push(RecurringStall {
+                every,
+                first_step,
+                extra_us: extra[extra.len() / 2],
+                ranks: n,
+            });
         }
         flagged.sort_by_key(|f| f.0);
         let mut i = 0;
@@ -354,7 +438,7 @@ pub fn diagnose(
             }
         }
     }
-    findings
+    (findings, stalls)
 }
 
 #[cfg(test)]

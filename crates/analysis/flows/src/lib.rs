@@ -43,8 +43,8 @@ pub use bocd::{Bocd, BocdConfig, CpModel, NormalGammaPrior};
 /// The flow vocabulary (records, topology, report) lives in `whyslow-model`,
 /// shared with the flow readers; re-exported here for callers of the analysis.
 pub use whyslow_model::flow::{
-    FindingLevel, FlowFinding, FlowRecord, FlowReport, Job, Pair, PairType, Rank, Step,
-    SwitchStats, TimelineEvent, Timelines, FLOW_REPORT_VERSION,
+    FindingLevel, FlowFinding, FlowRecord, FlowReport, Job, Pair, PairType, Rank, RecurringStall,
+    Step, SwitchStats, TimelineEvent, Timelines, FLOW_REPORT_VERSION,
 };
 pub use whyslow_model::topology::{self, Topology, TopologyError};
 
@@ -136,8 +136,17 @@ fn analyze_merged(
     let classified = classify::classify(&index, &jobs, &cfg.bocd);
     let timelines = timeline::reconstruct(&index, &jobs, &classified, &cfg.bocd);
     let switches = diagnose::switch_stats(&index, &classified, &timelines);
-    let findings = diagnose::diagnose(&index, &jobs, &classified, &timelines, &switches, cfg);
-    assemble::assemble(&index, &jobs, &classified, timelines, switches, findings)
+    let (findings, stalls) =
+        diagnose::diagnose(&index, &jobs, &classified, &timelines, &switches, cfg);
+    assemble::assemble(
+        &index,
+        &jobs,
+        &classified,
+        timelines,
+        switches,
+        findings,
+        stalls,
+    )
 }
 
 /// Fast hasher for integer keys (rustc's FxHash), to keep the pipeline above 1 M flows/s.

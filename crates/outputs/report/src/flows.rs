@@ -130,6 +130,19 @@ pub fn render_table(report: &FlowReport) -> String {
             pp,
             j.dp_groups.len()
         );
+        if let Some(us) = j.step_us {
+            let _ = writeln!(s, "  step period {:.3} ms (median over its ranks)", us / 1e3);
+        }
+        for st in &j.recurring_stalls {
+            let _ = writeln!(
+                s,
+                "  recurring stall: every {} steps from step {}, +{:.3} ms on {} ranks (a checkpoint or evaluation? not a finding)",
+                st.every,
+                st.first_step,
+                st.extra_us / 1e3,
+                st.ranks
+            );
+        }
         let _ = writeln!(
             s,
             "  {:<40} {:>6} {:>12} {:>12} {:>12}",

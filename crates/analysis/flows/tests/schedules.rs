@@ -1,0 +1,271 @@
+//! Step division and timelines on production-like schedules (LLMPrism §IV-B/C,
+//! issue 11): every combination of pipeline schedule (GPipe, 1F1B) and DP
+//! schedule (all-reduce after the backward, DDP buckets overlapping it, ZeRO
+//! reduce-scatter … all-gather), with many chunks per phase or one (a DP group
+//! of two with one bucket sends one flow per phase: the case where BOCD alone
+//! found no step), chunks of varying size, jitter, an optimizer gap and a
+//! checkpoint every 10 steps; jobs and pair types exact, every rank's step count
+//! within one of the truth, ≤ 5 % of steps unmatched, mean step-period error
+//! ≤ 0.3 %, no finding on a healthy run (the checkpoint is a recurring stall)
+//! and exactly the injected slow step when there is one.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use whyslow_flows::diagnose::recurring_stall;
+use whyslow_flows::timeline::{bursts_per_step, gap_breaks};
+use whyslow_flows::{analyze, FindingLevel, FlowConfig, FlowReport, PairType};
+use whyslow_testkit::flows::{
+    generate, DpSchedule, Fault, PipelineSchedule, Synth, SynthCluster, SynthJob,
+};
+
+/// Gradient buckets: many ring chunks per phase, or one bucket.
+const BUCKETS: [&[u64]; 2] = [&[40 << 20, 40 << 20, 25 << 20, 10 << 20], &[120 << 20]];
+
+const PIPELINES: [PipelineSchedule; 2] = [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB];
+const DPS: [DpSchedule; 3] = [
+    DpSchedule::AllReduceAfterBackward,
+    DpSchedule::OverlappedBuckets,
+    DpSchedule::ZeroReduceScatterAllGather,
+];
+
+/// Two jobs side by side, as in the production trace of issue 11: dp4 × pp4
+/// and dp2 × pp4, both following `pipe` and `dp`.
+fn cluster_with(
+    pipe: PipelineSchedule,
+    dp: DpSchedule,
+    seed: u64,
+    buckets: Vec<u64>,
+) -> SynthCluster {
+    let job = |dpn: usize, steps: usize| SynthJob {
+        dp: dpn,
+        pp: 4,
+        tp: 1,
+        steps,
+        microbatches: 8,
+        fwd_us: 6_000,
+        bwd_us: 12_000,
+        pp_bytes: 4 << 20,
+        dp_buckets: buckets.clone(),
+        optimizer_us: 15_000,
+        schedule: pipe,
+        dp_schedule: dp,
+        chunk_spread: 0.3,
+        checkpoint_every: 10,
+        checkpoint_us: 150_000,
+    };
+    SynthCluster {
+        jobs: vec![job(4, 30), job(2, 30)],
+        machines_per_leaf: 4,
+        link_gbps: 100.0,
+        jitter: 0.03,
+        seed,
+        ..Default::default()
+    }
+}
+
+struct Score {
+    structure_ok: bool,
+    /// (rank, steps found, steps in truth) of ranks off by more than one.
+    bad_counts: Vec<(IpAddr, usize, usize)>,
+    /// Mean relative error of the matched steps' durations.
+    period_err: f64,
+    /// Steps whose ends match no consecutive truth ends.
+    unmatched: usize,
+    steps: usize,
+}
+
+fn score(s: &Synth, r: &FlowReport) -> Score {
+    let mut got: Vec<Vec<IpAddr>> = r
+        .jobs
+        .iter()
+        .map(|j| j.members.iter().map(|a| a.parse().unwrap()).collect())
+        .collect();
+    got.sort();
+    let mut want = s.truth.jobs.clone();
+    want.sort();
+    let pairs: BTreeMap<(IpAddr, IpAddr), PairType> = r
+        .pairs
+        .iter()
+        .map(|p| ((p.src.parse().unwrap(), p.dst.parse().unwrap()), p.kind))
+        .collect();
+    let structure_ok = got == want && pairs == s.truth.pairs;
+    let mut bad_counts = Vec::new();
+    let (mut errs, mut unmatched, mut steps) = (Vec::new(), 0, 0);
+    for rank in &r.ranks {
+        let a: IpAddr = rank.address.parse().unwrap();
+        let ends = &s.truth.step_ends[&a];
+        let truth_steps = ends.len() - 1;
+        if rank.steps.len().abs_diff(truth_steps) > 1 {
+            bad_counts.push((a, rank.steps.len(), truth_steps));
+        }
+        // Each found step against the truth step whose ends are nearest its own.
+        let nearest = |t: u64| -> usize {
+            let i = ends.partition_point(|&e| e < t);
+            if i == 0 {
+                0
+            } else if i == ends.len() || t - ends[i - 1] <= ends[i] - t {
+                i - 1
+            } else {
+                i
+            }
+        };
+        for st in &rank.steps {
+            steps += 1;
+            let (i, j) = (nearest(st.start_us), nearest(st.end_us));
+            if j != i + 1 {
+                unmatched += 1;
+                continue;
+            }
+            let t = (ends[j] - ends[i]) as f64;
+            errs.push((st.dur_us() as f64 - t).abs() / t);
+        }
+    }
+    let period_err = if errs.is_empty() {
+        1.0
+    } else {
+        errs.iter().sum::<f64>() / errs.len() as f64
+    };
+    Score {
+        structure_ok,
+        bad_counts,
+        period_err,
+        unmatched,
+        steps,
+    }
+}
+
+#[test]
+fn every_schedule_combination_divides_into_the_true_steps() {
+    let mut table = Vec::new();
+    let mut failed = false;
+    for pipe in PIPELINES {
+        for dp in DPS {
+            for buckets in BUCKETS {
+                for seed in [1, 2] {
+                    let c = cluster_with(pipe, dp, seed, buckets.to_vec());
+                    let s = generate(&c);
+                    let r = analyze(&s.records, Some(&s.topology), &FlowConfig::default());
+                    let sc = score(&s, &r);
+                    let stalls_seen = r.jobs.iter().all(|j| {
+                        j.recurring_stalls
+                            .iter()
+                            .any(|st| st.every == 10 && st.extra_us > 100_000.0)
+                    });
+                    let ok = sc.structure_ok
+                        && sc.bad_counts.is_empty()
+                        && sc.unmatched * 20 <= sc.steps
+                        && sc.period_err <= 0.003
+                        && r.findings.is_empty()
+                        && stalls_seen;
+                    failed |= !ok;
+                    table.push(format!(
+                        "{pipe:?} {dp:?} {} bucket(s) seed {seed}: structure {} · ranks off {} {:?} · steps {} unmatched {} · period error {:.3} % · findings {} · checkpoint seen {stalls_seen}{}",
+                        buckets.len(),
+                        sc.structure_ok,
+                        sc.bad_counts.len(),
+                        sc.bad_counts.iter().take(3).collect::<Vec<_>>(),
+                        sc.steps,
+                        sc.unmatched,
+                        100.0 * sc.period_err,
+                        r.findings.len(),
+                        if ok { "" } else { "  <-- FAIL" }
+                    ));
+                }
+            }
+        }
+    }
+    println!("{}", table.join("\n"));
+    assert!(!failed, "\n{}", table.join("\n"));
+}
+
+#[test]
+fn a_slow_step_is_the_one_finding_on_every_schedule() {
+    for pipe in PIPELINES {
+        for dp in DPS {
+            for (buckets, step) in BUCKETS.into_iter().zip([13, 16]) {
+                let mut c = cluster_with(pipe, dp, 3, buckets.to_vec());
+                c.faults = vec![Fault::SlowStep {
+                    job: 1,
+                    step,
+                    factor: 1.6,
+                }];
+                let s = generate(&c);
+                let r = analyze(&s.records, Some(&s.topology), &FlowConfig::default());
+                let what = format!("{pipe:?} {dp:?} {} bucket(s)", buckets.len());
+                assert_eq!(r.findings.len(), 1, "{what}: {:#?}", r.findings);
+                let f = &r.findings[0];
+                assert_eq!(
+                    (f.level, f.job),
+                    (FindingLevel::Step, Some(1)),
+                    "{what}: {f:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn two_unrelated_slow_steps_are_no_recurring_stall() {
+    let mut d = vec![100.0; 30];
+    d[5] = 180.0;
+    d[12] = 175.0;
+    assert_eq!(recurring_stall(&d, &[5, 12]), None); // 19 and 26 are not slow
+    for i in (5..30).step_by(7) {
+        d[i] = 178.0;
+    }
+    assert_eq!(recurring_stall(&d, &[5, 12, 19, 26]), Some((7, 5)));
+    assert_eq!(recurring_stall(&d, &[5, 6]), None); // consecutive: no period
+}
+
+#[test]
+fn gaps_split_only_where_they_fall_in_two_clear_classes() {
+    // One flow per phase, two phases per step: gaps 15 ms and 200 ms alternate
+    // with concurrent flows (gap 0).
+    let mut flows = Vec::new();
+    let mut t = 0u64;
+    for _ in 0..10 {
+        flows.push((t, t + 2_000));
+        flows.push((t, t + 2_000));
+        t += 17_000;
+        flows.push((t, t + 2_000));
+        flows.push((t, t + 2_000));
+        t += 202_000;
+    }
+    let breaks = gap_breaks(&flows).expect("clear classes");
+    assert_eq!(breaks.len(), 19);
+    // Gaps spread evenly over four decades: no natural break.
+    let mut t = 0u64;
+    let mut rng = whyslow_testkit::SplitMix64::new(7);
+    let spread: Vec<(u64, u64)> = (0..200)
+        .map(|_| {
+            t += 10f64.powf(1.0 + 4.0 * rng.unit()) as u64;
+            (t, t)
+        })
+        .collect();
+    assert_eq!(gap_breaks(&spread), None);
+}
+
+#[test]
+fn two_bursts_per_step_are_found_and_end_with_the_longest_idle() {
+    // (reduce-scatter, 15 ms optimizer, all-gather, 200 ms compute) × 12.
+    let mut bursts = Vec::new();
+    let mut t = 0u64;
+    for _ in 0..12 {
+        bursts.push((t, t + 5_000));
+        t += 20_000;
+        bursts.push((t, t + 5_000));
+        t += 205_000;
+    }
+    assert_eq!(bursts_per_step(&bursts), (2, 1));
+    // One burst per step with ±10 % jitter stays one.
+    let mut rng = whyslow_testkit::SplitMix64::new(3);
+    let mut t = 0u64;
+    let one: Vec<(u64, u64)> = (0..30)
+        .map(|_| {
+            t += (230_000.0 * (1.0 + 0.1 * rng.symmetric())) as u64;
+            (t - 5_000, t)
+        })
+        .collect();
+    assert_eq!(bursts_per_step(&one), (1, 0));
+}
