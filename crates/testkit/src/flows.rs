@@ -571,3 +571,48 @@ pub fn generate(c: &SynthCluster) -> Synth {
         truth,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stage 0's PP traffic of one step: (time, is activation send 0 → 1).
+    fn stage0_pp(schedule: PipelineSchedule) -> Vec<(u64, bool)> {
+        let c = SynthCluster {
+            jobs: vec![SynthJob {
+                dp: 1,
+                pp: 4,
+                tp: 1,
+                steps: 1,
+                microbatches: 8,
+                schedule,
+                ..Default::default()
+            }],
+            jitter: 0.0,
+            ..Default::default()
+        };
+        let s = generate(&c);
+        let (a, b) = ("10.0.1.1".parse().unwrap(), "10.0.2.1".parse().unwrap());
+        s.records
+            .iter()
+            .filter(|r| (r.src, r.dst) == (a, b) || (r.src, r.dst) == (b, a))
+            .map(|r| (r.start_us, r.src == a))
+            .collect()
+    }
+
+    #[test]
+    fn one_f_one_b_interleaves_what_gpipe_keeps_apart() {
+        // GPipe: all 8 activations leave stage 0 before any gradient comes back.
+        let g = stage0_pp(PipelineSchedule::GPipe);
+        assert_eq!(g.len(), 16);
+        assert!(g[..8].iter().all(|f| f.1) && g[8..].iter().all(|f| !f.1), "{g:?}");
+        // 1F1B: stage 0 warms up with 3 forwards, then the first gradient
+        // arrives before its 5th activation leaves.
+        let o = stage0_pp(PipelineSchedule::OneFOneB);
+        assert_eq!(o.len(), 16);
+        let first_grad = o.iter().position(|f| !f.1).unwrap();
+        assert!(first_grad < 8, "{o:?}");
+        // Same work, same step time with equal micro-batches (1F1B saves memory).
+        assert_eq!(g.last().unwrap().0, o.last().unwrap().0);
+    }
+}
