@@ -20,6 +20,7 @@ mod fingerprint;
 pub mod flow;
 mod report;
 pub mod rng;
+pub mod stack;
 pub mod topology;
 mod trace;
 pub mod wire;

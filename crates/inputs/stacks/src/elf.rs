@@ -1,0 +1,257 @@
+//! ELF modules: Build-ID, load segments, unwind sections (for the DWARF
+//! unwinder) and symbol tables (for deferred symbolization, SysOM-AI §3.4).
+//!
+//! Symbols are looked up by **containment**: a symbol covers
+//! `[address, address + size)`, and an address in no symbol's range has no
+//! name (it is shown as `module+offset`), never the "nearest lower symbol"
+//! across a gap, which misattributes samples in stripped or partially
+//! symbolized code (§5.3).
+
+use std::ops::{Deref, Range};
+use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+
+use crate::StackError;
+
+/// A byte range of a memory-mapped file (section data handed to the
+/// unwinder without copying).
+#[derive(Clone)]
+pub struct MappedBytes {
+    map: Arc<Mmap>,
+    range: Range<usize>,
+}
+
+impl Deref for MappedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map[self.range.clone()]
+    }
+}
+
+/// A `PT_LOAD` segment: file bytes `[offset, offset + filesz)` at virtual
+/// address `vaddr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// File offset.
+    pub offset: u64,
+    /// Bytes in the file.
+    pub filesz: u64,
+    /// Virtual address (SVMA) of `offset`.
+    pub vaddr: u64,
+}
+
+/// A symbol: `[address, address + size)` in SVMA, with its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Symbol {
+    /// Start (SVMA).
+    pub address: u64,
+    /// Size in bytes (> 0).
+    pub size: u64,
+    /// Name (mangled as in the file).
+    pub name: String,
+}
+
+/// Sections the unwinder uses, located in the file.
+#[derive(Clone, Default)]
+pub struct UnwindSections {
+    /// `.text` range and bytes.
+    pub text: Option<(Range<u64>, MappedBytes)>,
+    /// `.eh_frame`.
+    pub eh_frame: Option<(Range<u64>, MappedBytes)>,
+    /// `.eh_frame_hdr`.
+    pub eh_frame_hdr: Option<(Range<u64>, MappedBytes)>,
+    /// `.debug_frame` (bytes only).
+    pub debug_frame: Option<MappedBytes>,
+    /// `.got` range.
+    pub got: Option<Range<u64>>,
+}
+
+/// An ELF file's identity, layout, unwind data and symbols.
+pub struct ElfModule {
+    /// GNU Build-ID, lowercase hex (None when the file has none).
+    pub build_id: Option<String>,
+    /// Load segments, by file offset.
+    pub segments: Vec<Segment>,
+    /// Symbols with a size, sorted by address.
+    pub symbols: Vec<Symbol>,
+    /// Unwind sections.
+    pub unwind: UnwindSections,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl ElfModule {
+    /// Opens and parses `path`.
+    pub fn open(path: &Path) -> Result<Self, StackError> {
+        let shown = path.display().to_string();
+        let file = std::fs::File::open(path).map_err(|e| StackError::Io(shown.clone(), e))?;
+        // SAFETY: the file is mapped read-only; a concurrent truncation could
+        // fault, as with any profiler reading binaries in use (perf, samply).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| StackError::Io(shown.clone(), e))?;
+        let map = Arc::new(map);
+        let obj = object::File::parse(&map[..])
+            .map_err(|e| StackError::Elf(shown.clone(), e.to_string()))?;
+        let build_id = obj.build_id().ok().flatten().map(hex);
+        let segments = obj
+            .segments()
+            .filter_map(|s| {
+                let (offset, filesz) = s.file_range();
+                (filesz > 0).then_some(Segment {
+                    offset,
+                    filesz,
+                    vaddr: s.address(),
+                })
+            })
+            .collect();
+        let section = |name: &str| -> Option<(Range<u64>, MappedBytes)> {
+            let s = obj.section_by_name(name)?;
+            let (off, size) = s.file_range()?;
+            let range = off as usize..(off + size) as usize;
+            (range.end <= map.len()).then(|| {
+                (
+                    s.address()..s.address() + s.size(),
+                    MappedBytes {
+                        map: map.clone(),
+                        range,
+                    },
+                )
+            })
+        };
+        let unwind = UnwindSections {
+            text: section(".text"),
+            eh_frame: section(".eh_frame"),
+            eh_frame_hdr: section(".eh_frame_hdr"),
+            debug_frame: section(".debug_frame").map(|s| s.1),
+            got: obj
+                .section_by_name(".got")
+                .map(|s| s.address()..s.address() + s.size()),
+        };
+        let mut symbols: Vec<Symbol> = obj
+            .symbols()
+            .chain(obj.dynamic_symbols())
+            .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.address() > 0)
+            .filter_map(|s| {
+                Some(Symbol {
+                    address: s.address(),
+                    size: s.size(),
+                    name: s.name().ok()?.to_string(),
+                })
+            })
+            .collect();
+        symbols.sort_by(|a, b| (a.address, &a.name).cmp(&(b.address, &b.name)));
+        symbols.dedup_by(|a, b| a.address == b.address);
+        Ok(ElfModule {
+            build_id,
+            segments,
+            symbols,
+            unwind,
+        })
+    }
+
+    /// The SVMA of file offset `offset` (through the load segment holding it).
+    pub fn svma_of_offset(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| (s.offset..s.offset + s.filesz).contains(&offset))
+            .map(|s| s.vaddr + (offset - s.offset))
+    }
+
+    /// The symbol whose range holds `svma` (containment, never nearest-lower).
+    pub fn symbol_at(&self, svma: u64) -> Option<&Symbol> {
+        let i = self.symbols.partition_point(|s| s.address <= svma);
+        // Symbols may nest (aliases of different sizes): look back a little.
+        self.symbols[..i]
+            .iter()
+            .rev()
+            .take(8)
+            .find(|s| svma < s.address + s.size)
+    }
+}
+
+/// Kernel symbols from `/proc/kallsyms` (text symbols only, sorted). Kernel
+/// text is contiguous, so a symbol ends where the next begins.
+#[derive(Debug, Default, Clone)]
+pub struct KernelSymbols {
+    syms: Vec<(u64, String)>,
+}
+
+impl KernelSymbols {
+    /// Parses the text of `/proc/kallsyms`; zero addresses (hidden by
+    /// `kptr_restrict`) give an empty table.
+    pub fn parse(text: &str) -> Self {
+        let mut syms: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let addr = u64::from_str_radix(it.next()?, 16).ok()?;
+                let kind = it.next()?;
+                let name = it.next()?;
+                (addr != 0 && matches!(kind, "t" | "T" | "w" | "W"))
+                    .then(|| (addr, name.to_string()))
+            })
+            .collect();
+        syms.sort();
+        KernelSymbols { syms }
+    }
+
+    /// Reads `/proc/kallsyms` (empty when unreadable).
+    pub fn load() -> Self {
+        std::fs::read_to_string("/proc/kallsyms")
+            .map(|t| Self::parse(&t))
+            .unwrap_or_default()
+    }
+
+    /// The kernel function holding `addr`.
+    pub fn name(&self, addr: u64) -> Option<&str> {
+        let i = self.syms.partition_point(|s| s.0 <= addr);
+        if i == 0 || i == self.syms.len() {
+            return None; // below the first or past the last: not kernel text we know
+        }
+        Some(self.syms[i - 1].1.as_str())
+    }
+
+    /// Symbols known.
+    pub fn len(&self) -> usize {
+        self.syms.len()
+    }
+
+    /// No symbols (kallsyms hidden or unreadable).
+    pub fn is_empty(&self) -> bool {
+        self.syms.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_test_binary_has_a_build_id_and_its_own_symbols() {
+        let exe = std::env::current_exe().unwrap();
+        let m = ElfModule::open(&exe).unwrap();
+        assert!(m.build_id.as_deref().is_some_and(|b| b.len() >= 16));
+        assert!(m.unwind.eh_frame.is_some());
+        // A symbol's own start resolves to it; one past its end does not
+        // resolve to it (containment).
+        let s = m.symbols.iter().find(|s| s.size > 4).unwrap().clone();
+        assert_eq!(m.symbol_at(s.address).unwrap().address, s.address);
+        let after = m.symbol_at(s.address + s.size);
+        assert!(after.is_none_or(|a| a.address != s.address || a.size > s.size));
+    }
+
+    #[test]
+    fn kallsyms_parse() {
+        let k = KernelSymbols::parse(
+            "ffffffff81000000 T _stext\nffffffff81000100 t do_thing\nffffffff81000200 d data\nffffffff81000300 T end\n",
+        );
+        assert_eq!(k.len(), 3);
+        assert_eq!(k.name(0xffffffff81000150), Some("do_thing"));
+        assert_eq!(k.name(0xffffffff80000000), None);
+        assert!(KernelSymbols::parse("0000000000000000 T hidden\n").is_empty());
+    }
+}

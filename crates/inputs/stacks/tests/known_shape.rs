@@ -1,0 +1,141 @@
+//! The sampler on a program of known shape (issue 12's CI test): a thread
+//! compressing with zlib (Python → the zlib extension → libz's `deflate`) and
+//! a thread statting deep paths (→ the kernel's path lookup). The stacks must
+//! hold those frames root first — interpreter before extension before libz,
+//! user before kernel — in most samples of each thread.
+//!
+//! Needs root (or perf_event_paranoid ≤ 1) and python3; set
+//! WHYSLOW_SKIP_PERF=1 to skip it where perf events are not permitted.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use whyslow_model::stack::{FrameKind, StackProfile};
+use whyslow_stacks::{profile_process, ProfileOptions};
+
+fn stacks_of<'a>(
+    p: &'a StackProfile,
+    thread: &str,
+) -> Vec<(Vec<&'a whyslow_model::stack::Frame>, u64)> {
+    p.stacks
+        .iter()
+        .map(|s| {
+            (
+                s.frames
+                    .iter()
+                    .map(|&i| &p.frames[i as usize])
+                    .collect::<Vec<_>>(),
+                s.count,
+            )
+        })
+        .filter(|(f, _)| f.first().and_then(|f| f.name.as_deref()) == Some(thread))
+        .collect()
+}
+
+fn name(f: &whyslow_model::stack::Frame) -> &str {
+    f.name.as_deref().unwrap_or("")
+}
+
+#[test]
+fn zlib_and_stat_threads_show_their_native_and_kernel_paths() {
+    if std::env::var_os("WHYSLOW_SKIP_PERF").is_some() {
+        eprintln!("skipped: WHYSLOW_SKIP_PERF is set");
+        return;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/known_shape.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut child = Command::new(&python)
+        .arg(script)
+        .arg("30")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let opts = ProfileOptions {
+        hz: 199,
+        duration: Duration::from_secs(3),
+        stack_bytes: 32 * 1024,
+    };
+    let res = profile_process(child.id() as i32, &opts, &AtomicBool::new(false));
+    let _ = child.kill();
+    let _ = child.wait();
+    let (p, stats) = res.expect("perf sampling (run as root, or set WHYSLOW_SKIP_PERF=1)");
+    assert!(stats.kernel_symbols > 1000, "kallsyms hidden: {stats:?}");
+
+    // compress: libz's deflate under the zlib module under the interpreter.
+    let comp = stacks_of(&p, "compress");
+    let total: u64 = comp.iter().map(|s| s.1).sum();
+    assert!(total >= 100, "{total} samples of the compress thread");
+    let good: u64 = comp
+        .iter()
+        .filter(|(f, _)| {
+            let deflate = f
+                .iter()
+                .position(|f| name(f).starts_with("deflate") || name(f) == "compress2");
+            let interp = f.iter().position(|f| name(f).contains("_PyEval_EvalFrame"));
+            matches!((interp, deflate), (Some(i), Some(d)) if i < d)
+        })
+        .map(|s| s.1)
+        .sum();
+    assert!(
+        good * 2 > total,
+        "deflate under the interpreter in {good} of {total} samples"
+    );
+
+    // stat: the kernel's path walk, below the user frames.
+    let st = stacks_of(&p, "stat");
+    let total: u64 = st.iter().map(|s| s.1).sum();
+    assert!(total >= 100, "{total} samples of the stat thread");
+    let walk = |n: &str| {
+        [
+            "link_path_walk",
+            "path_lookupat",
+            "filename_lookup",
+            "walk_component",
+            "lookup_fast",
+            "vfs_statx",
+            "do_statx",
+            "__x64_sys_newfstatat",
+            "vfs_fstatat",
+        ]
+        .iter()
+        .any(|k| n.contains(k))
+    };
+    let good: u64 = st
+        .iter()
+        .filter(|(f, _)| {
+            let k = f
+                .iter()
+                .position(|f| f.kind == FrameKind::Kernel && walk(name(f)));
+            let u = f.iter().rposition(|f| f.kind == FrameKind::Native);
+            matches!((u, k), (Some(u), Some(k)) if u < k)
+        })
+        .map(|s| s.1)
+        .sum();
+    let mut top: Vec<_> = st.iter().collect();
+    top.sort_by_key(|s| std::cmp::Reverse(s.1));
+    let shown: Vec<String> = top
+        .iter()
+        .take(12)
+        .map(|(f, c)| {
+            format!(
+                "{c} {}",
+                f.iter().map(|f| f.display()).collect::<Vec<_>>().join(";")
+            )
+        })
+        .collect();
+    if std::env::var_os("WHYSLOW_SHOW_STACKS").is_some() {
+        eprintln!("{good}/{total}\n{}", shown.join("\n"));
+    }
+    assert!(
+        good * 2 > total,
+        "path lookup below user frames in {good} of {total} samples; top stacks:\n{}",
+        shown.join("\n")
+    );
+}
