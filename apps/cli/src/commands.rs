@@ -51,6 +51,12 @@ enum Command {
     /// Black-box diagnosis from switch-level network flow records (LLMPrism).
     #[command(subcommand)]
     Flows(crate::flows::FlowsCommand),
+    /// CPU stack profile of a running process: kernel and native stacks (DWARF
+    /// unwinding), symbolized; written as folded stacks, pprof, a flame graph
+    /// or speedscope JSON (by the output's extension).
+    Profile(crate::profile::ProfileArgs),
+    /// Flame graph of saved profiles, or a differential one against `--diff BASE`.
+    Flamegraph(crate::profile::FlamegraphArgs),
 }
 
 #[derive(Args, Debug)]
@@ -165,6 +171,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Flows(cmd) => crate::flows::run(cmd),
         Command::Sample(args) => crate::sample::run(args),
         Command::Agent(args) => whyslow_agent::run(args),
+        Command::Profile(args) => crate::profile::run_profile(args),
+        Command::Flamegraph(args) => crate::profile::run_flamegraph(args),
     }
 }
 

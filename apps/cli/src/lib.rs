@@ -21,6 +21,7 @@ use clap::Parser;
 
 mod commands;
 mod flows;
+mod profile;
 mod sample;
 
 /// Runs the `whyslow` command line on `args` (the program name first) and

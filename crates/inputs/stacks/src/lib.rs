@@ -15,13 +15,14 @@
 pub mod elf;
 pub mod maps;
 pub mod perf;
+pub mod python;
 pub mod unwind;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use whyslow_model::stack::{Frame, StackProfile, StackProfileBuilder};
+use whyslow_model::stack::{Frame, FrameKind, StackProfile, StackProfileBuilder};
 
 use crate::elf::KernelSymbols;
 use crate::perf::{PerfSampler, RawSample};
@@ -53,6 +54,8 @@ pub struct ProfileOptions {
     pub duration: Duration,
     /// Bytes of user stack copied per sample (deeper stacks are cut there).
     pub stack_bytes: u32,
+    /// Stitch Python frames in (CPython 3.11–3.13 with a shared libpython).
+    pub python: bool,
 }
 
 impl Default for ProfileOptions {
@@ -61,6 +64,7 @@ impl Default for ProfileOptions {
             hz: 99,
             duration: Duration::from_secs(10),
             stack_bytes: 16 * 1024,
+            python: true,
         }
     }
 }
@@ -78,6 +82,13 @@ pub struct ProfileStats {
     pub unreadable: Vec<String>,
     /// Kernel symbols known (0: kallsyms hidden; kernel frames unnamed).
     pub kernel_symbols: usize,
+    /// The Python runtime whose frames were stitched in, if any.
+    pub python: Option<String>,
+    /// Samples whose interpreter frames were replaced by Python frames.
+    pub python_stitched: u64,
+    /// Samples of Python threads left with the interpreter's frames (the
+    /// Python stack read after the sample no longer matched it).
+    pub python_mismatched: u64,
 }
 
 /// Samples every thread of `pid` for `opts.duration` (or until `stop` is
@@ -89,10 +100,19 @@ pub fn profile_process(
     opts: &ProfileOptions,
     stop: &AtomicBool,
 ) -> Result<(StackProfile, ProfileStats), StackError> {
-    let mut sampler = PerfSampler::open(pid, opts.hz, opts.stack_bytes)?;
+    // Modules and kallsyms first: samples taken while they load would
+    // overflow the ring buffers.
     let kernel = KernelSymbols::load();
     let kernel_symbols = kernel.len();
     let mut walker = StackWalker::new(pid, kernel);
+    let mut python = if opts.python {
+        maps::read_maps(pid)
+            .ok()
+            .and_then(|m| python::PythonReader::new(pid, &m))
+    } else {
+        None
+    };
+    let mut sampler = PerfSampler::open(pid, opts.hz, opts.stack_bytes)?;
     let mut builder = StackProfileBuilder::new();
     builder.label("pid", pid.to_string());
     if let Ok(cmd) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
@@ -107,9 +127,14 @@ pub fn profile_process(
     let mut batch: Vec<RawSample> = Vec::new();
     let mut names: HashMap<u32, String> = HashMap::new();
     let mut samples = 0u64;
+    let mut stitched = (0u64, 0u64); // (stitched, interpreter frames kept)
     loop {
         let done = t0.elapsed() >= opts.duration || stop.load(Ordering::Relaxed);
         sampler.drain(&mut batch);
+        let py_stacks = match (&mut python, batch.is_empty()) {
+            (Some(r), false) => r.stacks(),
+            _ => HashMap::new(),
+        };
         for s in batch.drain(..) {
             samples += 1;
             let name = names.entry(s.tid).or_insert_with(|| {
@@ -119,8 +144,13 @@ pub fn profile_process(
             });
             let mut ids = vec![builder.frame(Frame::label(name.clone()))];
             let user = walker.user_addresses(&s);
-            for &a in user.iter().rev() {
-                ids.push(builder.frame(walker.native_frame(a)));
+            let native: Vec<Frame> = user.iter().rev().map(|&a| walker.native_frame(a)).collect();
+            let native = match py_stacks.get(&s.tid) {
+                Some(py) => stitch_python(native, py, &mut stitched),
+                None => native,
+            };
+            for f in native {
+                ids.push(builder.frame(f));
             }
             for &a in s.kernel.iter().rev() {
                 ids.push(builder.frame(walker.kernel_frame(a)));
@@ -147,6 +177,9 @@ pub fn profile_process(
             .map(|(p, e)| format!("{p}: {e}"))
             .collect(),
         kernel_symbols,
+        python: python.as_ref().map(|p| format!("CPython 3.{}", p.minor())),
+        python_stitched: stitched.0,
+        python_mismatched: stitched.1,
     };
     let profile = builder.finish(
         opts.hz as f64,
@@ -154,4 +187,50 @@ pub fn profile_process(
         t0.elapsed().as_nanos() as u64,
     );
     Ok((profile, stats))
+}
+
+/// The interpreter's evaluation function: one native frame per C-level call
+/// into the bytecode loop.
+const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
+
+/// Replaces each evaluation frame of `native` (root first) by the Python
+/// frames it runs, when their number matches the C calls in `py` (innermost
+/// first); counts into `counts` (stitched, mismatched).
+fn stitch_python(
+    native: Vec<Frame>,
+    py: &[python::PyFrame],
+    counts: &mut (u64, u64),
+) -> Vec<Frame> {
+    let evals = native
+        .iter()
+        .filter(|f| f.name.as_deref() == Some(EVAL_FRAME))
+        .count();
+    if evals == 0 {
+        return native;
+    }
+    let groups = python::groups_root_first(py);
+    if groups.len() != evals {
+        counts.1 += 1;
+        return native;
+    }
+    counts.0 += 1;
+    let mut groups = groups.into_iter();
+    let mut out = Vec::with_capacity(native.len() + py.len());
+    for f in native {
+        if f.name.as_deref() == Some(EVAL_FRAME) {
+            for p in groups.next().unwrap_or_default() {
+                out.push(Frame {
+                    kind: FrameKind::Python,
+                    name: Some(p.name.clone()),
+                    module: Some(p.file.clone()),
+                    build_id: None,
+                    offset: 0,
+                    line: Some(p.line),
+                });
+            }
+        } else {
+            out.push(f);
+        }
+    }
+    out
 }

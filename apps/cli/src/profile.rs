@@ -1,0 +1,228 @@
+//! `whyslow profile` (one-shot CPU stack profile of a running process) and
+//! `whyslow flamegraph` (render, or diff, saved profiles). SysOM-AI §3.3–§3.4
+//! and Fig. 6–7.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use whyslow_model::stack::StackProfile;
+use whyslow_stack_output as out;
+
+/// `whyslow profile`.
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    /// Process to profile (all its threads; it is never stopped or ptraced).
+    #[arg(long)]
+    pid: i32,
+    /// Seconds to sample (Ctrl-C ends earlier and still writes the profile).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Samples per second per thread (10–999).
+    #[arg(long, default_value_t = 99)]
+    hz: u64,
+    /// Bytes of user stack copied per sample (deeper stacks are cut).
+    #[arg(long, default_value_t = 16384)]
+    stack_bytes: u32,
+    /// Keep the interpreter's frames instead of stitching in Python's.
+    #[arg(long)]
+    no_python: bool,
+    /// Output; the format follows the extension: `.folded` (or `.txt`),
+    /// `.pb.gz` (pprof), `.svg` (flame graph), `.json` (speedscope).
+    #[arg(short, long)]
+    output: PathBuf,
+}
+
+/// `whyslow flamegraph`.
+#[derive(Args, Debug)]
+pub struct FlamegraphArgs {
+    /// Profiles (`.folded`/`.txt` or `.pb.gz`); several are merged.
+    #[arg(required = true)]
+    profiles: Vec<PathBuf>,
+    /// A baseline profile: draw a differential flame graph (red: share grew,
+    /// blue: shrank).
+    #[arg(long)]
+    diff: Option<PathBuf>,
+    /// Title of the graph.
+    #[arg(long)]
+    title: Option<String>,
+    /// Root at the top (icicle graph).
+    #[arg(long)]
+    icicle: bool,
+    /// Output SVG.
+    #[arg(short, long)]
+    output: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Folded,
+    Pprof,
+    Svg,
+    Speedscope,
+}
+
+fn format_of(path: &Path) -> Result<Format> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    Ok(if name.ends_with(".folded") || name.ends_with(".txt") {
+        Format::Folded
+    } else if name.ends_with(".pb.gz") || name.ends_with(".pb") || name.ends_with(".pprof") {
+        Format::Pprof
+    } else if name.ends_with(".svg") {
+        Format::Svg
+    } else if name.ends_with(".json") {
+        Format::Speedscope
+    } else {
+        bail!(
+            "{}: unknown profile format (use .folded, .pb.gz, .svg or .json)",
+            path.display()
+        )
+    })
+}
+
+fn write_profile(profile: &StackProfile, path: &Path, title: &str) -> Result<()> {
+    let bytes = match format_of(path)? {
+        Format::Folded => out::to_folded(profile).into_bytes(),
+        Format::Pprof => out::to_pprof(profile),
+        Format::Svg => {
+            let opts = out::FlameOptions {
+                title: title.to_string(),
+                ..Default::default()
+            };
+            out::to_flamegraph_svg(profile, &opts).into_bytes()
+        }
+        Format::Speedscope => out::to_speedscope_json(profile).into_bytes(),
+    };
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Reads a saved profile (folded or pprof).
+pub fn read_profile(path: &Path) -> Result<StackProfile> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    match format_of(path)? {
+        Format::Folded => {
+            let text = String::from_utf8(bytes)
+                .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))?;
+            out::parse_folded(&text).with_context(|| format!("{}", path.display()))
+        }
+        Format::Pprof => out::from_pprof(&bytes).with_context(|| format!("{}", path.display())),
+        other => bail!(
+            "{}: {other:?} profiles cannot be read back (use .folded or .pb.gz)",
+            path.display()
+        ),
+    }
+}
+
+fn merge(profiles: Vec<StackProfile>) -> StackProfile {
+    let mut b = whyslow_model::stack::StackProfileBuilder::new();
+    let (mut hz, mut start, mut dur) = (0.0, u64::MAX, 0u64);
+    for p in profiles {
+        hz = p.hz;
+        start = start.min(p.start_unix_ns);
+        dur = dur.max(p.duration_ns);
+        for s in &p.stacks {
+            let ids = s
+                .frames
+                .iter()
+                .map(|&i| b.frame(p.frames[i as usize].clone()))
+                .collect();
+            b.add(ids, s.count);
+        }
+    }
+    b.finish(hz, if start == u64::MAX { 0 } else { start }, dur)
+}
+
+/// Runs `whyslow profile`.
+pub fn run_profile(args: ProfileArgs) -> Result<u8> {
+    if !(10..=999).contains(&args.hz) {
+        bail!("--hz {} is outside 10..=999", args.hz);
+    }
+    format_of(&args.output)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
+            .context("installing the Ctrl-C handler")?;
+    }
+    let opts = whyslow_stacks::ProfileOptions {
+        hz: args.hz,
+        duration: Duration::from_secs_f64(args.duration.max(0.0)),
+        stack_bytes: args.stack_bytes,
+        python: !args.no_python,
+    };
+    let (profile, stats) = whyslow_stacks::profile_process(args.pid, &opts, &stop)
+        .with_context(|| format!("profiling pid {}", args.pid))?;
+    for m in &stats.unreadable {
+        eprintln!("whyslow: note: module not read (its frames stay unnamed): {m}");
+    }
+    if let Some(py) = &stats.python {
+        eprintln!(
+            "whyslow: {py}: Python frames stitched into {} samples ({} kept the interpreter's frames: the Python stack had moved on)",
+            stats.python_stitched, stats.python_mismatched
+        );
+    }
+    if stats.kernel_symbols == 0 {
+        eprintln!(
+            "whyslow: note: /proc/kallsyms is hidden (kptr_restrict): kernel frames stay unnamed"
+        );
+    }
+    let title = format!(
+        "pid {} ({}), {} samples at {} Hz",
+        args.pid,
+        profile
+            .labels
+            .get("command")
+            .map(String::as_str)
+            .unwrap_or("?"),
+        stats.samples,
+        args.hz
+    );
+    write_profile(&profile, &args.output, &title)?;
+    eprintln!(
+        "whyslow: {} samples of {} threads ({} lost), {} distinct stacks -> {}",
+        stats.samples,
+        stats.threads,
+        stats.lost,
+        profile.stacks.len(),
+        args.output.display()
+    );
+    Ok(0)
+}
+
+/// Runs `whyslow flamegraph`.
+pub fn run_flamegraph(args: FlamegraphArgs) -> Result<u8> {
+    let profiles = args
+        .profiles
+        .iter()
+        .map(|p| read_profile(p))
+        .collect::<Result<Vec<_>>>()?;
+    let new = merge(profiles);
+    let opts = out::FlameOptions {
+        title: args.title.clone().unwrap_or_else(|| match &args.diff {
+            Some(b) => format!("{} vs. {}", args.profiles[0].display(), b.display()),
+            None => args.profiles[0].display().to_string(),
+        }),
+        icicle: args.icicle,
+        ..Default::default()
+    };
+    let svg = match &args.diff {
+        Some(base) => out::to_diff_flamegraph_svg(&read_profile(base)?, &new, &opts),
+        None => out::to_flamegraph_svg(&new, &opts),
+    };
+    std::fs::write(&args.output, svg)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    eprintln!(
+        "whyslow: {} samples, {} stacks -> {}",
+        new.total(),
+        new.stacks.len(),
+        args.output.display()
+    );
+    Ok(0)
+}

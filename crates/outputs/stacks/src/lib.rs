@@ -1,0 +1,35 @@
+//! Renderings of CPU stack profiles ([`StackProfile`]): what the node agent
+//! samples (SysOM-AI §3.3–§3.4: eBPF stack sampling with Build-ID + offset
+//! frames and deferred symbolization) shown the ways §4 shows it, as flame
+//! graphs (Fig. 6) and differential flame graphs that compare a slow period
+//! with a baseline (Fig. 7), plus the interchange formats other tools read.
+//!
+//! | function | format | read by |
+//! |---|---|---|
+//! | [`to_folded`] / [`parse_folded`] | folded stacks, `root;…;leaf count` | `flamegraph.pl`, inferno, speedscope |
+//! | [`to_pprof`] / [`from_pprof`] | gzip-compressed pprof protobuf | `go tool pprof`, Pyroscope, Parca |
+//! | [`to_flamegraph_svg`] | self-contained SVG flame graph | any browser |
+//! | [`to_diff_flamegraph_svg`] | differential (red/blue) SVG flame graph | any browser |
+//! | [`to_speedscope_json`] | speedscope file format | speedscope.app |
+//!
+//! Everything here is a pure function from values to `String`/`Vec<u8>` and
+//! back: no I/O. Nothing panics on any input: frame indices out of range
+//! render as an unknown frame, counts add up saturating, and text from the
+//! profile (function names, paths) is escaped in SVG and sanitized in
+//! folded stacks.
+#![deny(missing_docs)]
+
+mod flame;
+mod folded;
+mod pprof;
+mod speedscope;
+mod tree;
+mod util;
+
+pub use flame::{to_diff_flamegraph_svg, to_flamegraph_svg, FlameOptions};
+pub use folded::{parse_folded, to_folded, FoldedError};
+pub use pprof::{from_pprof, to_pprof, PprofError, MAX_PPROF_DECOMPRESSED};
+pub use speedscope::{to_speedscope_json, SPEEDSCOPE_SCHEMA};
+
+#[doc(no_inline)]
+pub use whyslow_model::stack::StackProfile;

@@ -1,0 +1,762 @@
+//! pprof (Google's `profile.proto`), gzip-compressed as `go tool pprof`,
+//! Pyroscope and Parca read it. The messages are written by hand with the
+//! field tags of `profile.proto` (no code generation).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+
+use prost::Message;
+use thiserror::Error;
+use whyslow_model::stack::{Frame, FrameKind, StackProfile, StackProfileBuilder};
+
+use crate::util::{frame_at, usable_hz};
+
+/// The most bytes [`from_pprof`] inflates a gzip-compressed profile to
+/// (256 MiB): a guard against decompression bombs.
+pub const MAX_PPROF_DECOMPRESSED: u64 = 256 << 20;
+
+/// The mapping kernel frames are put in (the name perf and pprof use).
+const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// The sample label key of the root-most label frame; the next ones get
+/// `thread.1`, `thread.2`, ….
+const THREAD_LABEL: &str = "thread";
+
+/// A pprof profile that could not be read.
+#[derive(Debug, Error)]
+pub enum PprofError {
+    /// The gzip stream is corrupt.
+    #[error("pprof: gzip: {0}")]
+    Gzip(#[from] std::io::Error),
+    /// The gzip stream inflates past [`MAX_PPROF_DECOMPRESSED`].
+    #[error("pprof: the profile inflates past {limit} bytes")]
+    TooLarge {
+        /// The limit, bytes.
+        limit: u64,
+    },
+    /// The bytes are not a `Profile` message.
+    #[error("pprof: not a profile.proto Profile: {0}")]
+    Decode(#[from] prost::DecodeError),
+    /// A string index past the end of the string table.
+    #[error("pprof: string index {index} is past the string table ({len} strings)")]
+    BadString {
+        /// The index.
+        index: i64,
+        /// The table's length.
+        len: usize,
+    },
+    /// A sample names a location id that is not in the profile.
+    #[error("pprof: sample {sample} names location id {id}, which is not in the profile")]
+    UnknownLocation {
+        /// 0-based sample index.
+        sample: usize,
+        /// The location id.
+        id: u64,
+    },
+    /// A location names a function id that is not in the profile.
+    #[error("pprof: location {location} names function id {id}, which is not in the profile")]
+    UnknownFunction {
+        /// The location id.
+        location: u64,
+        /// The function id.
+        id: u64,
+    },
+    /// A location names a mapping id that is not in the profile.
+    #[error("pprof: location {location} names mapping id {id}, which is not in the profile")]
+    UnknownMapping {
+        /// The location id.
+        location: u64,
+        /// The mapping id.
+        id: u64,
+    },
+    /// A sample has no value at the index of the sample count.
+    #[error("pprof: sample {sample} has {len} values, expected at least {}", index + 1)]
+    MissingValue {
+        /// 0-based sample index.
+        sample: usize,
+        /// The index of the count among the sample types.
+        index: usize,
+        /// How many values the sample has.
+        len: usize,
+    },
+    /// The samples reference more frames (location lines, summed over all
+    /// samples) than 8 per input byte plus 2^20: a guard against profiles
+    /// built to exhaust memory.
+    #[error("pprof: the samples reference more than {limit} frames in all")]
+    TooManyFrames {
+        /// The limit.
+        limit: usize,
+    },
+    /// A sample count below zero.
+    #[error("pprof: sample {sample} has a negative count {value}")]
+    NegativeValue {
+        /// 0-based sample index.
+        sample: usize,
+        /// The value.
+        value: i64,
+    },
+}
+
+/// `profile.proto` messages, tags as in Google's pprof.
+mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "7")]
+        pub drop_frames: i64,
+        #[prost(int64, tag = "8")]
+        pub keep_frames: i64,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+        #[prost(int64, tag = "4")]
+        pub num_unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(uint64, tag = "4")]
+        pub file_offset: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+        #[prost(bool, tag = "8")]
+        pub has_filenames: bool,
+        #[prost(bool, tag = "9")]
+        pub has_line_numbers: bool,
+        #[prost(bool, tag = "10")]
+        pub has_inline_frames: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+        #[prost(bool, tag = "5")]
+        pub is_folded: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
+}
+
+/// The string table under construction (index 0 is `""`).
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        let mut s = Strings {
+            table: Vec::new(),
+            index: HashMap::new(),
+        };
+        s.get("");
+        s
+    }
+
+    fn get(&mut self, text: &str) -> i64 {
+        if let Some(&i) = self.index.get(text) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(text.to_string());
+        self.index.insert(text.to_string(), i);
+        i
+    }
+}
+
+/// `v` as `i64`, saturating.
+fn sat_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The profile as a gzip-compressed pprof `Profile`.
+///
+/// - Sample types `samples/count` and `cpu/nanoseconds` (a sample's CPU
+///   value is its count × 10⁹/hz); period type `cpu/nanoseconds`, period
+///   10⁹/hz. Without a usable rate (`hz` ≤ 0 or not finite) both values are
+///   the count, the second type is `cpu/count` and the period is 1 count.
+/// - `time_nanos`/`duration_nanos` from the profile; its labels as
+///   `key=value` comments.
+/// - One `Mapping` per distinct (module, Build-ID) of native frames, with
+///   `filename` and `build_id`; kernel frames share the mapping
+///   `[kernel.kallsyms]` (one per kernel Build-ID). Mappings span the
+///   offsets seen (`memory_start` 0, `file_offset` 0), so a location's
+///   address is the file offset to symbolize with (§3.4).
+/// - One `Location` per frame, `address` = [`Frame::offset`], with one
+///   `Line` (its line number when known) of a `Function` per distinct
+///   (name, module): the name is the symbol, else [`Frame::display`]; the
+///   function's `filename` is the module (the Python file for Python
+///   frames).
+/// - Sample `location_id`s run leaf first (pprof's order); label frames
+///   ([`FrameKind::Label`]) are not locations but sample labels: `thread`
+///   for the root-most, then `thread.1`, `thread.2`, ….
+///
+/// Stacks with no samples are left out.
+pub fn to_pprof(profile: &StackProfile) -> Vec<u8> {
+    let mut strings = Strings::new();
+    let hz = usable_hz(profile);
+    let samples = strings.get("samples");
+    let count = strings.get("count");
+    let cpu = strings.get("cpu");
+    let ns = strings.get("nanoseconds");
+    let (cpu_unit, period, per_sample) = match hz {
+        Some(hz) => {
+            let p = 1e9 / hz;
+            (ns, p.round().max(1.0) as i64, Some(p))
+        }
+        None => (count, 1, None),
+    };
+
+    let mut mappings: Vec<proto::Mapping> = Vec::new();
+    let mut mapping_ids: HashMap<(bool, Option<&str>, Option<&str>), u64> = HashMap::new();
+    let mut functions: Vec<proto::Function> = Vec::new();
+    let mut function_ids: HashMap<(String, Option<&str>), u64> = HashMap::new();
+    let mut locations: Vec<proto::Location> = Vec::new();
+    let mut location_ids: HashMap<u32, u64> = HashMap::new();
+    let mut out_samples = Vec::new();
+
+    for stack in &profile.stacks {
+        if stack.count == 0 {
+            continue;
+        }
+        let mut label = Vec::new();
+        let mut location_id = Vec::new();
+        for &fid in &stack.frames {
+            let frame = frame_at(profile, fid);
+            if frame.kind == FrameKind::Label {
+                let key = match label.len() {
+                    0 => THREAD_LABEL.to_string(),
+                    n => format!("{THREAD_LABEL}.{n}"),
+                };
+                label.push(proto::Label {
+                    key: strings.get(&key),
+                    str: strings.get(&frame.display()),
+                    num: 0,
+                    num_unit: 0,
+                });
+                continue;
+            }
+            if let Some(&id) = location_ids.get(&fid) {
+                location_id.push(id);
+                continue;
+            }
+            // The mapping.
+            let mapping_id = match frame.kind {
+                FrameKind::Native if frame.module.is_some() || frame.build_id.is_some() => {
+                    Some((false, frame.module.as_deref(), frame.build_id.as_deref()))
+                }
+                FrameKind::Kernel => Some((true, None, frame.build_id.as_deref())),
+                _ => None,
+            }
+            .map(|key| {
+                let next = mappings.len() as u64 + 1;
+                let id = *mapping_ids.entry(key).or_insert(next);
+                if id == next {
+                    let (kernel, module, build_id) = key;
+                    let filename = if kernel {
+                        KERNEL_MAPPING
+                    } else {
+                        module.unwrap_or("")
+                    };
+                    mappings.push(proto::Mapping {
+                        id,
+                        memory_start: 0,
+                        memory_limit: 0,
+                        file_offset: 0,
+                        filename: strings.get(filename),
+                        build_id: strings.get(build_id.unwrap_or("")),
+                        has_functions: true,
+                        has_filenames: false,
+                        has_line_numbers: false,
+                        has_inline_frames: false,
+                    });
+                }
+                let m = &mut mappings[(id - 1) as usize];
+                m.memory_limit = m.memory_limit.max(frame.offset.saturating_add(1));
+                m.has_functions &= frame.name.is_some();
+                m.has_line_numbers |= frame.line.is_some();
+                id
+            });
+            // The function.
+            let name = frame.name.clone().unwrap_or_else(|| frame.display());
+            let module = match frame.kind {
+                FrameKind::Kernel => None,
+                _ => frame.module.as_deref(),
+            };
+            let next = functions.len() as u64 + 1;
+            let function_id = *function_ids.entry((name.clone(), module)).or_insert(next);
+            if function_id == next {
+                let n = strings.get(&name);
+                functions.push(proto::Function {
+                    id: function_id,
+                    name: n,
+                    system_name: n,
+                    filename: strings.get(module.unwrap_or("")),
+                    start_line: 0,
+                });
+            }
+            let id = locations.len() as u64 + 1;
+            locations.push(proto::Location {
+                id,
+                mapping_id: mapping_id.unwrap_or(0),
+                address: frame.offset,
+                line: vec![proto::Line {
+                    function_id,
+                    line: frame.line.map_or(0, i64::from),
+                }],
+                is_folded: false,
+            });
+            location_ids.insert(fid, id);
+            location_id.push(id);
+        }
+        location_id.reverse();
+        let c = sat_i64(stack.count);
+        let v = match per_sample {
+            Some(p) => {
+                let v = stack.count as f64 * p;
+                if v >= i64::MAX as f64 {
+                    i64::MAX
+                } else {
+                    v.round() as i64
+                }
+            }
+            None => c,
+        };
+        out_samples.push(proto::Sample {
+            location_id,
+            value: vec![c, v],
+            label,
+        });
+    }
+
+    let comment = profile
+        .labels
+        .iter()
+        .map(|(k, v)| strings.get(&format!("{k}={v}")))
+        .collect();
+    let msg = proto::Profile {
+        sample_type: vec![
+            proto::ValueType {
+                r#type: samples,
+                unit: count,
+            },
+            proto::ValueType {
+                r#type: cpu,
+                unit: cpu_unit,
+            },
+        ],
+        sample: out_samples,
+        mapping: mappings,
+        location: locations,
+        function: functions,
+        string_table: strings.table,
+        drop_frames: 0,
+        keep_frames: 0,
+        time_nanos: sat_i64(profile.start_unix_ns),
+        duration_nanos: sat_i64(profile.duration_ns),
+        period_type: Some(proto::ValueType {
+            r#type: cpu,
+            unit: cpu_unit,
+        }),
+        period,
+        comment,
+        default_sample_type: cpu,
+    };
+    let raw = msg.encode_to_vec();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    // Writing to a Vec cannot fail.
+    let _ = std::io::Write::write_all(&mut gz, &raw);
+    gz.finish().unwrap_or_default()
+}
+
+/// Reads a pprof profile, gzip-compressed (as `to_pprof` writes and most
+/// tools do) or raw.
+///
+/// Frames come back root first. A location's kind: mapped to a file named
+/// `[kernel…` → kernel; another mapping → native (module and Build-ID from
+/// it); no mapping but a function file name → Python (module = that file);
+/// otherwise native. A function name equal to what [`Frame::display`] would
+/// show for the unsymbolized frame gives `name = None`. A location with
+/// several lines (inlined calls) gives one frame per line, the caller
+/// first. Sample labels `thread`, `thread.1`, … become label frames at the
+/// root (a label frame that was below the root in the profile given to
+/// [`to_pprof`] comes back at the root).
+///
+/// The count is the value of the sample type named `samples` or of unit
+/// `count` (else the default sample type, else the first); `hz` is
+/// 10⁹/period when the period is in nanoseconds (else 0); comments of the
+/// form `key=value` become labels.
+pub fn from_pprof(bytes: &[u8]) -> Result<StackProfile, PprofError> {
+    let inflated;
+    let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(bytes)
+            .take(MAX_PPROF_DECOMPRESSED + 1)
+            .read_to_end(&mut out)?;
+        if out.len() as u64 > MAX_PPROF_DECOMPRESSED {
+            return Err(PprofError::TooLarge {
+                limit: MAX_PPROF_DECOMPRESSED,
+            });
+        }
+        inflated = out;
+        &inflated[..]
+    } else {
+        bytes
+    };
+    let p = proto::Profile::decode(raw)?;
+    let strings = &p.string_table;
+    let s = |index: i64| -> Result<&str, PprofError> {
+        if index == 0 {
+            // Always "" (an empty message has no table at all).
+            return Ok("");
+        }
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| strings.get(i))
+            .map(String::as_str)
+            .ok_or(PprofError::BadString {
+                index,
+                len: strings.len(),
+            })
+    };
+
+    // Which value is the count.
+    let mut count_index = None;
+    for (i, t) in p.sample_type.iter().enumerate() {
+        if s(t.r#type)? == "samples" || s(t.unit)? == "count" {
+            count_index = Some(i);
+            break;
+        }
+    }
+    let default_type = s(p.default_sample_type)?;
+    let count_index = match count_index {
+        Some(i) => i,
+        None if !default_type.is_empty() => {
+            let mut found = 0;
+            for (i, t) in p.sample_type.iter().enumerate() {
+                if s(t.r#type)? == default_type {
+                    found = i;
+                    break;
+                }
+            }
+            found
+        }
+        None => 0,
+    };
+
+    let mappings: HashMap<u64, &proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
+    let functions: HashMap<u64, &proto::Function> = p.function.iter().map(|f| (f.id, f)).collect();
+    let mut builder = StackProfileBuilder::new();
+    // Location id → frame ids, root first.
+    let mut location_frames: HashMap<u64, Vec<u32>> = HashMap::new();
+    for loc in &p.location {
+        let mapping = match loc.mapping_id {
+            0 => None,
+            id => Some(*mappings.get(&id).ok_or(PprofError::UnknownMapping {
+                location: loc.id,
+                id,
+            })?),
+        };
+        let (kind, module, build_id) = match mapping {
+            Some(m) => {
+                let file = s(m.filename)?;
+                let build = s(m.build_id)?;
+                let build = (!build.is_empty()).then(|| build.to_string());
+                if file.starts_with("[kernel") {
+                    (FrameKind::Kernel, None, build)
+                } else {
+                    let file = (!file.is_empty()).then(|| file.to_string());
+                    (FrameKind::Native, file, build)
+                }
+            }
+            None => (FrameKind::Native, None, None),
+        };
+        let base = Frame {
+            kind,
+            name: None,
+            module,
+            build_id,
+            offset: loc.address,
+            line: None,
+        };
+        let mut ids = Vec::new();
+        if loc.line.is_empty() {
+            ids.push(builder.frame(base));
+        } else {
+            for line in loc.line.iter().rev() {
+                let f = functions
+                    .get(&line.function_id)
+                    .ok_or(PprofError::UnknownFunction {
+                        location: loc.id,
+                        id: line.function_id,
+                    })?;
+                let mut frame = base.clone();
+                let file = s(f.filename)?;
+                if mapping.is_none() && !file.is_empty() {
+                    frame.kind = FrameKind::Python;
+                    frame.module = Some(file.to_string());
+                }
+                frame.line = u32::try_from(line.line).ok().filter(|&l| l > 0);
+                let name = s(f.name)?;
+                if !name.is_empty() && name != frame.display() {
+                    frame.name = Some(name.to_string());
+                }
+                ids.push(builder.frame(frame));
+            }
+        }
+        location_frames.insert(loc.id, ids);
+    }
+
+    let mut labels: BTreeMap<usize, u32> = BTreeMap::new();
+    let mut stacks: HashMap<Vec<u32>, u64> = HashMap::new();
+    let mut order = Vec::new();
+    let frame_budget = raw.len().saturating_mul(8).saturating_add(1 << 20);
+    let mut frames_seen = 0usize;
+    for (i, sample) in p.sample.iter().enumerate() {
+        let value = *sample
+            .value
+            .get(count_index)
+            .ok_or(PprofError::MissingValue {
+                sample: i,
+                index: count_index,
+                len: sample.value.len(),
+            })?;
+        let count =
+            u64::try_from(value).map_err(|_| PprofError::NegativeValue { sample: i, value })?;
+        labels.clear();
+        for l in &sample.label {
+            let key = s(l.key)?;
+            let n = match key.strip_prefix(THREAD_LABEL) {
+                Some("") => 0,
+                Some(rest) => match rest.strip_prefix('.').and_then(|n| n.parse().ok()) {
+                    Some(n) => n,
+                    None => continue,
+                },
+                None => continue,
+            };
+            let value = s(l.str)?;
+            if !value.is_empty() {
+                labels.insert(n, builder.frame(Frame::label(value)));
+            }
+        }
+        let mut frames: Vec<u32> = labels.values().copied().collect();
+        for id in sample.location_id.iter().rev() {
+            let ids = location_frames
+                .get(id)
+                .ok_or(PprofError::UnknownLocation { sample: i, id: *id })?;
+            frames_seen = frames_seen.saturating_add(ids.len());
+            if frames_seen > frame_budget {
+                return Err(PprofError::TooManyFrames {
+                    limit: frame_budget,
+                });
+            }
+            frames.extend_from_slice(ids);
+        }
+        match stacks.get_mut(&frames) {
+            Some(c) => *c = c.saturating_add(count),
+            None => {
+                stacks.insert(frames.clone(), count);
+                order.push(frames);
+            }
+        }
+    }
+    for frames in order {
+        let count = stacks.get(&frames).copied().unwrap_or(0);
+        builder.add(frames, count);
+    }
+    for &c in &p.comment {
+        if let Some((k, v)) = s(c)?.split_once('=') {
+            builder.label(k, v);
+        }
+    }
+    let hz = match &p.period_type {
+        Some(t) if s(t.unit)? == "nanoseconds" && p.period > 0 => 1e9 / p.period as f64,
+        _ => 0.0,
+    };
+    Ok(builder.finish(
+        hz,
+        u64::try_from(p.time_nanos).unwrap_or(0),
+        u64::try_from(p.duration_nanos).unwrap_or(0),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(bytes: &[u8]) -> proto::Profile {
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_end(&mut raw)
+            .unwrap();
+        proto::Profile::decode(&raw[..]).unwrap()
+    }
+
+    #[test]
+    fn mappings_carry_build_ids_and_locations_run_leaf_first() {
+        let mut b = StackProfileBuilder::new();
+        let t = b.frame(Frame::label("worker"));
+        let native = |name: Option<&str>, module: &str, build: &str, offset| Frame {
+            kind: FrameKind::Native,
+            name: name.map(str::to_string),
+            module: Some(module.to_string()),
+            build_id: Some(build.to_string()),
+            offset,
+            line: None,
+        };
+        let main = b.frame(native(Some("main"), "/bin/app", "b1", 0x10));
+        let f = b.frame(native(None, "/lib/libc.so.6", "c2", 0x20));
+        let g = b.frame(native(Some("g"), "/lib/libc.so.6", "c2", 0x30));
+        let k = b.frame(Frame {
+            kind: FrameKind::Kernel,
+            name: Some("schedule".into()),
+            module: None,
+            build_id: None,
+            offset: 0xffff_0000,
+            line: None,
+        });
+        b.add(vec![t, main, f, g, k], 7);
+        b.label("job", "llm");
+        let p = decode(&to_pprof(&b.finish(100.0, 5, 6)));
+        let st = |i: i64| p.string_table[i as usize].as_str();
+        assert_eq!(st(0), "");
+        let types: Vec<_> = p
+            .sample_type
+            .iter()
+            .map(|t| (st(t.r#type), st(t.unit)))
+            .collect();
+        assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+        let pt = p.period_type.as_ref().unwrap();
+        assert_eq!(
+            (st(pt.r#type), st(pt.unit), p.period),
+            ("cpu", "nanoseconds", 10_000_000)
+        );
+        assert_eq!((p.time_nanos, p.duration_nanos), (5, 6));
+        assert_eq!(st(p.comment[0]), "job=llm");
+        let maps: Vec<_> = p
+            .mapping
+            .iter()
+            .map(|m| (m.id, st(m.filename), st(m.build_id)))
+            .collect();
+        assert_eq!(
+            maps,
+            [
+                (1, "/bin/app", "b1"),
+                (2, "/lib/libc.so.6", "c2"),
+                (3, KERNEL_MAPPING, "")
+            ]
+        );
+        assert!(p.mapping[0].has_functions && !p.mapping[1].has_functions);
+        let s = &p.sample[0];
+        assert_eq!(s.value, [7, 70_000_000]);
+        assert_eq!(st(s.label[0].key), "thread");
+        assert_eq!(st(s.label[0].str), "worker");
+        // Leaf first: schedule, g, libc+0x20, main.
+        let loc = |id: u64| p.location.iter().find(|l| l.id == id).unwrap();
+        let fname = |id: u64| {
+            let l = loc(id);
+            let f = p
+                .function
+                .iter()
+                .find(|f| f.id == l.line[0].function_id)
+                .unwrap();
+            st(f.name)
+        };
+        let names: Vec<_> = s.location_id.iter().map(|&id| fname(id)).collect();
+        assert_eq!(names, ["schedule", "g", "libc.so.6+0x20", "main"]);
+        let addrs: Vec<_> = s.location_id.iter().map(|&id| loc(id).address).collect();
+        assert_eq!(addrs, [0xffff_0000, 0x30, 0x20, 0x10]);
+        let maps: Vec<_> = s.location_id.iter().map(|&id| loc(id).mapping_id).collect();
+        assert_eq!(maps, [3, 2, 2, 1]);
+        // Addresses lie inside their mappings.
+        for l in &p.location {
+            let m = &p.mapping[(l.mapping_id - 1) as usize];
+            assert!(m.memory_start <= l.address && l.address < m.memory_limit);
+        }
+    }
+}
