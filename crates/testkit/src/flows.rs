@@ -605,7 +605,10 @@ mod tests {
         // GPipe: all 8 activations leave stage 0 before any gradient comes back.
         let g = stage0_pp(PipelineSchedule::GPipe);
         assert_eq!(g.len(), 16);
-        assert!(g[..8].iter().all(|f| f.1) && g[8..].iter().all(|f| !f.1), "{g:?}");
+        assert!(
+            g[..8].iter().all(|f| f.1) && g[8..].iter().all(|f| !f.1),
+            "{g:?}"
+        );
         // 1F1B: stage 0 warms up with 3 forwards, then the first gradient
         // arrives before its 5th activation leaves.
         let o = stage0_pp(PipelineSchedule::OneFOneB);

@@ -131,7 +131,11 @@ pub fn render_table(report: &FlowReport) -> String {
             j.dp_groups.len()
         );
         if let Some(us) = j.step_us {
-            let _ = writeln!(s, "  step period {:.3} ms (median over its ranks)", us / 1e3);
+            let _ = writeln!(
+                s,
+                "  step period {:.3} ms (median over its ranks)",
+                us / 1e3
+            );
         }
         for st in &j.recurring_stalls {
             let _ = writeln!(
