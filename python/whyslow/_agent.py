@@ -41,6 +41,38 @@ def _put(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def registration_path(agent_dir: str, pid: int) -> str:
+    return os.path.join(agent_dir, "proc-%d.json" % pid)
+
+
+def register(agent_dir: str, rank: int, local_rank: int, world_size: int, job: str,
+             host: str) -> str:
+    """Registers this process with the node agent for always-on CPU
+    profiling (``whyslow_model::wire::ProcessRegistration``, checked by
+    Rust before it is written); returns the file, removed by
+    :func:`unregister` at exit."""
+    rec = {
+        "pid": os.getpid(),
+        "proc_start_ticks": _proc_start_ticks(),
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world_size,
+        "job": job,
+        "host": host,
+    }
+    text = _whyslow.parse_wire("register", json.dumps(rec))
+    path = registration_path(agent_dir, os.getpid())
+    _put(path, text)
+    return path
+
+
+def unregister(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
 class AgentWindow:
     """One profiling window served by the agent."""
 

@@ -89,12 +89,24 @@ class Tracker:
         }
         self._stop = threading.Event()
         self._watchdog: Optional[threading.Thread] = None
+        self.registration: Optional[str] = None  # proc-<pid>.json in the agent's directory
 
     # ------------------------------------------------------------------ setup
 
     def install(self) -> None:
-        """Installs the hooks and starts the watchdog."""
+        """Installs the hooks, registers with the node agent (when one is
+        configured: its always-on CPU profiles carry this rank's labels) and
+        starts the watchdog."""
         self.hooks.install(signal=self.cfg.signal)
+        if self.cfg.agent_dir:
+            try:
+                from ._agent import register
+
+                self.registration = register(self.cfg.agent_dir, self.rank, self.local_rank,
+                                             self.world_size, self.cfg.job_id, self.host)
+            except Exception as e:  # the agent's profiles lose their labels, nothing else
+                log.warning("whyslow: could not register with the agent in %s: %s",
+                            self.cfg.agent_dir, e)
         self._watchdog = threading.Thread(
             target=self._watch, name="whyslow-watchdog", daemon=True
         )
@@ -403,4 +415,9 @@ class Tracker:
             self.wait()
         except Exception:
             pass
+        if self.registration:
+            from ._agent import unregister
+
+            unregister(self.registration)
+            self.registration = None
         self._stop.set()

@@ -147,3 +147,22 @@ def test_session_record_round_trips_between_python_and_rust():
     for key, bad in (("iters", 0), ("proposer", 4), ("stamp", "../x"), ("target", "soon")):
         with pytest.raises(ValueError, match=key):
             read_session(json.dumps(dict(s, **{key: bad})))
+
+
+def test_agent_registration_round_trips_and_is_removed_at_exit(tmp_path):
+    """`import whyslow` registers the process with the node agent
+    (whyslow_model::wire::ProcessRegistration, proc-<pid>.json): what
+    Python writes, Rust reads; a bad job id is refused; unregister removes it."""
+    import json
+    from whyslow import _agent, _whyslow
+    path = _agent.register(str(tmp_path), rank=3, local_rank=1, world_size=8, job="job-a", host="h1")
+    assert os.path.basename(path) == "proc-%d.json" % os.getpid()
+    with open(path) as f:
+        rec = json.load(f)
+    assert (rec["pid"], rec["rank"], rec["job"], rec["host"]) == (os.getpid(), 3, "job-a", "h1")
+    assert rec["proc_start_ticks"] > 0
+    assert json.loads(_whyslow.parse_wire("register", json.dumps(rec))) == rec
+    with pytest.raises(ValueError, match="job"):
+        _agent.register(str(tmp_path), rank=0, local_rank=0, world_size=1, job="../x", host="h")
+    _agent.unregister(path)
+    assert not os.path.exists(path)

@@ -67,6 +67,8 @@ pub struct AgentArgs {
     /// event (its name in `fields.event`) for supervisors and tests.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    #[command(flatten)]
+    profiler: crate::profiler::ProfilerArgs,
 }
 
 /// How the agent writes its events to stderr.
@@ -98,7 +100,7 @@ fn unix_now() -> f64 {
 
 /// Field 22 (`starttime`, clock ticks since boot) of `/proc/PID/stat`: with
 /// the pid it identifies a process (pids are reused).
-fn proc_start_ticks(pid: i32) -> Option<u64> {
+pub(crate) fn proc_start_ticks(pid: i32) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &s[s.rfind(')')? + 1..];
     // After ')': field 3 is index 0, so field 22 is index 19.
@@ -552,6 +554,7 @@ pub fn run(args: AgentArgs) -> Result<u8> {
             .context("installing the SIGINT/SIGTERM handler")?;
     }
     let poll = Duration::from_millis(args.poll_ms.clamp(1, 10_000));
+    let profiler = crate::profiler::run(dir.clone(), args.profiler.clone(), stop.clone());
     let mut agent = Agent {
         dir,
         pause_file,
@@ -575,6 +578,10 @@ pub fn run(args: AgentArgs) -> Result<u8> {
         std::thread::sleep(poll);
     }
     agent.shutdown();
+    stop.store(true, Ordering::SeqCst);
+    if let Some(p) = profiler {
+        let _ = p.join();
+    }
     AgentEvent::Stopped.emit();
     result.map(|_| 0)
 }

@@ -41,9 +41,24 @@ pub(crate) enum AgentEvent<'a> {
     PauseFileFailed { problem: String },
     /// The agent stops (SIGINT/SIGTERM/SIGHUP, or an error).
     Stopped,
+    /// Always-on profiling of a registered process began.
+    ProfileStarted {
+        pid: i32,
+        rank: Option<u32>,
+        job: &'a str,
+    },
+    /// One period's profile was written to the spool.
+    ProfileWritten {
+        pid: i32,
+        rank: Option<u32>,
+        samples: u64,
+        path: &'a Path,
+    },
+    /// A registered process could not be profiled (the reason says why).
+    ProfileFailed { pid: i32, reason: String },
 }
 
-const KINDS: usize = 9;
+const KINDS: usize = 12;
 static COUNTS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
 impl AgentEvent<'_> {
@@ -63,6 +78,9 @@ impl AgentEvent<'_> {
             AgentEvent::HookFailed { .. } => 6,
             AgentEvent::PauseFileFailed { .. } => 7,
             AgentEvent::Stopped => 8,
+            AgentEvent::ProfileStarted { .. } => 9,
+            AgentEvent::ProfileWritten { .. } => 10,
+            AgentEvent::ProfileFailed { .. } => 11,
         }
     }
 
@@ -139,6 +157,31 @@ impl AgentEvent<'_> {
                     c[2]
                 )
             }
+            AgentEvent::ProfileStarted { pid, rank, job } => info!(
+                event,
+                pid,
+                rank = rank.map(i64::from).unwrap_or(-1),
+                job,
+                "profiling pid {pid} (rank {}, job {job:?})",
+                rank.map(|r| r.to_string()).unwrap_or_else(|| "?".into())
+            ),
+            AgentEvent::ProfileWritten {
+                pid,
+                rank,
+                samples,
+                path,
+            } => info!(
+                event,
+                pid,
+                rank = rank.map(i64::from).unwrap_or(-1),
+                samples,
+                path = %path.display(),
+                "pid {pid}: {samples} samples -> {}",
+                path.display()
+            ),
+            AgentEvent::ProfileFailed { pid, reason } => {
+                warn!(event, pid, reason = %reason, "pid {pid}: not profiled: {reason}")
+            }
         }
     }
 }
@@ -153,6 +196,9 @@ const NAMES: [&str; KINDS] = [
     "hook_failed",
     "pause_file_failed",
     "stopped",
+    "profile_started",
+    "profile_written",
+    "profile_failed",
 ];
 
 /// How many of each event so far, in [`AgentEvent`] order.

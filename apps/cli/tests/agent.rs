@@ -409,3 +409,74 @@ fn window_ends_when_the_process_exits() {
     );
     wait_for("pause removed", 5.0, || !dir.join("whyslow.pause").exists());
 }
+
+#[test]
+fn registered_processes_are_profiled_into_a_bounded_spool() {
+    let _g = serial();
+    let dir = temp_dir("profile");
+    let spool = dir.join("spool");
+    let mut agent = Agent::spawn(
+        &dir,
+        &[
+            "--profile-spool",
+            spool.to_str().unwrap(),
+            "--profile-period",
+            "1",
+        ],
+    );
+    let busy = Busy::spawn();
+    let stat = fs::read_to_string(format!("/proc/{}/stat", busy.pid())).unwrap();
+    let ticks: u64 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    put(
+        &dir,
+        &format!("proc-{}.json", busy.pid()),
+        &format!(
+            r#"{{"pid": {}, "proc_start_ticks": {ticks}, "rank": 3, "local_rank": 1, "world_size": 8, "job": "job-a", "host": "h1"}}"#,
+            busy.pid()
+        ),
+    );
+    // A recycled pid (start time differs) and a bad file are not profiled.
+    put(
+        &dir,
+        "proc-1.json",
+        r#"{"pid": 1, "proc_start_ticks": 1, "job": "x"}"#,
+    );
+    put(&dir, "proc-2.json", "{\"pid\": -4}");
+    let pid = busy.pid() as i64;
+    agent.wait_event("profile_started", |f| f["pid"] == pid);
+    let w = agent.wait_event("profile_written", |f| f["pid"] == pid);
+    let path = PathBuf::from(w["path"].as_str().unwrap());
+    assert!(path.starts_with(spool.join("job-a")), "{}", path.display());
+    assert!(path
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("h1-rank3-pid"));
+    let p = whyslow_stack_output::from_pprof(&fs::read(&path).unwrap()).unwrap();
+    assert!(p.total() > 20, "{} samples", p.total());
+    for (k, v) in [("job", "job-a"), ("rank", "3"), ("host", "h1")] {
+        assert_eq!(
+            p.labels.get(k).map(String::as_str),
+            Some(v),
+            "{:?}",
+            p.labels
+        );
+    }
+    assert!(
+        !agent
+            .seen
+            .iter()
+            .any(|e| e["fields"]["event"] == "profile_started" && e["fields"]["pid"] == 1),
+        "a recycled pid was profiled"
+    );
+    // The spool stays under its cap: the oldest profiles go.
+    let removed = whyslow_agent::profiler::enforce_cap(&spool, 0);
+    assert!(removed >= 1);
+    assert_eq!(fs::read_dir(spool.join("job-a")).unwrap().count(), 0);
+    assert!(agent.terminate().success());
+}

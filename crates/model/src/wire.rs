@@ -267,3 +267,78 @@ mod tests {
         assert!(AgentRequest::from_json("not json").is_err());
     }
 }
+
+/// A training process registered with the node agent for always-on CPU
+/// profiling (SysOM-AI §3.3): `proc-<pid>.json` in the agent's directory
+/// (`WHYSLOW_AGENT_DIR`), written by `import whyslow` and removed at exit.
+/// The labels travel with every profile of the process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessRegistration {
+    /// The process.
+    pub pid: i32,
+    /// Field 22 of `/proc/<pid>/stat` when registered: a recycled pid is
+    /// not mistaken for the registered process.
+    #[serde(default)]
+    pub proc_start_ticks: Option<u64>,
+    /// Global rank.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    /// Rank on this node.
+    #[serde(default)]
+    pub local_rank: Option<u32>,
+    /// World size.
+    #[serde(default)]
+    pub world_size: Option<u32>,
+    /// Job id (`WHYSLOW_JOB_ID`, torchrun's run id, …).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub job: String,
+    /// Host name as the process sees it.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub host: String,
+    /// Communication group, when known.
+    #[serde(default)]
+    pub group: Option<String>,
+}
+
+impl ProcessRegistration {
+    /// Parses a registration; the pid must be positive and the job id fit
+    /// for a folder name.
+    pub fn from_json(text: &str) -> Result<Self, WireError> {
+        let r: ProcessRegistration = parse(text)?;
+        if r.pid <= 0 {
+            return Err(WireError {
+                path: "pid".into(),
+                message: format!("{} is not a process id", r.pid),
+            });
+        }
+        if r.job.contains('/') || r.job.contains('\0') || r.job == ".." {
+            return Err(WireError {
+                path: "job".into(),
+                message: format!("{:?} cannot name a folder", r.job),
+            });
+        }
+        Ok(r)
+    }
+
+    /// The profile labels of the process.
+    pub fn labels(&self) -> std::collections::BTreeMap<String, String> {
+        let mut l = std::collections::BTreeMap::new();
+        l.insert("pid".to_string(), self.pid.to_string());
+        if !self.job.is_empty() {
+            l.insert("job".to_string(), self.job.clone());
+        }
+        if !self.host.is_empty() {
+            l.insert("host".to_string(), self.host.clone());
+        }
+        if let Some(r) = self.rank {
+            l.insert("rank".to_string(), r.to_string());
+        }
+        if let Some(r) = self.local_rank {
+            l.insert("local_rank".to_string(), r.to_string());
+        }
+        if let Some(g) = &self.group {
+            l.insert("group".to_string(), g.clone());
+        }
+        l
+    }
+}

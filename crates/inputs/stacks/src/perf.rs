@@ -76,6 +76,15 @@ fn page_size() -> usize {
     }
 }
 
+/// Data pages per thread's ring: room for ~100 ms of samples (drained every
+/// 20 ms), a power of two between 8 and 256.
+fn ring_pages(hz: u64, stack_bytes: u32) -> usize {
+    let bytes = hz.clamp(1, 999) as f64 * 0.1 * (stack_bytes as f64 + 1024.0);
+    ((bytes / page_size() as f64).ceil() as usize)
+        .next_power_of_two()
+        .clamp(8, 256)
+}
+
 /// The thread ids of `pid` now.
 pub fn threads(pid: i32) -> Result<Vec<i32>, StackError> {
     let dir = format!("/proc/{pid}/task");
@@ -96,8 +105,7 @@ impl PerfSampler {
             pid,
             hz: hz.clamp(1, 999),
             stack_bytes: (stack_bytes.min(65528) / 8) * 8,
-            // 2^7 data pages: 512 KiB per thread, ~30 samples of 16 KiB.
-            data_pages: 128,
+            data_pages: ring_pages(hz, stack_bytes),
             events: Vec::new(),
             lost: 0,
             refused: 0,

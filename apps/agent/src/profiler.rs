@@ -1,0 +1,237 @@
+//! Always-on CPU profiling of registered training processes (SysOM-AI §3.3):
+//! every process that registered (`proc-<pid>.json` in the agent directory,
+//! written by `import whyslow`) is profiled in consecutive periods; each
+//! period's profile is written to the spool as gzip pprof with the process's
+//! labels (job, rank, host, pid), ready to upload. The spool is bounded: the
+//! oldest profiles go first.
+//!
+//! Caps: at most `max_processes` processes at once, `hz` samples per second
+//! per thread (the CPU cost is per sample, BENCHMARKS.md), and the spool's
+//! size. A process that exits or whose pid was recycled is dropped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use whyslow_model::wire::ProcessRegistration;
+
+use crate::daemon::proc_start_ticks;
+use crate::events::AgentEvent;
+
+/// `whyslow agent` options of the always-on profiler.
+#[derive(Args, Debug, Clone)]
+pub struct ProfilerArgs {
+    /// Profile registered processes continuously and keep their profiles
+    /// (gzip pprof, one per process and period) in this spool directory.
+    #[arg(long, value_name = "DIR")]
+    pub profile_spool: Option<PathBuf>,
+    /// Samples per second per thread.
+    #[arg(long, default_value_t = 99, value_name = "HZ")]
+    pub profile_hz: u64,
+    /// Length of one profile, seconds.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub profile_period: f64,
+    /// Spool size cap, MiB (oldest profiles removed first).
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub profile_spool_mib: u64,
+    /// Most processes profiled at once.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub profile_max_processes: usize,
+}
+
+fn alive(r: &ProcessRegistration) -> bool {
+    match (proc_start_ticks(r.pid), r.proc_start_ticks) {
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// The registrations in `dir` (files that do not parse are skipped: the
+/// writer replaces them atomically, so a bad one is not ours to judge).
+pub fn registrations(dir: &Path) -> Vec<ProcessRegistration> {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<ProcessRegistration> = rd
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("proc-") && n.ends_with(".json")
+        })
+        .filter_map(|e| fs::read_to_string(e.path()).ok())
+        .filter_map(|t| ProcessRegistration::from_json(&t).ok())
+        .collect();
+    out.sort_by_key(|r| r.pid);
+    out
+}
+
+/// Removes the oldest `.pb.gz` files under `spool` until it holds at most
+/// `cap` bytes; returns how many were removed.
+pub fn enforce_cap(spool: &Path, cap: u64) -> usize {
+    let mut files = Vec::new();
+    let mut stack = vec![spool.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let Ok(md) = e.metadata() else { continue };
+            if md.is_dir() {
+                stack.push(e.path());
+            } else if e.file_name().to_string_lossy().ends_with(".pb.gz") {
+                let t = md.modified().unwrap_or(UNIX_EPOCH);
+                files.push((t, e.path(), md.len()));
+            }
+        }
+    }
+    let mut total: u64 = files.iter().map(|f| f.2).sum();
+    files.sort();
+    let mut removed = 0;
+    for (_, path, len) in files {
+        if total <= cap {
+            break;
+        }
+        if fs::remove_file(&path).is_ok() {
+            total -= len;
+            removed += 1;
+        }
+    }
+    removed
+}
+
+fn file_name_part(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Profiles one process, period after period, until it exits or `stop`.
+fn profile_loop(
+    reg: ProcessRegistration,
+    args: ProfilerArgs,
+    spool: PathBuf,
+    stop: Arc<AtomicBool>,
+) {
+    let opts = whyslow_stacks::ProfileOptions {
+        hz: args.profile_hz.clamp(1, 999),
+        duration: Duration::from_secs_f64(args.profile_period.max(1.0)),
+        ..Default::default()
+    };
+    let job = if reg.job.is_empty() {
+        "unknown-job".to_string()
+    } else {
+        file_name_part(&reg.job)
+    };
+    let dir = spool.join(job);
+    while !stop.load(Ordering::Relaxed) && alive(&reg) {
+        match whyslow_stacks::profile_process(reg.pid, &opts, &stop) {
+            Ok((mut profile, stats)) => {
+                for (k, v) in reg.labels() {
+                    profile.labels.insert(k, v);
+                }
+                let unix_s = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                let name = format!(
+                    "{}-rank{}-pid{}-{unix_s}.pb.gz",
+                    file_name_part(if reg.host.is_empty() {
+                        "host"
+                    } else {
+                        &reg.host
+                    }),
+                    reg.rank
+                        .map(|r| r.to_string())
+                        .unwrap_or_else(|| "x".into()),
+                    reg.pid
+                );
+                let path = dir.join(name);
+                let written = fs::create_dir_all(&dir)
+                    .and_then(|_| fs::write(&path, whyslow_stack_output::to_pprof(&profile)));
+                match written {
+                    Ok(()) => {
+                        AgentEvent::ProfileWritten {
+                            pid: reg.pid,
+                            rank: reg.rank,
+                            samples: stats.samples,
+                            path: &path,
+                        }
+                        .emit();
+                        enforce_cap(&spool, args.profile_spool_mib.saturating_mul(1 << 20));
+                    }
+                    Err(e) => AgentEvent::ProfileFailed {
+                        pid: reg.pid,
+                        reason: format!("writing {}: {e}", path.display()),
+                    }
+                    .emit(),
+                }
+            }
+            Err(e) => {
+                if alive(&reg) {
+                    AgentEvent::ProfileFailed {
+                        pid: reg.pid,
+                        reason: e.to_string(),
+                    }
+                    .emit();
+                    // Not permitted or not supported: trying again every
+                    // period would only repeat the line.
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Watches `dir` for registrations and runs one profiling thread per live
+/// registered process (at most `max_processes`), until `stop`.
+pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<JoinHandle<()>> {
+    let spool = args.profile_spool.clone()?;
+    Some(std::thread::spawn(move || {
+        let mut running: HashMap<i32, JoinHandle<()>> = HashMap::new();
+        let mut refused: BTreeMap<i32, ()> = BTreeMap::new();
+        while !stop.load(Ordering::Relaxed) {
+            running.retain(|_, h| !h.is_finished());
+            for reg in registrations(&dir) {
+                if running.contains_key(&reg.pid) || refused.contains_key(&reg.pid) || !alive(&reg)
+                {
+                    continue;
+                }
+                if running.len() >= args.profile_max_processes {
+                    refused.insert(reg.pid, ());
+                    AgentEvent::ProfileFailed {
+                        pid: reg.pid,
+                        reason: format!(
+                            "not profiled: {} processes already are (--profile-max-processes)",
+                            args.profile_max_processes
+                        ),
+                    }
+                    .emit();
+                    continue;
+                }
+                AgentEvent::ProfileStarted {
+                    pid: reg.pid,
+                    rank: reg.rank,
+                    job: &reg.job,
+                }
+                .emit();
+                let (a, s, st) = (args.clone(), spool.clone(), stop.clone());
+                let pid = reg.pid;
+                running.insert(pid, std::thread::spawn(move || profile_loop(reg, a, s, st)));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        for (_, h) in running {
+            let _ = h.join();
+        }
+    }))
+}
