@@ -209,65 +209,6 @@ impl SessionRecord {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_tolerate_nulls_unknown_fields_and_numeric_ids() {
-        let r = AgentRequest::from_json(
-            r#"{"pid": 5, "until_unix_s": null, "rate_hz": null, "interfaces": null, "future_field": 1}"#,
-        )
-        .unwrap();
-        assert_eq!(r.rate_hz, DEFAULT_RATE_HZ);
-        assert!(r.interfaces.is_empty() && r.until_unix_s.is_none() && r.tid.is_none());
-        let r = AgentRequest::from_json(r#"{"pid": 7, "id": 3}"#).unwrap();
-        assert_eq!(r.id.as_deref(), Some("3"));
-        // What the agent writes back, it reads back.
-        let again = AgentRequest::from_json(&serde_json::to_string(&r).unwrap()).unwrap();
-        assert_eq!(again, r);
-    }
-
-    #[test]
-    fn session_records_round_trip_and_are_checked() {
-        let text = r#"{"session": 2, "target": 130, "iters": 60, "window_s": 0.0,
-            "stamp": "20261123-044500", "reason": "slowdown +80 %", "proposer": 3,
-            "world_size": 4, "collected": [0, 1, 2, 3]}"#;
-        let s = SessionRecord::from_json(text).unwrap();
-        assert_eq!((s.session, s.target, s.iters, s.proposer), (2, 130, 60, 3));
-        let again = SessionRecord::from_json(&serde_json::to_string(&s).unwrap()).unwrap();
-        assert_eq!(again, s);
-        for (edit, path) in [
-            (("iters", "0"), "iters"),
-            (("stamp", "\"../x\""), "stamp"),
-            (("proposer", "4"), "proposer"),
-            (("window_s", "-1"), "window_s"),
-            (("target", "\"soon\""), "target"),
-        ] {
-            let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
-            v[edit.0] = serde_json::from_str(edit.1).unwrap();
-            let e = SessionRecord::from_json(&v.to_string()).unwrap_err();
-            assert_eq!(e.path, path, "{e}");
-        }
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        for (bad, path) in [
-            (r#"{}"#, "."),
-            (r#"[]"#, "."),
-            (r#"{"pid": "x"}"#, "pid"),
-            (r#"{"pid": 1, "tid": 1e20}"#, "tid"),
-            (r#"{"pid": 1, "interfaces": ["a", 2]}"#, "interfaces[1]"),
-            (r#"{"pid": 1, "proc_start_ticks": -1}"#, "proc_start_ticks"),
-        ] {
-            let e = AgentRequest::from_json(bad).unwrap_err();
-            assert_eq!(e.path, path, "{bad}: {e}");
-        }
-        assert!(AgentRequest::from_json("not json").is_err());
-    }
-}
-
 /// A training process registered with the node agent for always-on CPU
 /// profiling (SysOM-AI §3.3): `proc-<pid>.json` in the agent's directory
 /// (`WHYSLOW_AGENT_DIR`), written by `import whyslow` and removed at exit.
@@ -340,5 +281,64 @@ impl ProcessRegistration {
             l.insert("group".to_string(), g.clone());
         }
         l
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_tolerate_nulls_unknown_fields_and_numeric_ids() {
+        let r = AgentRequest::from_json(
+            r#"{"pid": 5, "until_unix_s": null, "rate_hz": null, "interfaces": null, "future_field": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(r.rate_hz, DEFAULT_RATE_HZ);
+        assert!(r.interfaces.is_empty() && r.until_unix_s.is_none() && r.tid.is_none());
+        let r = AgentRequest::from_json(r#"{"pid": 7, "id": 3}"#).unwrap();
+        assert_eq!(r.id.as_deref(), Some("3"));
+        // What the agent writes back, it reads back.
+        let again = AgentRequest::from_json(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(again, r);
+    }
+
+    #[test]
+    fn session_records_round_trip_and_are_checked() {
+        let text = r#"{"session": 2, "target": 130, "iters": 60, "window_s": 0.0,
+            "stamp": "20261123-044500", "reason": "slowdown +80 %", "proposer": 3,
+            "world_size": 4, "collected": [0, 1, 2, 3]}"#;
+        let s = SessionRecord::from_json(text).unwrap();
+        assert_eq!((s.session, s.target, s.iters, s.proposer), (2, 130, 60, 3));
+        let again = SessionRecord::from_json(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(again, s);
+        for (edit, path) in [
+            (("iters", "0"), "iters"),
+            (("stamp", "\"../x\""), "stamp"),
+            (("proposer", "4"), "proposer"),
+            (("window_s", "-1"), "window_s"),
+            (("target", "\"soon\""), "target"),
+        ] {
+            let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+            v[edit.0] = serde_json::from_str(edit.1).unwrap();
+            let e = SessionRecord::from_json(&v.to_string()).unwrap_err();
+            assert_eq!(e.path, path, "{e}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        for (bad, path) in [
+            (r#"{}"#, "."),
+            (r#"[]"#, "."),
+            (r#"{"pid": "x"}"#, "pid"),
+            (r#"{"pid": 1, "tid": 1e20}"#, "tid"),
+            (r#"{"pid": 1, "interfaces": ["a", 2]}"#, "interfaces[1]"),
+            (r#"{"pid": 1, "proc_start_ticks": -1}"#, "proc_start_ticks"),
+        ] {
+            let e = AgentRequest::from_json(bad).unwrap_err();
+            assert_eq!(e.path, path, "{bad}: {e}");
+        }
+        assert!(AgentRequest::from_json("not json").is_err());
     }
 }

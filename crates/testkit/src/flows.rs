@@ -572,6 +572,38 @@ pub fn generate(c: &SynthCluster) -> Synth {
     }
 }
 
+impl Truth {
+    /// Whether `report` recognized the jobs and pair types exactly; the
+    /// error says what differs.
+    pub fn check_structure(&self, report: &whyslow_model::flow::FlowReport) -> Result<(), String> {
+        let parse = |a: &str| a.parse::<IpAddr>().map_err(|e| format!("{a}: {e}"));
+        let mut got = Vec::new();
+        for j in &report.jobs {
+            let mut m = j
+                .members
+                .iter()
+                .map(|a| parse(a))
+                .collect::<Result<Vec<_>, _>>()?;
+            m.sort();
+            got.push(m);
+        }
+        got.sort();
+        let mut want = self.jobs.clone();
+        want.sort();
+        if got != want {
+            return Err(format!("jobs: got {got:?}, want {want:?}"));
+        }
+        let mut pairs = BTreeMap::new();
+        for p in &report.pairs {
+            pairs.insert((parse(&p.src)?, parse(&p.dst)?), p.kind);
+        }
+        if pairs != self.pairs {
+            return Err(format!("pair types: got {pairs:?}, want {:?}", self.pairs));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
