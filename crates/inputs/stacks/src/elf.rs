@@ -12,7 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use memmap2::Mmap;
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::read::elf::{SectionHeader, Sym};
+use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::StackError;
 
@@ -43,15 +44,18 @@ pub struct Segment {
     pub vaddr: u64,
 }
 
-/// A symbol: `[address, address + size)` in SVMA, with its name.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A symbol: `[address, address + size)` in SVMA; its name stays in the
+/// mapped file (`name_at`: file offset of the NUL-terminated string), so a
+/// module with a million symbols (libtorch_cpu) costs 24 bytes per symbol,
+/// not a copy of its 80 MB string table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Symbol {
     /// Start (SVMA).
     pub address: u64,
     /// Size in bytes (> 0).
     pub size: u64,
-    /// Name (mangled as in the file).
-    pub name: String,
+    /// File offset of the name.
+    pub name_at: u64,
 }
 
 /// Sections the unwinder uses, located in the file.
@@ -71,6 +75,7 @@ pub struct UnwindSections {
 
 /// An ELF file's identity, layout, unwind data and symbols.
 pub struct ElfModule {
+    map: Arc<Mmap>,
     /// GNU Build-ID, lowercase hex (None when the file has none).
     pub build_id: Option<String>,
     /// Load segments, by file offset.
@@ -131,21 +136,38 @@ impl ElfModule {
                 .section_by_name(".got")
                 .map(|s| s.address()..s.address() + s.size()),
         };
-        let mut symbols: Vec<Symbol> = obj
-            .symbols()
-            .chain(obj.dynamic_symbols())
-            .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.address() > 0)
-            .filter_map(|s| {
-                Some(Symbol {
-                    address: s.address(),
-                    size: s.size(),
-                    name: s.name().ok()?.to_string(),
-                })
-            })
-            .collect();
-        symbols.sort_by(|a, b| (a.address, &a.name).cmp(&(b.address, &b.name)));
-        symbols.dedup_by(|a, b| a.address == b.address);
+        let mut symbols = Vec::new();
+        if let Ok(elf) = object::read::elf::ElfFile64::<object::Endianness>::parse(&map[..]) {
+            let endian = elf.endian();
+            for table in [elf.elf_symbol_table(), elf.elf_dynamic_symbol_table()] {
+                let Ok(strtab) = elf.elf_section_table().section(table.string_section()) else {
+                    continue;
+                };
+                let Some((str_off, str_len)) = strtab.file_range(endian) else {
+                    continue;
+                };
+                for sym in table.symbols() {
+                    let (addr, size) = (sym.st_value(endian), sym.st_size(endian));
+                    let name = u64::from(sym.st_name(endian));
+                    if sym.st_type() == object::elf::STT_FUNC
+                        && size > 0
+                        && addr > 0
+                        && name < str_len
+                    {
+                        symbols.push(Symbol {
+                            address: addr,
+                            size,
+                            name_at: str_off + name,
+                        });
+                    }
+                }
+            }
+        }
+        symbols.sort_by_key(|s| (s.address, std::cmp::Reverse(s.size)));
+        symbols.dedup_by_key(|s| s.address);
+        symbols.shrink_to_fit();
         Ok(ElfModule {
+            map: map.clone(),
             build_id,
             segments,
             symbols,
@@ -159,6 +181,14 @@ impl ElfModule {
             .iter()
             .find(|s| (s.offset..s.offset + s.filesz).contains(&offset))
             .map(|s| s.vaddr + (offset - s.offset))
+    }
+
+    /// The name of `sym` (as in the file: mangled C++ stays mangled).
+    pub fn symbol_name(&self, sym: &Symbol) -> Option<&str> {
+        let start = usize::try_from(sym.name_at).ok()?;
+        let bytes = self.map.get(start..)?;
+        let end = bytes.iter().take(4096).position(|&b| b == 0)?;
+        std::str::from_utf8(&bytes[..end]).ok()
     }
 
     /// The symbol whose range holds `svma` (containment, never nearest-lower).
@@ -238,7 +268,8 @@ mod tests {
         assert!(m.unwind.eh_frame.is_some());
         // A symbol's own start resolves to it; one past its end does not
         // resolve to it (containment).
-        let s = m.symbols.iter().find(|s| s.size > 4).unwrap().clone();
+        let s = *m.symbols.iter().find(|s| s.size > 4).unwrap();
+        assert!(m.symbol_name(&s).is_some_and(|n| !n.is_empty()));
         assert_eq!(m.symbol_at(s.address).unwrap().address, s.address);
         let after = m.symbol_at(s.address + s.size);
         assert!(after.is_none_or(|a| a.address != s.address || a.size > s.size));

@@ -126,6 +126,10 @@ pub fn profile_process(
     let mut last_refresh = t0;
     let mut batch: Vec<RawSample> = Vec::new();
     let mut names: HashMap<u32, String> = HashMap::new();
+    // Frame ids by address: symbolizing and interning once per address, not
+    // per sample (cleared when the mappings change).
+    let mut native_ids: HashMap<u64, u32> = HashMap::new();
+    let mut kernel_ids: HashMap<u64, u32> = HashMap::new();
     let mut samples = 0u64;
     let mut stitched = (0u64, 0u64); // (stitched, interpreter frames kept)
     loop {
@@ -144,16 +148,28 @@ pub fn profile_process(
             });
             let mut ids = vec![builder.frame(Frame::label(name.clone()))];
             let user = walker.user_addresses(&s);
-            let native: Vec<Frame> = user.iter().rev().map(|&a| walker.native_frame(a)).collect();
-            let native = match py_stacks.get(&s.tid) {
-                Some(py) => stitch_python(native, py, &mut stitched),
-                None => native,
-            };
-            for f in native {
-                ids.push(builder.frame(f));
+            match py_stacks.get(&s.tid) {
+                Some(py) => {
+                    let native: Vec<Frame> =
+                        user.iter().rev().map(|&a| walker.native_frame(a)).collect();
+                    for f in stitch_python(native, py, &mut stitched) {
+                        ids.push(builder.frame(f));
+                    }
+                }
+                None => {
+                    for &a in user.iter().rev() {
+                        let id = *native_ids
+                            .entry(a)
+                            .or_insert_with(|| builder.frame(walker.native_frame(a)));
+                        ids.push(id);
+                    }
+                }
             }
             for &a in s.kernel.iter().rev() {
-                ids.push(builder.frame(walker.kernel_frame(a)));
+                let id = *kernel_ids
+                    .entry(a)
+                    .or_insert_with(|| builder.frame(walker.kernel_frame(a)));
+                ids.push(id);
             }
             builder.add(ids, 1);
         }
@@ -163,7 +179,9 @@ pub fn profile_process(
         if last_refresh.elapsed() >= Duration::from_secs(1) {
             last_refresh = Instant::now();
             sampler.refresh_threads();
-            walker.refresh_maps();
+            if walker.refresh_maps() {
+                native_ids.clear();
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }

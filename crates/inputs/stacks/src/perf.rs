@@ -228,10 +228,13 @@ impl PerfSampler {
             while tail + 8 <= head {
                 let copy = |from: u64, len: usize, buf: &mut Vec<u8>| {
                     buf.clear();
-                    buf.reserve(len);
-                    for i in 0..len as u64 {
-                        // SAFETY: offsets are taken modulo the data area's size.
-                        buf.push(unsafe { *data.add(((from + i) % size) as usize) });
+                    let start = (from % size) as usize;
+                    let first = len.min(size as usize - start);
+                    // SAFETY: both ranges lie inside the data area (the
+                    // record wraps at its end at most once).
+                    unsafe {
+                        buf.extend_from_slice(std::slice::from_raw_parts(data.add(start), first));
+                        buf.extend_from_slice(std::slice::from_raw_parts(data, len - first));
                     }
                 };
                 copy(tail, 8, &mut record);

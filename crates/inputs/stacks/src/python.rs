@@ -53,6 +53,13 @@ pub struct Layout {
 
 type R<'a> = EndianSlice<'a, RunTimeEndian>;
 
+/// Maps a file read-only (its pages are shared and reclaimable, unlike a copy).
+fn map_file(path: &Path) -> std::io::Result<memmap2::Mmap> {
+    let f = std::fs::File::open(path)?;
+    // SAFETY: read-only mapping of a library file; see crate::elf.
+    unsafe { memmap2::Mmap::map(&f) }
+}
+
 struct Types<'a> {
     dwarf: gimli::Dwarf<R<'a>>,
     units: Vec<gimli::Unit<R<'a>>>,
@@ -189,7 +196,7 @@ impl Layout {
         if !(11..=13).contains(&minor) {
             return Err(format!("CPython 3.{minor} is not supported (3.11-3.13)"));
         }
-        let data = std::fs::read(path).map_err(|e| e.to_string())?;
+        let data = map_file(path).map_err(|e| e.to_string())?;
         let obj = object::File::parse(&data[..]).map_err(|e| e.to_string())?;
         let endian = if obj.is_little_endian() {
             RunTimeEndian::Little
@@ -320,7 +327,7 @@ impl PythonReader {
         let file = maps::file_path(pid, &lib.path);
         let layout = Layout::from_library(&file, minor)?;
         // _PyRuntime's address: its SVMA plus the library's load bias.
-        let data = std::fs::read(&file).ok()?;
+        let data = map_file(&file).ok()?;
         let obj = object::File::parse(&data[..]).ok()?;
         let sym = obj
             .dynamic_symbols()

@@ -46,11 +46,15 @@ impl StackWalker {
         w
     }
 
-    /// Re-reads the process's mappings and adds modules mapped since (dlopen).
-    pub fn refresh_maps(&mut self) {
+    /// Re-reads the process's mappings and adds modules mapped since (dlopen);
+    /// true when the mappings changed.
+    pub fn refresh_maps(&mut self) -> bool {
         let Ok(maps) = maps::read_maps(self.pid) else {
-            return;
+            return false;
         };
+        if maps == self.maps {
+            return false;
+        }
         self.maps = maps;
         let paths: Vec<String> = self
             .maps
@@ -64,6 +68,7 @@ impl StackWalker {
                 self.modules.insert(path, module);
             }
         }
+        true
     }
 
     fn load_module(&mut self, path: &str) -> Option<Arc<ElfModule>> {
@@ -162,7 +167,10 @@ impl StackWalker {
         if let Some(Some(elf)) = self.modules.get(&m.path) {
             f.build_id = elf.build_id.clone();
             if let Some(svma) = elf.svma_of_offset(f.offset) {
-                f.name = elf.symbol_at(svma).map(|s| s.name.clone());
+                f.name = elf
+                    .symbol_at(svma)
+                    .and_then(|s| elf.symbol_name(s))
+                    .map(str::to_string);
             }
         }
         f
