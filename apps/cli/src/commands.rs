@@ -57,6 +57,9 @@ enum Command {
     Profile(crate::profile::ProfileArgs),
     /// Flame graph of saved profiles, or a differential one against `--diff BASE`.
     Flamegraph(crate::profile::FlamegraphArgs),
+    /// The central service: fingerprints uploaded by every job, localized
+    /// centrally, reports over HTTP (`server token create` makes tokens).
+    Server(crate::server::ServerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -173,6 +176,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Agent(args) => whyslow_agent::run(args),
         Command::Profile(args) => crate::profile::run_profile(args),
         Command::Flamegraph(args) => crate::profile::run_flamegraph(args),
+        Command::Server(args) => crate::server::run(args),
     }
 }
 

@@ -23,6 +23,7 @@ mod commands;
 mod flows;
 mod profile;
 mod sample;
+mod server;
 
 /// Runs the `whyslow` command line on `args` (the program name first) and
 /// returns its exit code; errors are printed to stderr as one line.

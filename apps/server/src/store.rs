@@ -1,0 +1,289 @@
+//! Storage behind one trait, tenant-scoped in every method (isolation lives
+//! here, not only in the handlers): tenants and their hashed tokens, and the
+//! fingerprints each job's workers uploaded per session. The embedded
+//! default is SQLite in `DATA/whyslow.db` (WAL, one writer).
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// Storage errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed.
+    #[error("database: {0}")]
+    Db(#[from] rusqlite::Error),
+    /// The data directory could not be used.
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    /// A name that cannot be a tenant, job or session.
+    #[error("{0}")]
+    BadName(String),
+}
+
+/// A tenant's id (row id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantId(pub i64);
+
+/// One job of a tenant, as `GET /api/v1/jobs` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobSummary {
+    /// Job id as uploaded.
+    pub job: String,
+    /// Sessions with at least one fingerprint.
+    pub sessions: u64,
+    /// Fingerprints stored (all sessions).
+    pub fingerprints: u64,
+    /// Last upload, Unix seconds.
+    pub updated_unix_s: i64,
+}
+
+/// What a store offers the service (the ClickHouse/object-storage backend of
+/// issue 14 implements the same trait; not built yet).
+pub trait Store: Send + Sync {
+    /// Creates `tenant` if needed and a new token for it; returns the token
+    /// (only its hash is kept).
+    fn create_token(&self, tenant: &str) -> Result<String, StoreError>;
+    /// The tenant a bearer token belongs to.
+    fn tenant_of_token(&self, token: &str) -> Result<Option<TenantId>, StoreError>;
+    /// Stores (or replaces: uploads are idempotent per worker) one worker's
+    /// fingerprint JSON.
+    fn put_fingerprint(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        session: &str,
+        worker: u32,
+        json: &str,
+    ) -> Result<(), StoreError>;
+    /// The fingerprints of one session, by worker.
+    fn fingerprints(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        session: &str,
+    ) -> Result<Vec<String>, StoreError>;
+    /// The tenant's jobs.
+    fn jobs(&self, tenant: TenantId) -> Result<Vec<JobSummary>, StoreError>;
+    /// Whether the tenant has this job.
+    fn has_job(&self, tenant: TenantId, job: &str) -> Result<bool, StoreError>;
+}
+
+/// Checks a job, session or tenant name: 1–200 bytes of letters, digits,
+/// `-_.:@`, not starting with a dot.
+pub fn check_name(what: &str, s: &str) -> Result<(), StoreError> {
+    let ok = !s.is_empty()
+        && s.len() <= 200
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:@".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::BadName(format!(
+            "{what} {s:?}: expected 1-200 characters of letters, digits and -_.:@"
+        )))
+    }
+}
+
+fn token_hash(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// The embedded store: SQLite.
+pub struct SqliteStore {
+    db: Mutex<Connection>,
+}
+
+impl SqliteStore {
+    /// Opens (creating) `DATA/whyslow.db`.
+    pub fn open(data: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data).map_err(|e| StoreError::Io(data.display().to_string(), e))?;
+        let db = Connection::open(data.join("whyslow.db"))?;
+        db.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=NORMAL;
+             PRAGMA busy_timeout=5000;
+             CREATE TABLE IF NOT EXISTS tenants (
+                 id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+             CREATE TABLE IF NOT EXISTS tokens (
+                 hash TEXT PRIMARY KEY, tenant INTEGER NOT NULL REFERENCES tenants(id),
+                 created_unix_s INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS fingerprints (
+                 tenant INTEGER NOT NULL, job TEXT NOT NULL, session TEXT NOT NULL,
+                 worker INTEGER NOT NULL, json TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL,
+                 PRIMARY KEY (tenant, job, session, worker));",
+        )?;
+        Ok(SqliteStore { db: Mutex::new(db) })
+    }
+
+    fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves SQLite consistent (its own
+        // transactions); keep serving.
+        self.db.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Store for SqliteStore {
+    fn create_token(&self, tenant: &str) -> Result<String, StoreError> {
+        check_name("tenant", tenant)?;
+        let mut raw = [0u8; 24];
+        getrandom::fill(&mut raw).map_err(|e| {
+            StoreError::Io("getrandom".into(), std::io::Error::other(e.to_string()))
+        })?;
+        let token: String = std::iter::once("wsk_".to_string())
+            .chain(raw.iter().map(|b| format!("{b:02x}")))
+            .collect();
+        let db = self.db();
+        db.execute(
+            "INSERT OR IGNORE INTO tenants (name) VALUES (?1)",
+            params![tenant],
+        )?;
+        let id: i64 = db.query_row(
+            "SELECT id FROM tenants WHERE name = ?1",
+            params![tenant],
+            |r| r.get(0),
+        )?;
+        db.execute(
+            "INSERT INTO tokens (hash, tenant, created_unix_s) VALUES (?1, ?2, ?3)",
+            params![token_hash(&token), id, now_unix()],
+        )?;
+        Ok(token)
+    }
+
+    fn tenant_of_token(&self, token: &str) -> Result<Option<TenantId>, StoreError> {
+        Ok(self
+            .db()
+            .query_row(
+                "SELECT tenant FROM tokens WHERE hash = ?1",
+                params![token_hash(token)],
+                |r| r.get(0),
+            )
+            .optional()?
+            .map(TenantId))
+    }
+
+    fn put_fingerprint(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        session: &str,
+        worker: u32,
+        json: &str,
+    ) -> Result<(), StoreError> {
+        check_name("job", job)?;
+        check_name("session", session)?;
+        self.db().execute(
+            "INSERT OR REPLACE INTO fingerprints (tenant, job, session, worker, json, uploaded_unix_s)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![tenant.0, job, session, worker, json, now_unix()],
+        )?;
+        Ok(())
+    }
+
+    fn fingerprints(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        session: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(
+            "SELECT json FROM fingerprints WHERE tenant = ?1 AND job = ?2 AND session = ?3
+             ORDER BY worker",
+        )?;
+        let rows = st.query_map(params![tenant.0, job, session], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn jobs(&self, tenant: TenantId) -> Result<Vec<JobSummary>, StoreError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(
+            "SELECT job, COUNT(DISTINCT session), COUNT(*), MAX(uploaded_unix_s)
+             FROM fingerprints WHERE tenant = ?1 GROUP BY job ORDER BY job",
+        )?;
+        let rows = st.query_map(params![tenant.0], |r| {
+            Ok(JobSummary {
+                job: r.get(0)?,
+                sessions: r.get::<_, i64>(1)? as u64,
+                fingerprints: r.get::<_, i64>(2)? as u64,
+                updated_unix_s: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn has_job(&self, tenant: TenantId, job: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .db()
+            .query_row(
+                "SELECT 1 FROM fingerprints WHERE tenant = ?1 AND job = ?2 LIMIT 1",
+                params![tenant.0, job],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The conformance checks every backend must pass.
+    pub fn conformance(s: &dyn Store) {
+        let ta = s.create_token("team-a").unwrap();
+        let ta2 = s.create_token("team-a").unwrap();
+        let tb = s.create_token("team-b").unwrap();
+        assert_ne!(ta, ta2);
+        let a = s.tenant_of_token(&ta).unwrap().unwrap();
+        assert_eq!(s.tenant_of_token(&ta2).unwrap(), Some(a));
+        let b = s.tenant_of_token(&tb).unwrap().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(s.tenant_of_token("wsk_nope").unwrap(), None);
+        s.put_fingerprint(a, "job1", "s1", 1, "{\"w\":1}").unwrap();
+        s.put_fingerprint(a, "job1", "s1", 0, "{\"w\":0}").unwrap();
+        s.put_fingerprint(a, "job1", "s1", 1, "{\"w\":1,\"again\":true}")
+            .unwrap();
+        assert_eq!(
+            s.fingerprints(a, "job1", "s1").unwrap(),
+            vec!["{\"w\":0}", "{\"w\":1,\"again\":true}"]
+        );
+        // Tenant b sees nothing of tenant a's, even by name.
+        assert!(s.fingerprints(b, "job1", "s1").unwrap().is_empty());
+        assert!(!s.has_job(b, "job1").unwrap());
+        assert!(s.jobs(b).unwrap().is_empty());
+        let jobs = s.jobs(a).unwrap();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!((jobs[0].sessions, jobs[0].fingerprints), (1, 2));
+        for bad in ["", "../x", ".hidden", "a/b", &"x".repeat(201)] {
+            assert!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn sqlite_store_passes_the_conformance_checks_and_keeps_data_across_opens() {
+        let d = std::env::temp_dir().join(format!("whyslow-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let s = SqliteStore::open(&d).unwrap();
+        conformance(&s);
+        let t = s.create_token("team-c").unwrap();
+        drop(s);
+        let s = SqliteStore::open(&d).unwrap();
+        assert!(s.tenant_of_token(&t).unwrap().is_some());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
