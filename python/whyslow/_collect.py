@@ -73,6 +73,36 @@ def summarize(cfg: Config, rank: int, host: str, trace: str, sampler: Any,
     return fp_json
 
 
+def upload(cfg: Config, session_dir: str, fingerprint: str, rank: int) -> bool:
+    """Uploads one fingerprint to ``whyslow server`` (docs/server.md); the
+    session is the window's folder name, the same on every rank. Bounded
+    (10 s); a failure logs one line and returns False."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    job = urllib.parse.quote(cfg.job_id, safe="")
+    session = urllib.parse.quote(os.path.basename(session_dir.rstrip("/")), safe="")
+    url = "%s/api/v1/jobs/%s/sessions/%s/fingerprints" % (cfg.server.rstrip("/"), job, session)
+    req = urllib.request.Request(url, data=fingerprint.encode(), method="POST", headers={
+        "Content-Type": "application/json",
+        "Authorization": "Bearer %s" % cfg.token,
+    })
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+        return True
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        detail = ""
+        if isinstance(e, urllib.error.HTTPError):
+            try:
+                detail = ": " + e.read().decode(errors="replace")[:200]
+            except Exception:
+                pass
+        log.warning("whyslow: rank %d: fingerprint not uploaded to %s: %s%s", rank, cfg.server, e, detail)
+        return False
+
+
 def collect_and_localize(cfg: Config, store: JobStore, s: Dict[str, Any], sdir: str,
                          own: str, world: int, stop: threading.Event,
                          iterations: List[Any]) -> List[int]:

@@ -46,7 +46,15 @@ class Config:
     sample_ifaces                 WHYSLOW_SAMPLE_IFACES        "" (e.g. ``eth0`` or ``veth0:1000``)
     agent_dir                     WHYSLOW_AGENT_DIR            "" (directory shared with ``whyslow agent``)
     ready_file                    WHYSLOW_READY_FILE           "" (touched when the first step ends)
+    server                        WHYSLOW_SERVER               "" (``whyslow server`` URL: upload fingerprints)
+    token                         WHYSLOW_TOKEN                "" (its bearer token)
     ============================  ===========================  ===================
+
+    ``server``: when set (``http://host:7070``), every rank also uploads its
+    fingerprint of each window to ``whyslow server``
+    (``/api/v1/jobs/<job id>/sessions/<session folder>/fingerprints``, with
+    ``token``), where the job's report is computed centrally (docs/server.md).
+    An upload that fails logs one line; the local report is written as before.
 
     ``sample_hz``: when > 0, the utilization sampler (whyslow-sampler) runs
     in this process during each profiling window at this rate (1–10000 Hz):
@@ -108,6 +116,8 @@ class Config:
     sample_ifaces: str = ""
     agent_dir: str = ""
     ready_file: str = ""
+    server: str = ""
+    token: str = ""
 
     @classmethod
     def from_env(

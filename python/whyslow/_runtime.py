@@ -387,6 +387,8 @@ class Tracker:
             fp_json = _collect.summarize(self.cfg, self.rank, self.host, trace, sampler,
                                          os.path.join(sdir, "fingerprints"))
             _faults.point("after_summarize", self.rank)
+            if self.cfg.server:
+                _collect.upload(self.cfg, sdir, fp_json, self.rank)
             self.jobstore.publish_fingerprint(s["session"], self.rank, fp_json)
             if self.rank == 0:
                 world = int(s.get("world_size") or self.world_size)

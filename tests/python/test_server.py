@@ -1,0 +1,66 @@
+"""The online package and `whyslow server` (issue 14): with WHYSLOW_SERVER
+and WHYSLOW_TOKEN set, every rank uploads its window's fingerprint; the
+server's report for the session names the same function on the same ranks
+as rank 0's local report. The server runs from the installed package
+(`python -m whyslow server`), with its embedded store."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+from conftest import SIM_COMPUTE, finding_for, needs_torch, torchrun
+
+pytestmark = needs_torch
+
+
+def _whyslow(*args):
+    return [sys.executable, "-m", "whyslow"] + list(args)
+
+
+def test_ranks_upload_fingerprints_and_the_server_reports_the_job(tmp_path):
+    data = str(tmp_path / "server-data")
+    tok = subprocess.run(_whyslow("server", "token", "create", "--data", data, "--tenant", "ml-team"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True)
+    token = tok.stdout.decode().strip().splitlines()[-1]
+    srv = subprocess.Popen(_whyslow("server", "--data", data, "--listen", "127.0.0.1:0"),
+                           stderr=subprocess.PIPE)
+    try:
+        line = srv.stderr.readline().decode()
+        assert "http://" in line, line
+        url = "http://" + line.split("http://")[1].split()[0]
+        run = torchrun(tmp_path, ["--iters", "300", "--fault-at", "100", "--log-every", "50",
+                                  "--fault", "slow-rank", "--fault-rank", "2", "--fault-ms", "80"]
+                       + SIM_COMPUTE,
+                       env={"WHYSLOW_SERVER": url, "WHYSLOW_TOKEN": token})
+        assert run.rc == 0, run.out[-3000:]
+        assert "not uploaded" not in run.out, run.out[-3000:]
+        reps = run.reports()
+        assert reps, run.out[-3000:]
+        sdir, local = reps[0]
+        job, session = os.path.basename(os.path.dirname(sdir)), os.path.basename(sdir)
+
+        def get(path):
+            req = urllib.request.Request(url + path, headers={"Authorization": "Bearer " + token})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())
+
+        jobs = get("/api/v1/jobs")
+        assert [j["job"] for j in jobs] == [job], jobs
+        assert jobs[0]["fingerprints"] >= 4, jobs
+        central = get("/api/v1/jobs/%s/sessions/%s/report" % (job, session))
+        assert central["workers"] == 4
+        hits = finding_for(central, "injected_slow_rank_work")
+        assert hits and hits[0]["workers"] == [2], [(f["function"][-60:], f["workers"]) for f in central["findings"]]
+        assert finding_for(local, "injected_slow_rank_work")[0]["workers"] == [2]
+        # Without the token: 401.
+        try:
+            urllib.request.urlopen(url + "/api/v1/jobs", timeout=10)
+            assert False, "no 401"
+        except urllib.error.HTTPError as e:
+            assert e.code == 401
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
