@@ -121,11 +121,27 @@ fn profile_loop(
     args: ProfilerArgs,
     spool: PathBuf,
     stop: Arc<AtomicBool>,
+    shared: whyslow_stacks::Shared,
 ) {
     let opts = whyslow_stacks::ProfileOptions {
         hz: args.profile_hz.clamp(1, 999),
         duration: Duration::from_secs_f64(args.profile_period.max(1.0)),
         ..Default::default()
+    };
+    let mut profiler = match whyslow_stacks::ProcessProfiler::new(reg.pid, &opts, &shared) {
+        Ok(p) => p,
+        Err(e) => {
+            if alive(&reg) {
+                // Not permitted or not supported: trying again would only
+                // repeat the line.
+                AgentEvent::ProfileFailed {
+                    pid: reg.pid,
+                    reason: e.to_string(),
+                }
+                .emit();
+            }
+            return;
+        }
     };
     let job = if reg.job.is_empty() {
         "unknown-job".to_string()
@@ -134,7 +150,7 @@ fn profile_loop(
     };
     let dir = spool.join(job);
     while !stop.load(Ordering::Relaxed) && alive(&reg) {
-        match whyslow_stacks::profile_process(reg.pid, &opts, &stop) {
+        match profiler.profile(opts.duration, &stop) {
             Ok((mut profile, stats)) => {
                 for (k, v) in reg.labels() {
                     profile.labels.insert(k, v);
@@ -183,10 +199,8 @@ fn profile_loop(
                         reason: e.to_string(),
                     }
                     .emit();
-                    // Not permitted or not supported: trying again every
-                    // period would only repeat the line.
-                    return;
                 }
+                return;
             }
         }
     }
@@ -197,6 +211,7 @@ fn profile_loop(
 pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<JoinHandle<()>> {
     let spool = args.profile_spool.clone()?;
     Some(std::thread::spawn(move || {
+        let shared = whyslow_stacks::Shared::new();
         let mut running: HashMap<i32, JoinHandle<()>> = HashMap::new();
         let mut refused: BTreeMap<i32, ()> = BTreeMap::new();
         while !stop.load(Ordering::Relaxed) {
@@ -224,9 +239,12 @@ pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<Jo
                     job: &reg.job,
                 }
                 .emit();
-                let (a, s, st) = (args.clone(), spool.clone(), stop.clone());
+                let (a, s, st, sh) = (args.clone(), spool.clone(), stop.clone(), shared.clone());
                 let pid = reg.pid;
-                running.insert(pid, std::thread::spawn(move || profile_loop(reg, a, s, st)));
+                running.insert(
+                    pid,
+                    std::thread::spawn(move || profile_loop(reg, a, s, st, sh)),
+                );
             }
             std::thread::sleep(Duration::from_millis(500));
         }

@@ -38,7 +38,10 @@ fn request(addr: &str, method: &str, path: &str, token: &str, body: &[u8]) -> (u
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let bin = args.get(1).map(String::as_str).unwrap_or("target/release/whyslow");
+    let bin = args
+        .get(1)
+        .map(String::as_str)
+        .unwrap_or("target/release/whyslow");
     let workers: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10_000);
     let conc: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(64);
     let data = std::env::temp_dir().join(format!("whyslow-load-{}", std::process::id()));
@@ -57,13 +60,23 @@ fn main() {
         .spawn()
         .expect("server");
     let mut line = String::new();
-    BufReader::new(srv.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.split("http://").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+    BufReader::new(srv.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
 
     // One real fingerprint (a testbed rank), renumbered per worker.
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/testbed/slow-link-busy-host/rank-0.fingerprint.json");
-    let base: serde_json::Value = serde_json::from_slice(&std::fs::read(&fixture).unwrap()).unwrap();
+    let base: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&fixture).unwrap()).unwrap();
     let bodies: Arc<Vec<Vec<u8>>> = Arc::new(
         (0..workers)
             .map(|w| {
@@ -79,14 +92,25 @@ fn main() {
     let t0 = Instant::now();
     let threads: Vec<_> = (0..conc)
         .map(|_| {
-            let (bodies, next, failed, addr, token) =
-                (bodies.clone(), next.clone(), failed.clone(), addr.clone(), token.clone());
+            let (bodies, next, failed, addr, token) = (
+                bodies.clone(),
+                next.clone(),
+                failed.clone(),
+                addr.clone(),
+                token.clone(),
+            );
             std::thread::spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= bodies.len() {
                     break;
                 }
-                let (st, _) = request(&addr, "POST", "/api/v1/jobs/load/sessions/s1/fingerprints", &token, &bodies[i]);
+                let (st, _) = request(
+                    &addr,
+                    "POST",
+                    "/api/v1/jobs/load/sessions/s1/fingerprints",
+                    &token,
+                    &bodies[i],
+                );
                 if st != 201 {
                     failed.fetch_add(1, Ordering::Relaxed);
                 }
@@ -98,12 +122,22 @@ fn main() {
     }
     let upload = t0.elapsed();
     let t1 = Instant::now();
-    let (st, rep) = request(&addr, "GET", "/api/v1/jobs/load/sessions/s1/report", &token, b"");
+    let (st, rep) = request(
+        &addr,
+        "GET",
+        "/api/v1/jobs/load/sessions/s1/report",
+        &token,
+        b"",
+    );
     let report = t1.elapsed();
     let body = rep.split(|&b| b == b'{').count();
     let hwm = std::fs::read_to_string(format!("/proc/{}/status", srv.id()))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM")).map(str::to_string))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM"))
+                .map(str::to_string)
+        })
         .unwrap_or_default();
     let (_, list) = request(&addr, "GET", "/api/v1/jobs", &token, b"");
     let list = String::from_utf8_lossy(&list);

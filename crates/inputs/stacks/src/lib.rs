@@ -100,111 +100,170 @@ pub fn profile_process(
     opts: &ProfileOptions,
     stop: &AtomicBool,
 ) -> Result<(StackProfile, ProfileStats), StackError> {
-    // Modules and kallsyms first: samples taken while they load would
-    // overflow the ring buffers.
-    let kernel = KernelSymbols::load();
-    let kernel_symbols = kernel.len();
-    let mut walker = StackWalker::new(pid, kernel);
-    let mut python = if opts.python {
-        maps::read_maps(pid)
-            .ok()
-            .and_then(|m| python::PythonReader::new(pid, &m))
-    } else {
-        None
-    };
-    let mut sampler = PerfSampler::open(pid, opts.hz, opts.stack_bytes)?;
-    let mut builder = StackProfileBuilder::new();
-    builder.label("pid", pid.to_string());
-    if let Ok(cmd) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
-        builder.label("command", cmd.trim());
+    let shared = Shared::new();
+    ProcessProfiler::new(pid, opts, &shared)?.profile(opts.duration, stop)
+}
+
+/// What profilers of several processes share: the modules (each ELF file
+/// mapped and indexed once: four ranks of one job share libtorch_cpu's
+/// symbol table) and the kernel's symbols.
+#[derive(Clone, Default)]
+pub struct Shared {
+    modules: unwind::ModuleCache,
+    kernel: std::sync::Arc<KernelSymbols>,
+}
+
+impl Shared {
+    /// Reads kallsyms once.
+    pub fn new() -> Self {
+        Shared {
+            modules: Default::default(),
+            kernel: std::sync::Arc::new(KernelSymbols::load()),
+        }
     }
-    let start_unix_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let t0 = Instant::now();
-    let mut last_refresh = t0;
-    let mut batch: Vec<RawSample> = Vec::new();
-    let mut names: HashMap<u32, String> = HashMap::new();
-    // Frame ids by address: symbolizing and interning once per address, not
-    // per sample (cleared when the mappings change).
-    let mut native_ids: HashMap<u64, u32> = HashMap::new();
-    let mut kernel_ids: HashMap<u64, u32> = HashMap::new();
-    let mut samples = 0u64;
-    let mut stitched = (0u64, 0u64); // (stitched, interpreter frames kept)
-    loop {
-        let done = t0.elapsed() >= opts.duration || stop.load(Ordering::Relaxed);
-        sampler.drain(&mut batch);
-        let py_stacks = match (&mut python, batch.is_empty()) {
-            (Some(r), false) => r.stacks(),
-            _ => HashMap::new(),
+}
+
+/// Profiles one process period after period, keeping its perf events,
+/// unwinder and symbolized frames between periods.
+pub struct ProcessProfiler {
+    pid: i32,
+    hz: u64,
+    walker: StackWalker,
+    python: Option<python::PythonReader>,
+    sampler: PerfSampler,
+    names: HashMap<u32, String>,
+    kernel_symbols: usize,
+}
+
+impl ProcessProfiler {
+    /// Opens the process's perf events (after loading its modules: samples
+    /// taken while they load would overflow the ring buffers).
+    pub fn new(pid: i32, opts: &ProfileOptions, shared: &Shared) -> Result<Self, StackError> {
+        let walker = StackWalker::new(pid, shared.kernel.clone(), shared.modules.clone());
+        let python = if opts.python {
+            maps::read_maps(pid)
+                .ok()
+                .and_then(|m| python::PythonReader::new(pid, &m))
+        } else {
+            None
         };
-        for s in batch.drain(..) {
-            samples += 1;
-            let name = names.entry(s.tid).or_insert_with(|| {
-                std::fs::read_to_string(format!("/proc/{pid}/task/{}/comm", s.tid))
-                    .map(|c| c.trim().to_string())
-                    .unwrap_or_else(|_| format!("thread {}", s.tid))
-            });
-            let mut ids = vec![builder.frame(Frame::label(name.clone()))];
-            let user = walker.user_addresses(&s);
-            match py_stacks.get(&s.tid) {
-                Some(py) => {
-                    let native: Vec<Frame> =
-                        user.iter().rev().map(|&a| walker.native_frame(a)).collect();
-                    for f in stitch_python(native, py, &mut stitched) {
-                        ids.push(builder.frame(f));
-                    }
-                }
-                None => {
-                    for &a in user.iter().rev() {
-                        let id = *native_ids
-                            .entry(a)
-                            .or_insert_with(|| builder.frame(walker.native_frame(a)));
-                        ids.push(id);
-                    }
-                }
-            }
-            for &a in s.kernel.iter().rev() {
-                let id = *kernel_ids
-                    .entry(a)
-                    .or_insert_with(|| builder.frame(walker.kernel_frame(a)));
-                ids.push(id);
-            }
-            builder.add(ids, 1);
-        }
-        if done {
-            break;
-        }
-        if last_refresh.elapsed() >= Duration::from_secs(1) {
-            last_refresh = Instant::now();
-            sampler.refresh_threads();
-            if walker.refresh_maps() {
-                native_ids.clear();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
+        let sampler = PerfSampler::open(pid, opts.hz, opts.stack_bytes)?;
+        Ok(ProcessProfiler {
+            pid,
+            hz: opts.hz,
+            walker,
+            python,
+            sampler,
+            names: HashMap::new(),
+            kernel_symbols: shared.kernel.len(),
+        })
     }
-    let stats = ProfileStats {
-        samples,
-        lost: sampler.lost,
-        threads: sampler.thread_count(),
-        unreadable: walker
-            .unreadable
-            .iter()
-            .map(|(p, e)| format!("{p}: {e}"))
-            .collect(),
-        kernel_symbols,
-        python: python.as_ref().map(|p| format!("CPython 3.{}", p.minor())),
-        python_stitched: stitched.0,
-        python_mismatched: stitched.1,
-    };
-    let profile = builder.finish(
-        opts.hz as f64,
-        start_unix_ns,
-        t0.elapsed().as_nanos() as u64,
-    );
-    Ok((profile, stats))
+
+    /// One period: samples for `duration` (or until `stop`) and returns its
+    /// profile.
+    pub fn profile(
+        &mut self,
+        duration: Duration,
+        stop: &AtomicBool,
+    ) -> Result<(StackProfile, ProfileStats), StackError> {
+        let pid = self.pid;
+        let mut builder = StackProfileBuilder::new();
+        builder.label("pid", pid.to_string());
+        if let Ok(cmd) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+            builder.label("command", cmd.trim());
+        }
+        let start_unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let t0 = Instant::now();
+        let mut last_refresh = t0;
+        let mut batch: Vec<RawSample> = Vec::new();
+        // Frame ids by address: interned once per address and period.
+        let mut native_ids: HashMap<u64, u32> = HashMap::new();
+        let mut kernel_ids: HashMap<u64, u32> = HashMap::new();
+        let mut samples = 0u64;
+        let lost_before = self.sampler.lost;
+        let mut stitched = (0u64, 0u64); // (stitched, interpreter frames kept)
+        loop {
+            let done = t0.elapsed() >= duration || stop.load(Ordering::Relaxed);
+            self.sampler.drain(&mut batch);
+            let py_stacks = match (&mut self.python, batch.is_empty()) {
+                (Some(r), false) => r.stacks(),
+                _ => HashMap::new(),
+            };
+            for s in batch.drain(..) {
+                samples += 1;
+                let name = self.names.entry(s.tid).or_insert_with(|| {
+                    std::fs::read_to_string(format!("/proc/{pid}/task/{}/comm", s.tid))
+                        .map(|c| c.trim().to_string())
+                        .unwrap_or_else(|_| format!("thread {}", s.tid))
+                });
+                let mut ids = vec![builder.frame(Frame::label(name.clone()))];
+                let user = self.walker.user_addresses(&s);
+                let walker = &mut self.walker;
+                match py_stacks.get(&s.tid) {
+                    Some(py) => {
+                        let native: Vec<Frame> =
+                            user.iter().rev().map(|&a| walker.native_frame(a)).collect();
+                        for f in stitch_python(native, py, &mut stitched) {
+                            ids.push(builder.frame(f));
+                        }
+                    }
+                    None => {
+                        for &a in user.iter().rev() {
+                            let id = *native_ids
+                                .entry(a)
+                                .or_insert_with(|| builder.frame(walker.native_frame(a)));
+                            ids.push(id);
+                        }
+                    }
+                }
+                for &a in s.kernel.iter().rev() {
+                    let id = *kernel_ids
+                        .entry(a)
+                        .or_insert_with(|| builder.frame(walker.kernel_frame(a)));
+                    ids.push(id);
+                }
+                builder.add(ids, 1);
+            }
+            if done {
+                break;
+            }
+            if last_refresh.elapsed() >= Duration::from_secs(1) {
+                last_refresh = Instant::now();
+                self.sampler.refresh_threads();
+                if self.walker.refresh_maps() {
+                    native_ids.clear();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let stats = ProfileStats {
+            samples,
+            lost: self.sampler.lost - lost_before,
+            threads: self.sampler.thread_count(),
+            unreadable: self
+                .walker
+                .unreadable
+                .iter()
+                .map(|(p, e)| format!("{p}: {e}"))
+                .collect(),
+            kernel_symbols: self.kernel_symbols,
+            python: self
+                .python
+                .as_ref()
+                .map(|p| format!("CPython 3.{}", p.minor())),
+            python_stitched: stitched.0,
+            python_mismatched: stitched.1,
+        };
+        let profile = builder.finish(
+            self.hz as f64,
+            start_unix_ns,
+            t0.elapsed().as_nanos() as u64,
+        );
+        Ok((profile, stats))
+    }
 }
 
 /// The interpreter's evaluation function: one native frame per C-level call

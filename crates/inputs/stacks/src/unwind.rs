@@ -18,6 +18,35 @@ use crate::perf::RawSample;
 /// At most this many user frames per stack.
 const MAX_FRAMES: usize = 256;
 
+/// A file's identity: device, inode, size, modification time.
+type FileKey = (u64, u64, u64, i64);
+
+/// ELF modules by file (device, inode), shared by the walkers of several processes (one
+/// mapping and one symbol index per file). A file replaced on disk (other
+/// size or modification time) is read again.
+#[derive(Clone, Default)]
+pub struct ModuleCache {
+    inner: Arc<std::sync::Mutex<HashMap<FileKey, Arc<ElfModule>>>>,
+}
+
+impl ModuleCache {
+    fn get(&self, file: &std::path::Path) -> Result<Arc<ElfModule>, crate::StackError> {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(file)
+            .map_err(|e| crate::StackError::Io(file.display().to_string(), e))?;
+        // The file's identity, not its path: /proc/<pid>/root/… differs per
+        // process for the same library.
+        let key = (md.dev(), md.ino(), md.size(), md.mtime());
+        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = map.get(&key) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(ElfModule::open(file)?);
+        map.insert(key, m.clone());
+        Ok(m)
+    }
+}
+
 /// Unwinds and names the user and kernel frames of one process's samples.
 pub struct StackWalker {
     pid: i32,
@@ -25,14 +54,15 @@ pub struct StackWalker {
     modules: HashMap<String, Option<Arc<ElfModule>>>,
     unwinder: UnwinderX86_64<MappedBytes>,
     cache: CacheX86_64,
-    kernel: KernelSymbols,
+    kernel: Arc<KernelSymbols>,
+    shared: ModuleCache,
     /// Modules that could not be read (path → reason), reported once.
     pub unreadable: HashMap<String, String>,
 }
 
 impl StackWalker {
     /// A walker for `pid`, with its current mappings and modules.
-    pub fn new(pid: i32, kernel: KernelSymbols) -> Self {
+    pub fn new(pid: i32, kernel: Arc<KernelSymbols>, shared: ModuleCache) -> Self {
         let mut w = StackWalker {
             pid,
             maps: Vec::new(),
@@ -40,6 +70,7 @@ impl StackWalker {
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
             kernel,
+            shared,
             unreadable: HashMap::new(),
         };
         w.refresh_maps();
@@ -73,8 +104,8 @@ impl StackWalker {
 
     fn load_module(&mut self, path: &str) -> Option<Arc<ElfModule>> {
         let file = maps::file_path(self.pid, path);
-        let elf = match ElfModule::open(&file) {
-            Ok(e) => Arc::new(e),
+        let elf = match self.shared.get(&file) {
+            Ok(e) => e,
             Err(e) => {
                 self.unreadable.insert(path.to_string(), e.to_string());
                 return None;
