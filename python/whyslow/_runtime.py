@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional
 from . import _collect, _faults, _whyslow
 from ._config import Config
 from ._hooks import Hooks
-from ._session import JobStore, read_session, session_record  # noqa: F401  (re-exported)
+from ._session import JobStore, session_record
 from ._window import ProfileWindow
 
 log = logging.getLogger("whyslow")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from conftest import FAULTY_TRAIN, TRAIN, needs_torch, torchrun
+from conftest import FAULTY_TRAIN, needs_torch, torchrun
 
 pytestmark = needs_torch
 

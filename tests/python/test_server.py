@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 
 from conftest import SIM_COMPUTE, finding_for, needs_torch, torchrun
