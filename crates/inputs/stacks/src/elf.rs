@@ -203,6 +203,26 @@ impl ElfModule {
     }
 }
 
+/// A symbol name as people read it: Rust and C++ (Itanium) names demangled
+/// without parameter lists (the frame is the function; overloads that differ
+/// only in parameters merge, as in perf's default), others as they are.
+pub fn demangle(raw: &str) -> String {
+    if let Ok(d) = rustc_demangle::try_demangle(raw) {
+        return format!("{d:#}");
+    }
+    if raw.starts_with("_Z") {
+        if let Ok(sym) = cpp_demangle::Symbol::new(raw) {
+            let opts = cpp_demangle::DemangleOptions::new()
+                .no_params()
+                .no_return_type();
+            if let Ok(d) = sym.demangle_with_options(&opts) {
+                return d;
+            }
+        }
+    }
+    raw.to_string()
+}
+
 /// Kernel symbols from `/proc/kallsyms` (text symbols only, sorted). Kernel
 /// text is contiguous, so a symbol ends where the next begins.
 #[derive(Debug, Default, Clone)]
@@ -273,6 +293,20 @@ mod tests {
         assert_eq!(m.symbol_at(s.address).unwrap().address, s.address);
         let after = m.symbol_at(s.address + s.size);
         assert!(after.is_none_or(|a| a.address != s.address || a.size > s.size));
+    }
+
+    #[test]
+    fn names_are_demangled_and_others_kept() {
+        assert_eq!(
+            demangle("_ZN2at6native6addmm_ERNS_6TensorERKS1_S4_RKN3c106ScalarES8_"),
+            "at::native::addmm_"
+        );
+        assert_eq!(
+            demangle("_ZN4core3ptr13drop_in_place17h0123456789abcdefE"),
+            "core::ptr::drop_in_place"
+        );
+        assert_eq!(demangle("deflate"), "deflate");
+        assert_eq!(demangle("_Znot valid"), "_Znot valid");
     }
 
     #[test]

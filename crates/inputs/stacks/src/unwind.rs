@@ -201,7 +201,7 @@ impl StackWalker {
                 f.name = elf
                     .symbol_at(svma)
                     .and_then(|s| elf.symbol_name(s))
-                    .map(str::to_string);
+                    .map(crate::elf::demangle);
             }
         }
         f
