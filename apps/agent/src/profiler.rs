@@ -115,6 +115,18 @@ fn file_name_part(s: &str) -> String {
         .collect()
 }
 
+/// Stops profiling `reg` after `e`, saying why unless the process is gone
+/// (not permitted or not supported: trying again would only repeat the line).
+fn give_up(reg: &ProcessRegistration, e: whyslow_stacks::StackError) {
+    if alive(reg) {
+        AgentEvent::ProfileFailed {
+            pid: reg.pid,
+            reason: e.to_string(),
+        }
+        .emit();
+    }
+}
+
 /// Profiles one process, period after period, until it exits or `stop`.
 fn profile_loop(
     reg: ProcessRegistration,
@@ -130,18 +142,7 @@ fn profile_loop(
     };
     let mut profiler = match whyslow_stacks::ProcessProfiler::new(reg.pid, &opts, &shared) {
         Ok(p) => p,
-        Err(e) => {
-            if alive(&reg) {
-                // Not permitted or not supported: trying again would only
-                // repeat the line.
-                AgentEvent::ProfileFailed {
-                    pid: reg.pid,
-                    reason: e.to_string(),
-                }
-                .emit();
-            }
-            return;
-        }
+        Err(e) => return give_up(&reg, e),
     };
     let job = if reg.job.is_empty() {
         "unknown-job".to_string()
@@ -192,16 +193,7 @@ fn profile_loop(
                     .emit(),
                 }
             }
-            Err(e) => {
-                if alive(&reg) {
-                    AgentEvent::ProfileFailed {
-                        pid: reg.pid,
-                        reason: e.to_string(),
-                    }
-                    .emit();
-                }
-                return;
-            }
+            Err(e) => return give_up(&reg, e),
         }
     }
 }
