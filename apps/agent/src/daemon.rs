@@ -364,10 +364,17 @@ impl Agent {
                 .emit()
             }
         };
-        let until = Instant::now() + Duration::from_secs_f64(self.args.hook_timeout.max(0.0));
+        let started = Instant::now();
+        let until = started + Duration::from_secs_f64(self.args.hook_timeout.max(0.0));
         loop {
             match child.try_wait() {
-                Ok(Some(st)) if st.success() => return,
+                Ok(Some(st)) if st.success() => {
+                    return AgentEvent::HookRan {
+                        hook: what,
+                        seconds: started.elapsed().as_secs_f64(),
+                    }
+                    .emit()
+                }
                 Ok(Some(st)) => {
                     return AgentEvent::HookFailed {
                         hook: what,

@@ -35,6 +35,8 @@ pub(crate) enum AgentEvent<'a> {
         achieved_hz: f64,
         reason: &'a str,
     },
+    /// A pause/resume hook ran and succeeded.
+    HookRan { hook: &'a str, seconds: f64 },
     /// A pause/resume hook did not succeed.
     HookFailed { hook: &'a str, problem: String },
     /// The pause file could not be written or removed.
@@ -58,7 +60,7 @@ pub(crate) enum AgentEvent<'a> {
     ProfileFailed { pid: i32, reason: String },
 }
 
-const KINDS: usize = 12;
+const KINDS: usize = 13;
 static COUNTS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
 impl AgentEvent<'_> {
@@ -81,6 +83,7 @@ impl AgentEvent<'_> {
             AgentEvent::ProfileStarted { .. } => 9,
             AgentEvent::ProfileWritten { .. } => 10,
             AgentEvent::ProfileFailed { .. } => 11,
+            AgentEvent::HookRan { .. } => 12,
         }
     }
 
@@ -140,6 +143,9 @@ impl AgentEvent<'_> {
                 reason,
                 "rank {rank}: {ticks} ticks at {achieved_hz:.0} Hz ({reason})"
             ),
+            AgentEvent::HookRan { hook, seconds } => {
+                info!(event, hook, seconds, "{hook} hook ran ({seconds:.2} s)")
+            }
             AgentEvent::HookFailed { hook, problem } => {
                 warn!(event, hook, problem = %problem, "{hook} hook: {problem}")
             }
@@ -199,6 +205,7 @@ const NAMES: [&str; KINDS] = [
     "profile_started",
     "profile_written",
     "profile_failed",
+    "hook_ran",
 ];
 
 /// How many of each event so far, in [`AgentEvent`] order.

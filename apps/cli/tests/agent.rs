@@ -211,7 +211,9 @@ fn serves_two_ranks_holds_the_pause_file_and_runs_hooks() {
     put(&dir, "whyslow.pause", "{}");
     put(&dir, "rank-7.stop", "");
     let pause_cmd = format!("echo pause $WHYSLOW_ACTIVE_RANKS >> {}", hooks.display());
-    let resume_cmd = format!("echo resume >> {}", hooks.display());
+    // A slow hook, so the test depends on the agent's hook_ran event and
+    // not on how fast `sh` starts.
+    let resume_cmd = format!("sleep 0.3; echo resume >> {}", hooks.display());
     let mut agent = Agent::spawn(
         &dir,
         &["--pause-cmd", &pause_cmd, "--resume-cmd", &resume_cmd],
@@ -266,6 +268,10 @@ fn serves_two_ranks_holds_the_pause_file_and_runs_hooks() {
     put(&dir, "rank-1.stop", "");
     wait_for("rank 1 done", 5.0, || dir.join("rank-1.done").exists());
     wait_for("pause file removed", 5.0, || !pause.exists());
+    // The resume hook runs after the file is removed: wait for the agent to
+    // say it ran before reading the hook log.
+    let e = agent.wait_event("hook_ran", |f| f["hook"] == "resume");
+    assert!(e["seconds"].as_f64().unwrap() >= 0.0);
 
     for (rank, id, truth) in [(0, "w0", truth0), (1, "w1", truth1)] {
         let done = read_json(&dir.join(format!("rank-{rank}.done")));
