@@ -68,6 +68,10 @@ pub struct FlowsCollectArgs {
     /// Stop after this many seconds (default: run until interrupted).
     #[arg(long, value_name = "SECONDS")]
     duration: Option<f64>,
+    /// Packet reports (PSAMP, e.g. `softflowd -v psamp`) of one 5-tuple more
+    /// than this apart start a new flowlet (message-level flow).
+    #[arg(long, value_name = "MS", default_value_t = 1.0)]
+    flowlet_gap_ms: f64,
 }
 
 /// Runs one flows subcommand.
@@ -153,10 +157,14 @@ fn collect(args: FlowsCollectArgs) -> Result<u8> {
         args.listen
     );
     let mut records = Vec::new();
-    let stats = whyslow_flows_ingest::collect_udp(args.listen, &stop, |r| records.push(r))?;
+    if !(args.flowlet_gap_ms.is_finite() && args.flowlet_gap_ms >= 0.0) {
+        anyhow::bail!("--flowlet-gap-ms must be a non-negative number of milliseconds");
+    }
+    let gap_us = (args.flowlet_gap_ms * 1000.0).round() as u64;
+    let stats = whyslow_flows_ingest::collect_udp(args.listen, &stop, gap_us, |r| records.push(r))?;
     eprintln!(
-        "whyslow: {} datagrams, {} flow records, {} malformed skipped",
-        stats.packets, stats.records, stats.errors
+        "whyslow: {} datagrams, {} flow records ({} from packet reports), {} malformed skipped",
+        stats.packets, stats.records, stats.packet_reports, stats.errors
     );
     if args.output.as_os_str() == "-" {
         whyslow_flows_ingest::write_csv(&records, io::stdout().lock())?;

@@ -219,6 +219,7 @@ pub fn read_netflow_bytes(data: &[u8]) -> (Vec<FlowRecord>, DecodeStats) {
             break;
         }
     }
+    dec.finish(&mut out);
     (out, dec.stats)
 }
 

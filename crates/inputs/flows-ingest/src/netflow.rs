@@ -15,6 +15,13 @@
 //!   systemInitTimeMilliseconds (from an options record, when the exporter sends one;
 //!   otherwise the flow is assumed to end at the message's export time), and v9
 //!   FIRST/LAST_SWITCHED are relative to the header's sysUpTime/unix_secs.
+//! * **Packet reports** (PSAMP, RFC 5476/5477: a dataLinkFrameSection or
+//!   ipHeaderPacketSection with an observationTime*, as `softflowd -v psamp`
+//!   exports every packet it sees) are decoded from the frame itself (addresses,
+//!   ports, on-wire payload length) and assembled into **flowlets** per exporter
+//!   and 5-tuple ([`crate::pcap::FlowletAssembler`]): message-level flows like the
+//!   RoCE flows LLMPrism analyses (§II-B), which a flow exporter's idle timeout
+//!   (≥ 1 s) cannot give for long-lived TCP connections such as gloo's.
 //! * Bad input never panics and never stops the collector: a malformed message is
 //!   counted as an error and skipped.
 
@@ -31,7 +38,12 @@ use netflow_parser::variable_versions::v9::FlowSetBody as V9Body;
 use netflow_parser::{AutoScopedParser, NetflowPacket, NetflowParser, PendingFlowsConfig};
 use whyslow_model::flow::FlowRecord;
 
+use crate::pcap::{FlowletAssembler, DEFAULT_IDLE_GAP_US};
 use crate::FlowIngestError;
+
+/// How long after a flowlet's idle gap (by the collector's clock) it is handed over:
+/// room for exporter clocks and export delays.
+pub const FLOWLET_FLUSH_SLACK_US: u64 = 2_000_000;
 
 /// Seconds between the NTP epoch (1900) and the Unix epoch.
 const NTP_UNIX_OFFSET_S: u64 = 2_208_988_800;
@@ -47,6 +59,8 @@ pub struct DecodeStats {
     pub errors: u64,
     /// Data records skipped because they lacked addresses.
     pub skipped: u64,
+    /// Packet reports (PSAMP) decoded into flowlets.
+    pub packet_reports: u64,
 }
 
 /// Stateful IPFIX / NetFlow v9 decoder (templates per exporter).
@@ -54,6 +68,7 @@ pub struct FlowDecoder {
     parser: AutoScopedParser,
     init_ms: HashMap<(IpAddr, u32), u64>,
     names: HashMap<(IpAddr, u32), String>,
+    flowlets: FlowletAssembler,
     /// Counters so far.
     pub stats: DecodeStats,
 }
@@ -77,6 +92,9 @@ struct Rec {
     start_up_ms: Option<u64>,
     end_up_ms: Option<u64>,
     dur_us: Option<u64>,
+    /// A packet report's observation time and frame (or IP packet) section.
+    observed_us: Option<u64>,
+    frame: Option<(bool, Vec<u8>)>,
 }
 
 fn ntp_us(v: &FieldValue) -> Option<u64> {
@@ -102,16 +120,43 @@ fn ip(v: &FieldValue) -> Option<IpAddr> {
 }
 
 impl FlowDecoder {
-    /// A decoder with per-exporter template caches and pending-data buffering.
+    /// A decoder with per-exporter template caches and pending-data buffering;
+    /// packet reports become flowlets ended by [`DEFAULT_IDLE_GAP_US`] of idle.
     pub fn new() -> Self {
+        Self::with_flowlet_gap(DEFAULT_IDLE_GAP_US)
+    }
+
+    /// Like [`FlowDecoder::new`], with the idle gap (µs) that ends a flowlet of
+    /// packet reports.
+    pub fn with_flowlet_gap(idle_gap_us: u64) -> Self {
         let builder = NetflowParser::builder().with_pending_flows(PendingFlowsConfig::default());
         let parser = AutoScopedParser::try_with_builder(builder).unwrap_or_default();
         FlowDecoder {
             parser,
             init_ms: HashMap::new(),
             names: HashMap::new(),
+            flowlets: FlowletAssembler::new(idle_gap_us),
             stats: DecodeStats::default(),
         }
+    }
+
+    /// Closes the flowlets of packet reports idle since before `now_us` (µs since
+    /// the epoch), appending them to `out`; returns how many.
+    pub fn expire(&mut self, now_us: u64, out: &mut Vec<FlowRecord>) -> usize {
+        let before = out.len();
+        self.flowlets.expire(now_us, out);
+        let n = out.len() - before;
+        self.stats.records += n as u64;
+        n
+    }
+
+    /// Closes every open flowlet (end of input), appending them to `out`.
+    pub fn finish(&mut self, out: &mut Vec<FlowRecord>) -> usize {
+        let before = out.len();
+        self.flowlets.finish(out);
+        let n = out.len() - before;
+        self.stats.records += n as u64;
+        n
     }
 
     fn name(&mut self, exporter: IpAddr, domain: u32) -> String {
@@ -200,8 +245,47 @@ impl FlowDecoder {
                                                     v.as_u64().map(|x| x.saturating_mul(1000))
                                             }
                                             F::FlowDurationMicroseconds => r.dur_us = v.as_u64(),
+                                            F::ObservationTimeMicroseconds
+                                            | F::ObservationTimeNanoseconds => {
+                                                r.observed_us = ntp_us(v)
+                                            }
+                                            F::ObservationTimeMilliseconds
+                                            | F::ObservationTimeSeconds => {
+                                                let scale =
+                                                    if matches!(f, F::ObservationTimeSeconds) {
+                                                        1_000_000
+                                                    } else {
+                                                        1000
+                                                    };
+                                                r.observed_us =
+                                                    v.as_u64().map(|x| x.saturating_mul(scale))
+                                            }
+                                            F::DataLinkFrameSection | F::IpHeaderPacketSection => {
+                                                if let FieldValue::Vec(b) = v {
+                                                    r.frame = Some((
+                                                        matches!(f, F::DataLinkFrameSection),
+                                                        b.clone(),
+                                                    ));
+                                                }
+                                            }
                                             _ => {}
                                         }
+                                    }
+                                    if let Some((ethernet, bytes)) = &r.frame {
+                                        let ts = r.observed_us.unwrap_or(export_ms * 1000);
+                                        let p = if *ethernet {
+                                            crate::pcap::ethernet_frame(bytes, ts)
+                                        } else {
+                                            crate::pcap::ip_packet(bytes, ts)
+                                        };
+                                        match p {
+                                            Some(p) => {
+                                                self.stats.packet_reports += 1;
+                                                self.flowlets.push(&p, &name, out);
+                                            }
+                                            None => self.stats.skipped += 1,
+                                        }
+                                        continue;
                                     }
                                     if r.start_us.is_none() {
                                         if let Some(s) = r.start_up_ms {
@@ -300,10 +384,13 @@ impl FlowDecoder {
 
 /// Receive IPFIX / NetFlow v9 datagrams on `listen` until `stop` is set (checked at
 /// least every 200 ms), handing every decoded record to `sink`. Malformed datagrams
-/// are counted and skipped; only failing to bind the socket is an error.
+/// are counted and skipped; only failing to bind the socket is an error. Flowlets of
+/// packet reports end after `flowlet_gap_us` of idle; they are handed over
+/// [`FLOWLET_FLUSH_SLACK_US`] after that (by this machine's clock) and at the end.
 pub fn collect_udp(
     listen: SocketAddr,
     stop: &AtomicBool,
+    flowlet_gap_us: u64,
     mut sink: impl FnMut(FlowRecord),
 ) -> Result<DecodeStats, FlowIngestError> {
     let sock = UdpSocket::bind(listen).map_err(|e| FlowIngestError::Io {
@@ -315,10 +402,21 @@ pub fn collect_udp(
             path: listen.to_string(),
             source: e,
         })?;
-    let mut dec = FlowDecoder::new();
+    let mut dec = FlowDecoder::with_flowlet_gap(flowlet_gap_us);
     let mut buf = vec![0u8; 65_536];
     let mut out = Vec::new();
+    let mut expired_at = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        if expired_at.elapsed() >= Duration::from_millis(200) {
+            expired_at = std::time::Instant::now();
+            let now_us = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64);
+            dec.expire(now_us.saturating_sub(FLOWLET_FLUSH_SLACK_US), &mut out);
+            for r in out.drain(..) {
+                sink(r);
+            }
+        }
         match sock.recv_from(&mut buf) {
             Ok((n, from)) => {
                 out.clear();
@@ -337,6 +435,11 @@ pub fn collect_udp(
                 dec.stats.errors += 1;
             }
         }
+    }
+    out.clear();
+    dec.finish(&mut out);
+    for r in out.drain(..) {
+        sink(r);
     }
     Ok(dec.stats)
 }

@@ -8,7 +8,8 @@
 //! training traffic itself, turned into **flowlets**: per 5-tuple,
 //! payload-carrying packets separated by at most `idle_gap_us` form one flow
 //! (a message of a long-lived TCP connection such as gloo's). Pure ACKs (no
-//! payload) are ignored.
+//! payload) are ignored. [`FlowletAssembler`] does the same for packets that
+//! arrive one by one (IPFIX packet reports from a switch).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -198,6 +199,7 @@ pub fn read_pcap_bytes(data: &[u8], idle_gap_us: u64) -> Result<Vec<FlowRecord>,
         for p in udp {
             dec.decode(p.src, p.payload, &mut out);
         }
+        dec.finish(&mut out);
         return Ok(out);
     }
     Ok(flowlets(&pkts, idle_gap_us, None))
@@ -210,63 +212,155 @@ pub fn flowlets(
     idle_gap_us: u64,
     capture_point: Option<&str>,
 ) -> Vec<FlowRecord> {
-    struct Open {
-        start: u64,
-        last: u64,
-        bytes: u64,
-    }
-    let mut open: HashMap<(SocketAddr, SocketAddr, u8), Open> = HashMap::new();
+    let mut asm = FlowletAssembler::new(idle_gap_us);
     let mut out = Vec::new();
-    let sw: Vec<String> = capture_point
-        .map(|s| vec![s.to_string()])
-        .unwrap_or_default();
-    let emit = |k: &(SocketAddr, SocketAddr, u8), o: &Open, out: &mut Vec<FlowRecord>| {
-        out.push(FlowRecord {
-            start_us: o.start,
-            dur_us: o.last - o.start,
-            src: k.0.ip(),
-            dst: k.1.ip(),
-            bytes: o.bytes,
-            src_port: Some(k.0.port()),
-            dst_port: Some(k.1.port()),
-            proto: Some(k.2),
-            switches: sw.clone(),
-        });
-    };
-    let mut sorted: Vec<&Packet> = pkts.iter().filter(|p| p.payload_len > 0).collect();
+    let mut sorted: Vec<&Packet> = pkts.iter().collect();
     sorted.sort_by_key(|p| p.ts_us);
     for p in sorted {
-        let k = (p.src, p.dst, p.proto);
-        match open.get_mut(&k) {
-            Some(o) if p.ts_us.saturating_sub(o.last) <= idle_gap_us => {
+        asm.push(p, capture_point.unwrap_or(""), &mut out);
+    }
+    asm.finish(&mut out);
+    out.sort_by_key(|r| r.start_us);
+    out
+}
+
+/// Builds flowlets from packets that arrive one by one (in time order per
+/// 5-tuple and observation point): a packet more than the idle gap after the
+/// previous one of its 5-tuple closes the open flowlet. Used for captures and for
+/// IPFIX packet reports (PSAMP, RFC 5476), where each exporter is its own
+/// observation point.
+#[derive(Debug)]
+pub struct FlowletAssembler {
+    idle_gap_us: u64,
+    /// Observation point names; keys hold their index.
+    points: Vec<String>,
+    open: HashMap<FlowletKey, Open>,
+}
+
+type FlowletKey = (u32, SocketAddr, SocketAddr, u8);
+
+#[derive(Debug)]
+struct Open {
+    start: u64,
+    last: u64,
+    bytes: u64,
+}
+
+impl FlowletAssembler {
+    /// An assembler that ends a flowlet after `idle_gap_us` without payload.
+    pub fn new(idle_gap_us: u64) -> Self {
+        FlowletAssembler {
+            idle_gap_us,
+            points: Vec::new(),
+            open: HashMap::new(),
+        }
+    }
+
+    /// Flowlets still open.
+    pub fn open_flowlets(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Adds one packet seen at `point` (a switch or exporter name, `""` for
+    /// none); a flowlet it closes is appended to `out`. Packets without payload
+    /// (pure ACKs) are ignored.
+    pub fn push(&mut self, p: &Packet<'_>, point: &str, out: &mut Vec<FlowRecord>) {
+        if p.payload_len == 0 {
+            return;
+        }
+        let bytes = p.payload_len as u64;
+        let id = match self.points.iter().position(|x| x == point) {
+            Some(i) => i,
+            None => {
+                self.points.push(point.to_string());
+                self.points.len() - 1
+            }
+        } as u32;
+        let key = (id, p.src, p.dst, p.proto);
+        match self.open.get_mut(&key) {
+            Some(o) if p.ts_us.saturating_sub(o.last) <= self.idle_gap_us => {
                 o.last = o.last.max(p.ts_us);
-                o.bytes += p.payload_len as u64;
+                o.start = o.start.min(p.ts_us);
+                o.bytes += bytes;
             }
             Some(o) => {
-                emit(&k, o, &mut out);
+                out.push(record(&self.points, &key, o));
                 *o = Open {
                     start: p.ts_us,
                     last: p.ts_us,
-                    bytes: p.payload_len as u64,
+                    bytes,
                 };
             }
             None => {
-                open.insert(
-                    k,
+                self.open.insert(
+                    key,
                     Open {
                         start: p.ts_us,
                         last: p.ts_us,
-                        bytes: p.payload_len as u64,
+                        bytes,
                     },
                 );
             }
         }
     }
-    for (k, o) in &open {
-        emit(k, o, &mut out);
+
+    /// Closes the flowlets whose last packet is more than the idle gap before
+    /// `now_us` (a streaming collector calls this as time passes).
+    pub fn expire(&mut self, now_us: u64, out: &mut Vec<FlowRecord>) {
+        let gap = self.idle_gap_us;
+        let points = &self.points;
+        self.open.retain(|k, o| {
+            if now_us.saturating_sub(o.last) > gap {
+                out.push(record(points, k, o));
+                false
+            } else {
+                true
+            }
+        });
     }
-    out.sort_by_key(|r| r.start_us);
-    out
+
+    /// Closes every open flowlet.
+    pub fn finish(&mut self, out: &mut Vec<FlowRecord>) {
+        let mut rest: Vec<FlowRecord> = self
+            .open
+            .iter()
+            .map(|(k, o)| record(&self.points, k, o))
+            .collect();
+        rest.sort_by_key(|r| r.start_us);
+        out.extend(rest);
+        self.open.clear();
+    }
+}
+
+fn record(points: &[String], k: &FlowletKey, o: &Open) -> FlowRecord {
+    let point = &points[k.0 as usize];
+    FlowRecord {
+        start_us: o.start,
+        dur_us: o.last - o.start,
+        src: k.1.ip(),
+        dst: k.2.ip(),
+        bytes: o.bytes,
+        src_port: Some(k.1.port()),
+        dst_port: Some(k.2.port()),
+        proto: Some(k.3),
+        switches: if point.is_empty() {
+            Vec::new()
+        } else {
+            vec![point.clone()]
+        },
+    }
+}
+
+/// Decodes an Ethernet frame (possibly cut short, as in an IPFIX
+/// dataLinkFrameSection) observed at `ts_us` into its transport packet.
+pub fn ethernet_frame(f: &[u8], ts_us: u64) -> Option<Packet<'_>> {
+    frame(Linktype::ETHERNET, f, ts_us)
+}
+
+/// Decodes an IP packet (possibly cut short, as in an IPFIX
+/// ipHeaderPacketSection) observed at `ts_us` into its transport packet.
+pub fn ip_packet(f: &[u8], ts_us: u64) -> Option<Packet<'_>> {
+    frame(Linktype::RAW, f, ts_us)
 }
 
 /// Read a pcap file of training traffic as flowlets.

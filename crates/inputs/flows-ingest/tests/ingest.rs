@@ -291,7 +291,8 @@ fn collector_survives_garbage() {
     let stop2 = stop.clone();
     let handle = std::thread::spawn(move || {
         let mut got = Vec::new();
-        let stats = whyslow_flows_ingest::collect_udp(listen, &stop2, |r| got.push(r)).unwrap();
+        let stats =
+            whyslow_flows_ingest::collect_udp(listen, &stop2, 1000, |r| got.push(r)).unwrap();
         (got, stats)
     });
     std::thread::sleep(Duration::from_millis(200));
