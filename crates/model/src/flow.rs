@@ -241,6 +241,10 @@ pub struct FlowReport {
     pub flows: usize,
     /// Records merged away as duplicates reported by several switches.
     pub merged_duplicates: usize,
+    /// Flows below the configured minimum size (transport control messages), left
+    /// out of the analysis.
+    #[serde(default)]
+    pub control_flows: usize,
     /// First flow start, microseconds.
     pub window_start_us: u64,
     /// Last flow end, microseconds.

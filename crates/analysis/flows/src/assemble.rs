@@ -100,6 +100,7 @@ pub(crate) fn assemble(
         version: FLOW_REPORT_VERSION,
         flows: index.records.len(),
         merged_duplicates: 0,
+        control_flows: 0,
         window_start_us: index.records.iter().map(|r| r.start_us).min().unwrap_or(0),
         window_end_us: index.records.iter().map(|r| r.end_us()).max().unwrap_or(0),
         jobs: jobs_out,

@@ -4,7 +4,10 @@
 //!
 //! 1. intervals Δtᵢ between consecutive flow starts (lines 3–5);
 //! 2. step division by BOCD on the normalized intervals (line 7, [`step_division`]);
-//! 3. Nₖ = number of distinct flow sizes in step k; the pair is PP when Mode(Nₖ) = 1,
+//! 3. Nₖ = number of distinct flow sizes in step k (sizes within [`SIZE_TOLERANCE`]
+//!    of each other count as one: a transport's framing adds a few bytes to some
+//!    messages, e.g. gloo's 48-byte headers sent with or apart from the tensor);
+//!    the pair is PP when Mode(Nₖ) = 1,
 //!    DP otherwise (lines 9–12; ties go to the smaller Nₖ, i.e. PP, which refinement
 //!    can still correct);
 //!    Pairs where BOCD finds fewer than [`MIN_STEPS`] steps are re-divided at the DP
@@ -87,7 +90,42 @@ fn divide_and_count(
         }
         prev = cp;
     }
-    (steps.len(), mode_of_distinct(&steps))
+    (steps.len(), mode_of_distinct_sizes(&steps))
+}
+
+/// Relative difference below which two flow sizes count as the same in Nₖ.
+pub const SIZE_TOLERANCE: f64 = 0.02;
+
+/// Number of distinct sizes in `sizes` (sorted in place): a new size starts more
+/// than [`SIZE_TOLERANCE`] above the first of the current one.
+pub fn distinct_sizes(sizes: &mut [u64]) -> usize {
+    sizes.sort_unstable();
+    let mut n = 0;
+    let mut first = 0f64;
+    for &s in sizes.iter() {
+        if n == 0 || s as f64 > first * (1.0 + SIZE_TOLERANCE) {
+            n += 1;
+            first = s as f64;
+        }
+    }
+    n
+}
+
+/// Mode of the per-step counts of distinct sizes ([`distinct_sizes`]), smallest on
+/// ties; 0 for no steps.
+pub fn mode_of_distinct_sizes(steps: &[&[u64]]) -> usize {
+    let mut counts: FxHashMap<usize, usize> = FxHashMap::default();
+    let mut buf: Vec<u64> = Vec::new();
+    for s in steps {
+        buf.clear();
+        buf.extend_from_slice(s);
+        *counts.entry(distinct_sizes(&mut buf)).or_insert(0) += 1;
+    }
+    counts
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map(|(n, _)| n)
+        .unwrap_or(0)
 }
 
 /// Mode of the per-step counts of distinct values, smallest on ties; 0 for no steps.
@@ -178,7 +216,7 @@ pub fn classify(index: &FlowIndex<'_>, jobs: &Jobs, cfg: &BocdConfig) -> Classif
             .filter(|s| !s.is_empty())
             .map(|s| s.as_slice())
             .collect();
-        let mode = mode_of_distinct(&steps);
+        let mode = mode_of_distinct_sizes(&steps);
         c.steps[p] = steps.len();
         c.mode[p] = mode;
         c.kind[p] = if mode == 1 {

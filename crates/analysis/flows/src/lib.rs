@@ -70,6 +70,12 @@ pub struct FlowConfig {
     pub max_concurrent_dp_flows: Option<usize>,
     /// Minimum number of values (steps, groups, switches) for a k-σ comparison.
     pub min_samples: usize,
+    /// Flows smaller than this (bytes) are the transport's control messages
+    /// (gloo's send/recv notifications, connection setup) and are left out of the
+    /// analysis: they carry no step structure and, counted as flow sizes, would
+    /// make every pipeline pair look like data parallelism. Not in the paper
+    /// (RoCE flows there are data); 0 keeps everything.
+    pub min_flow_bytes: u64,
 }
 
 impl Default for FlowConfig {
@@ -81,6 +87,7 @@ impl Default for FlowConfig {
             merge_duplicates: true,
             max_concurrent_dp_flows: None,
             min_samples: 3,
+            min_flow_bytes: 1024,
         }
     }
 }
@@ -121,8 +128,20 @@ pub fn analyze(
         merged_duplicates = records.len() - merged.len();
         records = &merged;
     }
+    let data: Vec<FlowRecord>;
+    let mut control_flows = 0;
+    if cfg.min_flow_bytes > 0 && records.iter().any(|r| r.bytes < cfg.min_flow_bytes) {
+        data = records
+            .iter()
+            .filter(|r| r.bytes >= cfg.min_flow_bytes)
+            .cloned()
+            .collect();
+        control_flows = records.len() - data.len();
+        records = &data;
+    }
     let mut report = analyze_merged(records, topology, cfg);
     report.merged_duplicates = merged_duplicates;
+    report.control_flows = control_flows;
     report
 }
 

@@ -41,6 +41,9 @@ use whyslow_model::flow::FlowRecord;
 use crate::pcap::{FlowletAssembler, DEFAULT_IDLE_GAP_US};
 use crate::FlowIngestError;
 
+/// Receive buffer asked for by [`collect_udp`].
+pub const RECV_BUFFER_BYTES: usize = 32 << 20;
+
 /// How long after a flowlet's idle gap (by the collector's clock) it is handed over:
 /// room for exporter clocks and export delays.
 pub const FLOWLET_FLUSH_SLACK_US: u64 = 2_000_000;
@@ -397,6 +400,9 @@ pub fn collect_udp(
         path: listen.to_string(),
         source: e,
     })?;
+    // Packet reports come one datagram per packet: a default-sized buffer drops
+    // bursts (best effort: the kernel caps it at net.core.rmem_max).
+    let _ = socket2::SockRef::from(&sock).set_recv_buffer_size(RECV_BUFFER_BYTES);
     sock.set_read_timeout(Some(Duration::from_millis(200)))
         .map_err(|e| FlowIngestError::Io {
             path: listen.to_string(),

@@ -103,9 +103,10 @@ pub fn render_table(report: &FlowReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{} flows ({} duplicate switch reports merged), window {:.3} s",
+        "{} flows ({} duplicate switch reports merged, {} control messages left out), window {:.3} s",
         report.flows,
         report.merged_duplicates,
+        report.control_flows,
         report.window_end_us.saturating_sub(report.window_start_us) as f64 / 1e6
     );
     for j in &report.jobs {

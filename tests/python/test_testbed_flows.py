@@ -1,0 +1,86 @@
+"""Real flows from real jobs (LLMPrism §II-B, §IV-A): two training jobs at once
+on the testbed's 6 hosts behind 2 leaf switches, every switch exporting
+packet reports with a real exporter (softflowd -v psamp, IPFIX) to
+`whyslow flows collect`, which assembles flowlets.
+
+Job A: examples/pipeline.py, 2 pipeline stages × 2 data-parallel ranks on
+hosts 0-3 (1F1B send/recv, bucketed all-reduce); job B: the same script
+data-parallel only on hosts 4-5.
+
+Checked here: the exporters' reports arrive from every switch, a flow
+crossing the spine is merged from its three switch reports into one path
+leaf0 → spine → leaf1 (or back), and job recognition (Algorithm 1) finds
+exactly the two jobs. Not yet checked (the analysis is not right on this
+traffic yet; see BENCHMARKS.md): DP/PP types, step periods against the
+jobs' own step ends, the throttled-uplink finding.
+"""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, needs_torch
+from test_testbed import RUN, SKIP, _REASON
+
+pytestmark = [needs_torch, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
+
+PIPELINE = os.path.join(ROOT, "examples", "pipeline.py")
+JOB_ARGS = "--steps 50 --widths 128,256,192,128"
+
+
+def _whyslow():
+    exe = shutil.which("whyslow") or os.path.join(os.path.dirname(sys.executable), "whyslow")
+    assert os.access(exe, os.X_OK), "the whyslow CLI is not installed next to %s" % sys.executable
+    return exe
+
+
+def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
+    assert shutil.which("softflowd"), "softflowd is missing (scripts/test-python installs it)"
+    out = str(tmp_path / "tb")
+    flows = os.path.join(out, "flows.csv")
+    cmd = [sys.executable, RUN, "--hosts", "6", "--fault", "none", "--out", out,
+           "--flows", flows, "--whyslow", _whyslow(), "--timeout", "300",
+           "--second-job", "2",
+           "--second-script", "%s --pp 1 %s --steps-out %s/truth-b" % (PIPELINE, JOB_ARGS, out),
+           "--", PIPELINE, "--pp", "2"] + JOB_ARGS.split() + ["--steps-out", out + "/truth-a"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, timeout=420)
+    log = p.stdout.decode(errors="replace")
+    if p.returncode == SKIP:
+        pytest.skip(log[-500:])
+    assert p.returncode == 0, log[-4000:]
+    with open(os.path.join(out, "flows", "collector.log")) as f:
+        collector = f.read()
+    assert os.path.exists(flows), collector
+    with open(flows) as f:
+        rows = list(csv.DictReader(f))
+    with open(os.path.join(out, "topology.json")) as f:
+        topo = json.load(f)
+    exporters = {s["exporters"][0]: s["name"] for s in topo["switches"]}
+    seen = {r["switches"] for r in rows}
+    assert seen == set(exporters), (seen, collector)
+
+    a = subprocess.run([_whyslow(), "flows", "analyze", flows, "--topology",
+                        os.path.join(out, "topology.json"), "--format", "json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    assert a.returncode == 0, a.stderr.decode(errors="replace")
+    report = json.loads(a.stdout)
+    # Ground truth from the jobs themselves.
+    truth = []
+    for sub in ("truth-a", "truth-b"):
+        ranks = [json.load(open(os.path.join(out, sub, n)))
+                 for n in sorted(os.listdir(os.path.join(out, sub)))]
+        truth.append(sorted("10.99.0.%d" % (int(r["host"][1:]) + 1) for r in ranks))
+    assert truth == [["10.99.0.1", "10.99.0.2", "10.99.0.3", "10.99.0.4"],
+                     ["10.99.0.5", "10.99.0.6"]]
+    found = sorted(sorted(j["members"]) for j in report["jobs"])
+    assert found == sorted(truth), json.dumps(report["jobs"], indent=1)[:3000]
+    # Cross-leaf flows were seen by all three switches and merged into one
+    # path: the leaf-spine links appear (they exist only on merged paths).
+    assert report["merged_duplicates"] > 0, "no flow was merged across switch reports"
+    links = {s["name"] for s in report["switches"] if s["link"]}
+    assert {"leaf0<->spine", "leaf1<->spine"} <= links, links
