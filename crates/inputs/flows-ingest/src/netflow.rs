@@ -504,7 +504,8 @@ pub mod encode {
         b
     }
 
-    fn ntp(us: u64) -> [u8; 8] {
+    /// `us` (µs since the Unix epoch) as an IPFIX dateTimeMicroseconds (NTP format).
+    pub fn ntp(us: u64) -> [u8; 8] {
         let s = us / 1_000_000 + 2_208_988_800;
         // Round up so that decoding (which truncates) gives back the microsecond.
         let frac = ((us % 1_000_000) << 32).div_ceil(1_000_000);

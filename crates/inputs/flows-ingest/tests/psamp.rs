@@ -8,18 +8,10 @@
 use std::net::SocketAddr;
 
 use etherparse::PacketBuilder;
+use whyslow_flows_ingest::netflow::encode::ntp;
 use whyslow_flows_ingest::FlowDecoder;
 
 const SECTION: usize = 128;
-
-fn ntp(us: u64) -> [u8; 8] {
-    let s = us / 1_000_000 + 2_208_988_800;
-    let frac = ((us % 1_000_000) << 32).div_ceil(1_000_000);
-    let mut o = [0u8; 8];
-    o[..4].copy_from_slice(&(s as u32).to_be_bytes());
-    o[4..].copy_from_slice(&(frac as u32).to_be_bytes());
-    o
-}
 
 fn message(sets: &[(u16, Vec<u8>)]) -> Vec<u8> {
     let mut b = Vec::new();
