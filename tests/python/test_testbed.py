@@ -80,7 +80,18 @@ class Result:
         return "\n".join(text)
 
 
-def run_testbed(tmp_path, fault, iters, fault_after=6, hosts=4, env_extra=None, script_args=()):
+# The fault comes --fault-after seconds after the first step, but the job is
+# counted in iterations: after the fault, the detector needs its 30-iteration
+# window, the 1 s lead and a 3 s profile, about 7 s. A healthy iteration takes
+# 28-35 ms here (faster on an idle machine), so a fault at 6 s in a 200-iteration
+# job came as the job ended (a busy-core run: detected at step 195, profile set
+# for step 203 of 200, no report). Faults come at 4 s, and a fault that slows
+# iterations only ~2x (cpu-hog) gets a job long enough to be profiled.
+FAULT_AFTER_S = 4
+
+
+def run_testbed(tmp_path, fault, iters, fault_after=FAULT_AFTER_S, hosts=4, env_extra=None,
+                script_args=()):
     out = str(tmp_path / "tb")
     env = dict(os.environ)
     env.update(TESTBED_ENV)
@@ -136,7 +147,7 @@ def test_slow_link_names_the_throttled_host(tmp_path):
 
 def test_cpu_hog_flags_the_host_cpu_work(tmp_path):
     host = 2
-    res = run_testbed(tmp_path, "cpu-hog:host=%d,procs=4" % host, iters=200)
+    res = run_testbed(tmp_path, "cpu-hog:host=%d,procs=4" % host, iters=500)
     rep = res.report()
     assert rep is not None, "no report\n" + res.logs()
     assert rep["workers"] == 4 and rep["missing_workers"] == []

@@ -163,8 +163,8 @@ fn collect(args: FlowsCollectArgs) -> Result<u8> {
     let gap_us = (args.flowlet_gap_ms * 1000.0).round() as u64;
     let stats = whyslow_flows_ingest::collect_udp(args.listen, &stop, gap_us, |r| records.push(r))?;
     eprintln!(
-        "whyslow: {} datagrams, {} flow records ({} from packet reports), {} malformed skipped",
-        stats.packets, stats.records, stats.packet_reports, stats.errors
+        "whyslow: {} datagrams, {} flow records ({} from packet reports), {} malformed skipped, {} packet reports without an observation time skipped",
+        stats.packets, stats.records, stats.packet_reports, stats.errors, stats.untimed_packet_reports
     );
     if args.output.as_os_str() == "-" {
         whyslow_flows_ingest::write_csv(&records, io::stdout().lock())?;

@@ -18,6 +18,7 @@
 
 use crate::bocd::{change_points, normalize_intervals, BocdConfig};
 use crate::jobs::Jobs;
+use crate::steps::divide;
 use crate::{FlowIndex, FxHashMap, PairType};
 
 /// Classification of every pair of a [`FlowIndex`] (vectors parallel to
@@ -51,12 +52,10 @@ pub fn step_division(flows: &[(u64, u64)], cfg: &BocdConfig) -> Vec<usize> {
     if flows.len() < 3 {
         return Vec::new();
     }
-    let mut dts = Vec::with_capacity(flows.len() - 1);
-    let mut end = flows[0].1;
-    for &(s, e) in &flows[1..] {
-        dts.push(s.saturating_sub(end) as f64);
-        end = end.max(e);
-    }
+    let dts: Vec<f64> = crate::steps::idle_gaps(flows)
+        .into_iter()
+        .map(|g| g as f64)
+        .collect();
     let xs = normalize_intervals(&dts, cfg.interval_unit_us);
     change_points(&xs, cfg)
         .into_iter()
@@ -81,7 +80,7 @@ fn divide_and_count(
         buf.push((r.start_us, r.end_us()));
         sizes.push(r.bytes);
     }
-    let cps = step_division(buf, cfg);
+    let cps = divide(buf, cfg);
     let mut prev = 0;
     let mut steps: Vec<&[u64]> = Vec::with_capacity(cps.len() + 1);
     for &cp in cps.iter().chain(std::iter::once(&sizes.len())) {
@@ -187,7 +186,7 @@ pub fn classify(index: &FlowIndex<'_>, jobs: &Jobs, cfg: &BocdConfig) -> Classif
         .into_iter()
         .map(|mut f| {
             f.sort_unstable();
-            let cps = step_division(&f, cfg);
+            let cps = divide(&f, cfg);
             let mut ends = Vec::new();
             let mut prev = 0;
             for &cp in cps.iter().chain(std::iter::once(&f.len())) {

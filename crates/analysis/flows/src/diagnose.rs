@@ -15,13 +15,17 @@
 //!   steps are tested without them.
 //! * **Cross-group**: the mean DP communication time per step (duration of each DP
 //!   burst, first/last burst of the window excluded when possible) of each DP group of
-//!   a job, compared across the job's DP groups.
+//!   a job, compared across the job's DP groups (at least 3 of them: of two, neither
+//!   is the odd one, and they are often stages of different size).
 //! * **Switch-level**: per switch (and per inter-switch link, from consecutive switches
 //!   of flow paths) the byte-weighted mean bandwidth of its DP flows per step window
 //!   (the paper's statistic, plotted as Fig. 5) and the 90th percentile of per-flow DP
 //!   bandwidth, which is what the k-σ rule (low tail) compares: with multi-switch
 //!   paths a throttled switch also lowers the *mean* of every neighbour that carries
-//!   some of its flows, while the neighbours' best flows stay fast. Also the maximum
+//!   some of its flows, while the neighbours' best flows stay fast. Switches and
+//!   links with fewer than a tenth of the median DP flow count (or `min_samples`)
+//!   are not compared (a path through two leaves and no spine is a lost report,
+//!   not a link). Also the maximum
 //!   number of concurrent DP flows through a switch against `max_concurrent_dp_flows`.
 
 use crate::classify::Classified;
@@ -264,8 +268,28 @@ pub fn diagnose(
         let mut periodic: std::collections::BTreeMap<(usize, usize), (usize, Vec<f64>)> =
             Default::default();
         for r in &ranks {
-            let d: Vec<f64> = r.steps.iter().map(|s| s.dur_us() as f64).collect();
-            let outliers = k_sigma_outliers(&d, k, cfg.min_rel_sigma, cfg.min_samples, true);
+            let mut d: Vec<f64> = r.steps.iter().map(|s| s.dur_us() as f64).collect();
+            // A job that starts inside the window: its first DP burst is the rank's
+            // first traffic (the parameter broadcast), and the "step" after it holds
+            // the warm-up (connections, allocations, the first iteration): seconds
+            // on a healthy job. It takes the median's place in the statistics and is
+            // never flagged.
+            // (A window that starts mid-job on a DP burst loses step 0's judgement.)
+            let warm_up = d.len() > 1
+                && r.bursts.first().is_some_and(|&(first_start, _)| {
+                    r.events
+                        .first()
+                        .is_none_or(|(e, _)| e.start_us >= first_start)
+                });
+            if warm_up {
+                let mut rest = d[1..].to_vec();
+                rest.sort_by(f64::total_cmp);
+                d[0] = rest[rest.len() / 2];
+            }
+            let mut outliers = k_sigma_outliers(&d, k, cfg.min_rel_sigma, cfg.min_samples, true);
+            if warm_up {
+                outliers[0] = None;
+            }
             let slow: Vec<usize> = (0..d.len()).filter(|&i| outliers[i].is_some()).collect();
             // Without a recurring stall's steps, the rest are tested on their own.
             let (kept, outliers) = match recurring_stall(&d, &slow) {
@@ -336,7 +360,9 @@ pub fn diagnose(
     }
     // Cross-group.
     for (job, groups) in cls.dp_groups.iter().enumerate() {
-        if groups.len() < 2 {
+        // With two groups, neither is "the odd one": they are often stages of
+        // different size (a pipeline's first stage holds the embedding).
+        if groups.len() < cfg.min_samples.max(3) {
             continue;
         }
         let means: Vec<f64> = groups
@@ -395,13 +421,22 @@ pub fn diagnose(
     // Switch-level: compare the 90th percentile of per-flow DP bandwidth (a switch or
     // link that is the bottleneck slows even its best flows; the mean of the paper also
     // drops on the neighbours that share flows with it, see the module docs).
-    let bw: Vec<f64> = switches.iter().map(|s| s.p90_dp_gbps).collect();
+    // Only switches and links that carry a share of the DP traffic are compared:
+    // a path seen through two leaves and no spine (a report the spine lost) is
+    // a "link" of one or two flows whose bandwidth says nothing.
+    let mut counts: Vec<usize> = switches.iter().map(|s| s.dp_flows).collect();
+    counts.sort_unstable();
+    let enough = counts
+        .get(counts.len() / 2)
+        .map_or(0, |&m| (m / 10).max(cfg.min_samples));
+    let compared: Vec<&SwitchStats> = switches.iter().filter(|s| s.dp_flows >= enough).collect();
+    let bw: Vec<f64> = compared.iter().map(|s| s.p90_dp_gbps).collect();
     for (si, t) in k_sigma_outliers(&bw, k, cfg.min_rel_sigma, 2, false)
         .into_iter()
         .enumerate()
     {
         if let Some(thr) = t {
-            let s = &switches[si];
+            let s = compared[si];
             let others: f64 = (bw.iter().sum::<f64>() - bw[si]) / (bw.len() - 1) as f64;
             findings.push(FlowFinding {
                 level: FindingLevel::Switch,

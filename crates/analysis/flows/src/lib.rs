@@ -33,6 +33,7 @@ pub mod classify;
 pub mod diagnose;
 pub mod jobs;
 pub mod merge;
+pub mod steps;
 pub mod timeline;
 
 use std::net::IpAddr;

@@ -2,7 +2,7 @@
 //!
 //! Each training step ends with a segment of DP collective traffic. For every rank
 //! (address), BOCD on the intervals between the starts of its DP flows splits them into
-//! bursts ([`crate::classify::step_division`]); the end of the last DP flow of a burst
+//! bursts ([`crate::steps::divide`]); the end of the last DP flow of a burst
 //! is the end of a training step, and a step spans from one such end to the next. PP
 //! and DP flows of the rank form its event timeline (Fig. 4); the gaps between events
 //! approximate computation.
@@ -12,7 +12,7 @@
 //!   its flows, so it still gets steps;
 //! - a step may hold several DP bursts (ZeRO: reduce-scatter, optimizer, then
 //!   all-gather; a gap between them is as clear to BOCD as the compute gap between
-//!   steps). [`bursts_per_step`] finds how many from the regularity of the burst
+//!   steps). [`crate::steps::bursts_per_step`] finds how many from the regularity of the burst
 //!   ends: with k bursts per step, the ends of every k-th burst are evenly spaced
 //!   while consecutive ones alternate short and long. The step then ends with the
 //!   burst followed by the longest idle time.
@@ -21,17 +21,15 @@
 //!   others: [`join_split_bursts`] joins a burst to the next when their ends are
 //!   less than 30 % of the median step apart (no real step is that much shorter
 //!   than the others: they all do the same work).
-//! - when a rank has only a few DP flows per step (one chunk per phase: a DP group
-//!   of two, one bucket), the gaps between bursts are as common as the intervals
-//!   inside them and BOCD's gap-outlier model finds no step, or only some. Where
-//!   it found none, [`gap_breaks`] splits at the natural break of the idle gaps (two
-//!   clear classes in log scale); where it found some, [`complete_breaks`] adds the
-//!   gaps at least as long as those it found (a gap longer than a step boundary is
-//!   one too).
+//! - the division itself is [`crate::steps::divide`]: BOCD where its steps are
+//!   regular, else the coarsest regular level of idle gaps (a DDP job's buckets
+//!   leave gaps through the backward that BOCD cannot tell from step gaps; one
+//!   flow per phase gives BOCD nothing to learn from).
 
 use crate::bocd::BocdConfig;
-use crate::classify::{step_division, Classified};
+use crate::classify::Classified;
 use crate::jobs::Jobs;
+use crate::steps::{bursts_per_step, divide};
 use crate::{FlowIndex, PairType, Step, TimelineEvent};
 
 /// Reconstructed timeline of one rank.
@@ -98,12 +96,7 @@ pub fn reconstruct(
             list.iter()
                 .map(|&i| (index.rec(i).start_us, index.rec(i).end_us())),
         );
-        let bocd = step_division(&starts, cfg);
-        let cps = if bocd.len() < 2 && starts.len() >= 8 {
-            gap_breaks(&starts).unwrap_or(bocd)
-        } else {
-            complete_breaks(&starts, bocd)
-        };
+        let cps = divide(&starts, cfg);
         let mut bursts = Vec::with_capacity(cps.len() + 1);
         let mut burst_flows: Vec<Vec<u32>> = Vec::with_capacity(cps.len() + 1);
         let mut prev = 0;
@@ -163,61 +156,6 @@ pub fn reconstruct(
     RankTimelines { ranks, rank_of }
 }
 
-/// Robust relative spread of `v`: interquartile range / (1.349 · median), the
-/// standard deviation over the mean for normal data, unmoved by a few outliers
-/// (a slow step, a checkpoint) yet large for two alternating values (which a
-/// median absolute deviation would call 0). Infinite for fewer than 3 values.
-fn robust_cv(v: &mut [f64]) -> f64 {
-    if v.len() < 3 {
-        return f64::INFINITY;
-    }
-    v.sort_by(f64::total_cmp);
-    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
-    let med = q(0.5);
-    if med <= 0.0 {
-        return f64::INFINITY;
-    }
-    (q(0.75) - q(0.25)) / (1.349 * med)
-}
-
-/// How many DP bursts make one training step, and which burst (index mod k) ends
-/// one: `(1, 0)` unless the ends of consecutive bursts are irregular (relative
-/// spread > 0.25) while those of every k-th burst (the smallest such k ≤ 4, with
-/// ≥ 3 steps) are regular (≤ 0.25) and at least 3× more regular. The step-ending phase is the one followed by the longest median
-/// idle time (the next step's compute).
-pub fn bursts_per_step(bursts: &[(u64, u64)]) -> (usize, usize) {
-    let spread = |k: usize| -> f64 {
-        let mut d: Vec<f64> = bursts
-            .windows(k + 1)
-            .map(|w| (w[k].1 - w[0].1) as f64)
-            .collect();
-        robust_cv(&mut d)
-    };
-    let one = spread(1);
-    if one.is_finite() && one <= 0.25 {
-        return (1, 0);
-    }
-    // The smallest such k: every multiple of it is regular too.
-    let Some(k) = (2..=4usize).filter(|&k| bursts.len() > 3 * k).find(|&k| {
-        let cv = spread(k);
-        cv <= 0.25 && cv * 3.0 <= one
-    }) else {
-        return (1, 0);
-    };
-    let idle_after = |phase: usize| -> f64 {
-        let mut g: Vec<f64> = (phase..bursts.len() - 1)
-            .step_by(k)
-            .map(|j| bursts[j + 1].0.saturating_sub(bursts[j].1) as f64)
-            .collect();
-        g.sort_by(f64::total_cmp);
-        g.get(g.len() / 2).copied().unwrap_or(0.0)
-    };
-    let phase = (0..k)
-        .max_by(|&a, &b| idle_after(a).total_cmp(&idle_after(b)))
-        .unwrap_or(0);
-    (k, phase)
-}
-
 /// Joins bursts into one per step: a step's bursts end with each burst whose index
 /// is `phase` mod `k` (the bursts after the last such one form the last group).
 fn merge_bursts(
@@ -246,56 +184,6 @@ fn merge_bursts(
         out_flows.push(cur_flows);
     }
     (out, out_flows)
-}
-
-/// Burst starts (as [`step_division`] returns them) at the gaps of the larger of
-/// two classes of idle gaps between `flows` (sorted by start; `(start, end)`, µs):
-/// the split of ln(1 + gap/µs) that maximizes the between-class variance (Otsu),
-/// accepted only when it is clear: it explains ≥ 80 % of the variance and the
-/// smallest gap of the upper class is ≥ 10× the largest of the lower (+ 1 µs).
-pub fn gap_breaks(flows: &[(u64, u64)]) -> Option<Vec<usize>> {
-    if flows.len() < 3 {
-        return None;
-    }
-    let mut gaps = Vec::with_capacity(flows.len() - 1);
-    let mut end = flows[0].1;
-    for &(s, e) in &flows[1..] {
-        gaps.push(s.saturating_sub(end) as f64);
-        end = end.max(e);
-    }
-    let mut x: Vec<f64> = gaps.iter().map(|g| g.ln_1p()).collect();
-    x.sort_by(f64::total_cmp);
-    let n = x.len() as f64;
-    let total: f64 = x.iter().sum();
-    let mean = total / n;
-    let var_t: f64 = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
-    if var_t <= 0.0 {
-        return None;
-    }
-    let (mut best, mut best_i, mut left) = (0.0, 0, 0.0);
-    for i in 1..x.len() {
-        left += x[i - 1];
-        let (w0, w1) = (i as f64 / n, (n - i as f64) / n);
-        let (m0, m1) = (left / i as f64, (total - left) / (n - i as f64));
-        let between = w0 * w1 * (m0 - m1) * (m0 - m1);
-        if between > best {
-            (best, best_i) = (between, i);
-        }
-    }
-    let (lo, hi) = (x[best_i - 1].exp_m1(), x[best_i].exp_m1());
-    if best / var_t < 0.8 || hi < 10.0 * (lo + 1.0) {
-        return None;
-    }
-    // The cut halfway between the classes in log scale (comparing with `hi`
-    // itself would lose the smallest upper gap to rounding in ln/exp).
-    let cut = (0.5 * (x[best_i - 1] + x[best_i])).exp_m1();
-    Some(
-        gaps.iter()
-            .enumerate()
-            .filter(|(_, &g)| g > cut)
-            .map(|(i, _)| i + 1)
-            .collect(),
-    )
 }
 
 /// Joins each burst whose end is followed by the next burst's end within 30 % of
@@ -329,40 +217,4 @@ fn join_split_bursts(
         }
     }
     (out, out_flows)
-}
-
-/// BOCD's burst starts `cps` plus every other gap at least as long as the 10th
-/// percentile of the gaps BOCD broke at (with ≥ 3 of them; the percentile keeps
-/// one odd short break from pulling in every gap). Returned sorted.
-pub fn complete_breaks(flows: &[(u64, u64)], mut cps: Vec<usize>) -> Vec<usize> {
-    if cps.len() < 3 || flows.len() < 2 {
-        return cps;
-    }
-    let mut gaps = Vec::with_capacity(flows.len() - 1);
-    let mut end = flows[0].1;
-    for &(s, e) in &flows[1..] {
-        gaps.push(s.saturating_sub(end));
-        end = end.max(e);
-    }
-    let mut at: Vec<u64> = cps
-        .iter()
-        .filter_map(|&c| c.checked_sub(1).and_then(|i| gaps.get(i)).copied())
-        .collect();
-    if at.len() < 3 {
-        return cps;
-    }
-    at.sort_unstable();
-    let theta = at[at.len() / 10];
-    if theta == 0 {
-        return cps;
-    }
-    cps.extend(
-        gaps.iter()
-            .enumerate()
-            .filter(|(_, &g)| g >= theta)
-            .map(|(i, _)| i + 1),
-    );
-    cps.sort_unstable();
-    cps.dedup();
-    cps
 }

@@ -12,7 +12,7 @@
 use std::net::IpAddr;
 
 use whyslow_flows::diagnose::recurring_stall;
-use whyslow_flows::timeline::{bursts_per_step, gap_breaks};
+use whyslow_flows::steps::{bursts_per_step, gap_breaks};
 use whyslow_flows::{analyze, FindingLevel, FlowConfig, FlowReport};
 use whyslow_testkit::flows::{
     generate, DpSchedule, Fault, PipelineSchedule, Synth, SynthCluster, SynthJob,

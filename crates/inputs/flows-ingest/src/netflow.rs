@@ -64,6 +64,10 @@ pub struct DecodeStats {
     pub skipped: u64,
     /// Packet reports (PSAMP) decoded into flowlets.
     pub packet_reports: u64,
+    /// Packet reports skipped for want of an observation time: the message's
+    /// export time (whole seconds, after the exporter's buffering) would put
+    /// the packet up to a second away from where it was seen.
+    pub untimed_packet_reports: u64,
 }
 
 /// Stateful IPFIX / NetFlow v9 decoder (templates per exporter).
@@ -275,7 +279,10 @@ impl FlowDecoder {
                                         }
                                     }
                                     if let Some((ethernet, bytes)) = &r.frame {
-                                        let ts = r.observed_us.unwrap_or(export_ms * 1000);
+                                        let Some(ts) = r.observed_us else {
+                                            self.stats.untimed_packet_reports += 1;
+                                            continue;
+                                        };
                                         let p = if *ethernet {
                                             crate::pcap::ethernet_frame(bytes, ts)
                                         } else {

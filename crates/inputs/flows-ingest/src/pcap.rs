@@ -279,8 +279,13 @@ impl FlowletAssembler {
         let key = (id, p.src, p.dst, p.proto);
         match self.open.get_mut(&key) {
             Some(o) if p.ts_us.saturating_sub(o.last) <= self.idle_gap_us => {
+                // A packet reported out of order keeps its bytes in the flowlet
+                // but moves its start back only within the idle gap: one stale
+                // timestamp must not stretch a flowlet over the compute before it.
                 o.last = o.last.max(p.ts_us);
-                o.start = o.start.min(p.ts_us);
+                if p.ts_us.saturating_add(self.idle_gap_us) >= o.start {
+                    o.start = o.start.min(p.ts_us);
+                }
                 o.bytes += bytes;
             }
             Some(o) => {

@@ -140,3 +140,27 @@ fn idle_flowlets_expire_and_garbage_sections_are_skipped() {
     assert_eq!(out[0].bytes, 500);
     assert_eq!(dec.finish(&mut out), 0);
 }
+
+#[test]
+fn a_stale_timestamp_keeps_its_bytes_without_stretching_the_flowlet() {
+    // Seen on the testbed: one report per direction stamped a whole second
+    // early stretched a 2 ms bucket over the compute before it (1,003 ms).
+    let exporter: SocketAddr = "10.98.0.1:40000".parse().unwrap();
+    let mut dec = FlowDecoder::with_flowlet_gap(5_000);
+    let mut out = Vec::new();
+    let t0 = 1_795_000_001_000_000u64;
+    dec.decode(exporter, &template(), &mut out);
+    for (seq, at) in [(0u64, t0 + 271_000), (1, t0), (2, t0 + 271_500)] {
+        dec.decode(
+            exporter,
+            &message(&[(3072, report(seq, at, 5000, 6000, 1448))]),
+            &mut out,
+        );
+    }
+    dec.finish(&mut out);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(
+        (out[0].start_us - t0, out[0].dur_us, out[0].bytes),
+        (271_000, 500, 3 * 1448)
+    );
+}
