@@ -241,8 +241,9 @@ pub struct FlowReport {
     pub flows: usize,
     /// Records merged away as duplicates reported by several switches.
     pub merged_duplicates: usize,
-    /// Flows below the configured minimum size (transport control messages), left
-    /// out of the analysis.
+    /// Flows below the configured minimum size (transport control messages) or
+    /// on pairs with too few flows to be training traffic (a rendezvous store's),
+    /// left out of the analysis.
     #[serde(default)]
     pub control_flows: usize,
     /// First flow start, microseconds.

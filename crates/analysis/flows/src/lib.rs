@@ -77,6 +77,12 @@ pub struct FlowConfig {
     /// make every pipeline pair look like data parallelism. Not in the paper
     /// (RoCE flows there are data); 0 keeps everything.
     pub min_flow_bytes: u64,
+    /// Pairs with fewer flows than this share of the median pair's are control
+    /// traffic too and are left out (a rank talking to the job's rendezvous
+    /// store on another host sends a message over 1 KiB now and then; as a
+    /// pair it would be typed as pipeline parallelism). Not in the paper; 0
+    /// keeps every pair.
+    pub min_pair_flow_share: f64,
 }
 
 impl Default for FlowConfig {
@@ -89,6 +95,7 @@ impl Default for FlowConfig {
             max_concurrent_dp_flows: None,
             min_samples: 3,
             min_flow_bytes: 1024,
+            min_pair_flow_share: 0.05,
         }
     }
 }
@@ -140,10 +147,50 @@ pub fn analyze(
         control_flows = records.len() - data.len();
         records = &data;
     }
+    let busy: Vec<FlowRecord>;
+    if let Some(kept) = drop_sparse_pairs(records, cfg.min_pair_flow_share) {
+        control_flows += records.len() - kept.len();
+        busy = kept;
+        records = &busy;
+    }
     let mut report = analyze_merged(records, topology, cfg);
     report.merged_duplicates = merged_duplicates;
     report.control_flows = control_flows;
     report
+}
+
+/// `records` without the flows of pairs that carry fewer than `share` of the
+/// median pair's flows (see [`FlowConfig::min_pair_flow_share`]); `None` when
+/// no pair is that sparse.
+fn drop_sparse_pairs(records: &[FlowRecord], share: f64) -> Option<Vec<FlowRecord>> {
+    if share.is_nan() || share <= 0.0 {
+        return None;
+    }
+    let key = |r: &FlowRecord| {
+        if r.src <= r.dst {
+            (r.src, r.dst)
+        } else {
+            (r.dst, r.src)
+        }
+    };
+    let mut counts: FxHashMap<(IpAddr, IpAddr), usize> = FxHashMap::default();
+    for r in records {
+        *counts.entry(key(r)).or_insert(0) += 1;
+    }
+    let mut sorted: Vec<usize> = counts.values().copied().collect();
+    sorted.sort_unstable();
+    let median = *sorted.get(sorted.len() / 2)?;
+    let floor = share * median as f64;
+    if (sorted[0] as f64) >= floor {
+        return None;
+    }
+    Some(
+        records
+            .iter()
+            .filter(|r| counts[&key(r)] as f64 >= floor)
+            .cloned()
+            .collect(),
+    )
 }
 
 fn analyze_merged(

@@ -14,8 +14,13 @@ use serde_json::Value;
 use whyslow_flows::{analyze, FlowConfig, PairType};
 use whyslow_flows_ingest::{read_flow_file, read_topology};
 
-fn capture() -> PathBuf {
-    let dir = whyslow_testkit::fixtures().join("flows/testbed-two-jobs");
+/// `testbed-two-jobs`: the run of BENCHMARKS.md; `testbed-store-traffic`: a
+/// CI run (busy core beside it) where rank 3 sent the rendezvous store on
+/// host 0 one message over 1 KiB, a pair that is neither DP nor PP.
+const CAPTURES: [(&str, usize); 2] = [("testbed-two-jobs", 5005), ("testbed-store-traffic", 4113)];
+
+fn capture(name: &str) -> PathBuf {
+    let dir = whyslow_testkit::fixtures().join("flows").join(name);
     assert!(dir.is_dir(), "fixture missing: {}", dir.display());
     dir
 }
@@ -33,14 +38,14 @@ struct Truth {
     periods: BTreeMap<Vec<String>, f64>,
 }
 
-fn truth() -> Truth {
+fn truth(name: &str) -> Truth {
     let mut t = Truth {
         members: Vec::new(),
         pairs: BTreeMap::new(),
         periods: BTreeMap::new(),
     };
     for job in ["truth-a", "truth-b"] {
-        let dir = capture().join(job);
+        let dir = capture(name).join(job);
         let mut ranks: Vec<Value> = std::fs::read_dir(&dir)
             .expect("truth dir")
             .map(|e| {
@@ -79,11 +84,17 @@ fn truth() -> Truth {
 
 #[test]
 fn two_real_jobs_from_real_switch_exports() {
-    let records = read_flow_file(&capture().join("flows.csv.gz")).expect("capture");
-    assert_eq!(records.len(), 5005);
-    let topo = read_topology(&capture().join("topology.json")).expect("topology");
+    for (name, count) in CAPTURES {
+        check(name, count);
+    }
+}
+
+fn check(name: &str, count: usize) {
+    let records = read_flow_file(&capture(name).join("flows.csv.gz")).expect("capture");
+    assert_eq!(records.len(), count, "{name}");
+    let topo = read_topology(&capture(name).join("topology.json")).expect("topology");
     let report = analyze(&records, Some(&topo), &FlowConfig::default());
-    let t = truth();
+    let t = truth(name);
 
     let mut jobs: Vec<Vec<String>> = report
         .jobs
@@ -97,7 +108,7 @@ fn two_real_jobs_from_real_switch_exports() {
     jobs.sort();
     let mut want = t.members.clone();
     want.sort();
-    assert_eq!(jobs, want);
+    assert_eq!(jobs, want, "{name}");
 
     let pairs: BTreeMap<(String, String), PairType> = report
         .pairs
@@ -107,7 +118,7 @@ fn two_real_jobs_from_real_switch_exports() {
             ((a.clone().min(b.clone()), a.max(b)), p.kind)
         })
         .collect();
-    assert_eq!(pairs, t.pairs);
+    assert_eq!(pairs, t.pairs, "{name}");
 
     for j in &report.jobs {
         let mut m: Vec<String> = j.members.iter().map(|a| a.to_string()).collect();
@@ -117,11 +128,11 @@ fn two_real_jobs_from_real_switch_exports() {
         let err = (got - want).abs() / want;
         assert!(
             err <= 0.003,
-            "job {m:?}: step period {got} µs vs {want} µs ({:.3} %)",
+            "{name}: job {m:?}: step period {got} µs vs {want} µs ({:.3} %)",
             100.0 * err
         );
     }
-    assert!(report.findings.is_empty(), "{:#?}", report.findings);
+    assert!(report.findings.is_empty(), "{name}: {:#?}", report.findings);
 }
 
 /// The same capture written by pyarrow 26 (zstd, `dur_us` as double) reads
@@ -129,7 +140,8 @@ fn two_real_jobs_from_real_switch_exports() {
 #[cfg(feature = "parquet")]
 #[test]
 fn parquet_from_pyarrow_reads_as_the_csv() {
-    let csv = read_flow_file(&capture().join("flows.csv.gz")).expect("csv");
-    let pq = read_flow_file(&capture().join("flows.parquet")).expect("parquet");
+    let dir = capture("testbed-two-jobs");
+    let csv = read_flow_file(&dir.join("flows.csv.gz")).expect("csv");
+    let pq = read_flow_file(&dir.join("flows.parquet")).expect("parquet");
     assert_eq!(pq, csv);
 }
