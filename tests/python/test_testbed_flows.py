@@ -14,8 +14,12 @@ exactly the two jobs, every pair gets its true type (DP inside a DP group,
 PP between pipeline neighbours: Algorithm 2), each job's step period is
 within 0.3 % of the median of its ranks' own step times (the jobs write
 their optimizer steps' wall-clock ends; the paper's bar), and the healthy
-run has no finding. Not checked here: the throttled-uplink finding
-(BENCHMARKS.md).
+run has no finding.
+
+The same two jobs with the leaf0 ↔ spine link throttled to 50 Mbit/s (both
+directions) 5 s after training starts: that link is named (the flows that
+cross it stay active ≥ 1.2× longer behind it: whyslow_flows::hops), no other
+switch or link is, and jobs and pair types stay right.
 """
 
 import csv
@@ -43,11 +47,13 @@ def _whyslow():
     return exe
 
 
-def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
+def _two_jobs(tmp_path, fault):
+    """Runs the two jobs with `fault`; returns (report, truth members, true
+    pair types, true step periods)."""
     assert shutil.which("softflowd"), "softflowd is missing (scripts/test-python installs it)"
     out = str(tmp_path / "tb")
     flows = os.path.join(out, "flows.csv")
-    cmd = [sys.executable, RUN, "--hosts", "6", "--fault", "none", "--out", out,
+    cmd = [sys.executable, RUN, "--hosts", "6", "--fault", fault, "--fault-after", "5", "--out", out,
            "--flows", flows, "--whyslow", _whyslow(), "--timeout", "300",
            "--second-job", "2",
            "--second-script", "%s --pp 1 %s --steps-out %s/truth-b" % (PIPELINE, JOB_ARGS, out),
@@ -90,10 +96,15 @@ def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
         periods[frozenset(addr(r) for r in ranks)] = statistics.median(steps) * 1e6
     assert truth == [["10.99.0.1", "10.99.0.2", "10.99.0.3", "10.99.0.4"],
                      ["10.99.0.5", "10.99.0.6"]]
+    return report, truth, pairs, periods
+
+
+def _check_jobs_and_pairs(report, truth, pairs):
     found = sorted(sorted(j["members"]) for j in report["jobs"])
     assert found == sorted(truth), json.dumps(report["jobs"], indent=1)[:3000]
-    # Cross-leaf flows were seen by all three switches and merged into one
-    # path: the leaf-spine links appear (they exist only on merged paths).
+    # Cross-leaf flows were seen by all three switches; each is kept once, as
+    # the switch where it entered the fabric saw it, with its whole path: the
+    # leaf-spine links appear.
     assert report["merged_duplicates"] > 0, "no flow was merged across switch reports"
     links = {s["name"] for s in report["switches"] if s["link"]}
     assert {"leaf0<->spine", "leaf1<->spine"} <= links, links
@@ -101,6 +112,11 @@ def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
     got = {frozenset((p["src"], p["dst"])): p["type"] for p in report["pairs"]}
     assert got == pairs, (sorted((tuple(sorted(k)), v) for k, v in got.items()),
                           sorted((tuple(sorted(k)), v) for k, v in pairs.items()))
+
+
+def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
+    report, truth, pairs, periods = _two_jobs(tmp_path, "none")
+    _check_jobs_and_pairs(report, truth, pairs)
     # Step periods (§IV-C) against the ranks' own step times.
     for j in report["jobs"]:
         want = periods[frozenset(j["members"])]
@@ -109,3 +125,13 @@ def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
             j["members"], j["step_us"], want, 100 * err)
     # A healthy run: nothing to report.
     assert report["findings"] == [], json.dumps(report["findings"], indent=1)
+
+
+def test_a_throttled_uplink_is_named_from_real_switch_exports(tmp_path):
+    report, truth, pairs, _ = _two_jobs(tmp_path, "slow-uplink:leaf=0,rate=50mbit")
+    _check_jobs_and_pairs(report, truth, pairs)
+    where = [f["subject"] for f in report["findings"] if f["level"] == "switch"]
+    assert where == ["link leaf0<->spine"], json.dumps(report["findings"], indent=1)
+    hops = {(h["from"], h["to"]): max(h["stretch"], h["peak_stretch"]) for h in report["hops"]}
+    assert hops[("leaf0", "spine")] >= 1.2 and hops[("spine", "leaf0")] >= 1.2, hops
+    assert hops[("leaf1", "spine")] < 1.2 and hops[("spine", "leaf1")] < 1.2, hops

@@ -208,6 +208,44 @@ pub struct SwitchStats {
     pub per_step: Vec<(u64, u64, f64)>,
 }
 
+/// How one switch-to-switch hop changes the flows that cross it: the same
+/// connections' active time (sum of flowlet durations) at the upstream switch and
+/// at the downstream one. A store-and-forward hop does not stretch a flow
+/// (`stretch` ≈ 1); a throttled, congested or faulty link between the two
+/// switches does. Computed from per-switch reports of the same flows, before
+/// they are merged (not in LLMPrism, which compares switches' mean bandwidth).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HopStats {
+    /// Upstream switch: the flows reach it first.
+    pub from: String,
+    /// Downstream switch.
+    pub to: String,
+    /// Directed connections (5-tuples) whose bytes both switches reported in full.
+    pub connections: usize,
+    /// Flowlets reported by the upstream switch for them.
+    pub upstream_flowlets: usize,
+    /// Flowlets reported by the downstream switch for them.
+    pub downstream_flowlets: usize,
+    /// Bytes the connections carried (the larger of the two switches' counts).
+    pub bytes: u64,
+    /// Active time at the upstream switch, microseconds.
+    pub upstream_active_us: u64,
+    /// Active time at the downstream switch, microseconds.
+    pub downstream_active_us: u64,
+    /// Downstream active time / upstream active time.
+    pub stretch: f64,
+    /// The largest stretch over a few consecutive seconds with enough traffic
+    /// (a slowdown that began late in the window); 0 when none had enough.
+    #[serde(default)]
+    pub peak_stretch: f64,
+    /// Start of the peak's interval, µs.
+    #[serde(default)]
+    pub peak_start_us: u64,
+    /// End of the peak's interval, µs.
+    #[serde(default)]
+    pub peak_end_us: u64,
+}
+
 /// One communication event of a rank's reconstructed timeline (§IV-C, Fig. 4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimelineEvent {
@@ -260,6 +298,9 @@ pub struct FlowReport {
     pub findings: Vec<FlowFinding>,
     /// Per-switch DP statistics.
     pub switches: Vec<SwitchStats>,
+    /// Per directed switch-to-switch hop: how much longer flows take after it.
+    #[serde(default)]
+    pub hops: Vec<HopStats>,
     /// Per-rank events (not part of the JSON).
     #[serde(skip)]
     pub timelines: Timelines,

@@ -168,6 +168,17 @@ impl Topology {
         self.machine_of.get(addr).copied()
     }
 
+    /// Whether switches `a` and `b` are linked: `None` when the topology does
+    /// not know one of them or lists no links at all.
+    pub fn linked(&self, a: &str, b: &str) -> Option<bool> {
+        if self.adjacency.values().all(Vec::is_empty) {
+            return None;
+        }
+        let next = self.adjacency.get(a)?;
+        self.adjacency.get(b)?;
+        Some(next.iter().any(|n| n == b))
+    }
+
     /// Switch path between two addresses (shortest path in the switch graph between
     /// their machines' switches), when the topology knows it.
     pub fn switch_path(&self, a: &IpAddr, b: &IpAddr) -> Option<Vec<String>> {
@@ -232,6 +243,10 @@ mod tests {
             vec!["leaf1", "spine", "leaf2"]
         );
         assert_eq!(t.exporters["192.0.2.12"], "leaf2");
+        assert_eq!(t.linked("leaf1", "spine"), Some(true));
+        assert_eq!(t.linked("spine", "leaf2"), Some(true));
+        assert_eq!(t.linked("leaf1", "leaf2"), Some(false));
+        assert_eq!(t.linked("leaf1", "core"), None);
         let again = Topology::from_json_str(&t.to_json_string()).unwrap();
         assert_eq!(again.machines, t.machines);
     }

@@ -108,6 +108,7 @@ pub(crate) fn assemble(
         ranks,
         findings,
         switches,
+        hops: Vec::new(),
         timelines: Timelines { events },
     }
 }

@@ -33,7 +33,7 @@ use crate::jobs::Jobs;
 use crate::timeline::RankTimelines;
 use crate::{
     FindingLevel, FlowConfig, FlowFinding, FlowIndex, FxHashMap, PairType, RecurringStall,
-    SwitchStats,
+    SwitchStats, Topology,
 };
 
 /// A period in the slow steps of one rank: `Some((every, first))` when some of the
@@ -119,10 +119,15 @@ pub fn k_sigma_outliers(
 }
 
 /// Per-switch DP statistics (input of the switch-level diagnosis and Fig. 5).
+///
+/// Links are the consecutive switches of merged flow paths; with a topology,
+/// only those it links (two leaves on a path without its spine are a report
+/// the spine lost, not a link).
 pub fn switch_stats(
     index: &FlowIndex<'_>,
     cls: &Classified,
     tl: &RankTimelines,
+    topology: Option<&Topology>,
 ) -> Vec<SwitchStats> {
     struct Acc {
         flows: usize,
@@ -158,6 +163,9 @@ pub fn switch_stats(
             names.clear();
             names.extend(r.switches.iter().map(|s| (s.clone(), false)));
             for w in r.switches.windows(2) {
+                if topology.and_then(|t| t.linked(&w[0], &w[1])) == Some(false) {
+                    continue;
+                }
                 let (x, y) = if w[0] <= w[1] {
                     (&w[0], &w[1])
                 } else {
@@ -431,7 +439,10 @@ pub fn diagnose(
         .map_or(0, |&m| (m / 10).max(cfg.min_samples));
     let compared: Vec<&SwitchStats> = switches.iter().filter(|s| s.dp_flows >= enough).collect();
     let bw: Vec<f64> = compared.iter().map(|s| s.p90_dp_gbps).collect();
-    for (si, t) in k_sigma_outliers(&bw, k, cfg.min_rel_sigma, 2, false)
+    // Of two, neither is the odd one (as for DP groups): with one other value
+    // σ is only the floor and a switch 15 % slower than its one neighbour
+    // would be "an outlier".
+    for (si, t) in k_sigma_outliers(&bw, k, cfg.min_rel_sigma, cfg.min_samples.max(3), false)
         .into_iter()
         .enumerate()
     {

@@ -12,7 +12,7 @@
 
 use std::net::IpAddr;
 
-use crate::{FlowRecord, FxHashMap};
+use crate::{FlowRecord, FxHashMap, Topology};
 
 /// Slack added to interval ends when testing overlap, microseconds.
 pub const MERGE_SLACK_US: u64 = 1_000;
@@ -114,6 +114,44 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
     }
     out.sort_by_key(|r| r.start_us);
     out
+}
+
+/// With a topology that places the flows' endpoints: every connection as the
+/// switch where it enters the fabric reported it (the first switch of the
+/// topology's path from its source to its destination), carrying that whole
+/// path. Reports of the other switches on the path are dropped, and so are
+/// records whose switch is not on their path. The entry switch sees the
+/// sender's own timing; the switches behind a slow link see it re-paced and
+/// cut into other flowlets, which byte-matching ([`merge_switch_reports`])
+/// cannot pair with the entry's. What the hops do to the flows is measured
+/// before, on all reports (`crate::hops`).
+///
+/// `None` when some multi-switch record's endpoints have no switch path in
+/// the topology, or no record was reported by its entry switch.
+pub fn entry_reports(records: &[FlowRecord], topology: &Topology) -> Option<Vec<FlowRecord>> {
+    let mut paths: FxHashMap<(IpAddr, IpAddr), Option<Vec<String>>> = FxHashMap::default();
+    let mut out = Vec::with_capacity(records.len());
+    for r in records {
+        if r.switches.len() != 1 {
+            out.push(r.clone());
+            continue;
+        }
+        let path = paths
+            .entry((r.src, r.dst))
+            .or_insert_with(|| topology.switch_path(&r.src, &r.dst))
+            .as_ref()?;
+        if path.first() == Some(&r.switches[0]) {
+            out.push(FlowRecord {
+                switches: path.clone(),
+                ..r.clone()
+            });
+        }
+    }
+    if out.is_empty() {
+        return None;
+    }
+    out.sort_by_key(|r| r.start_us);
+    Some(out)
 }
 
 #[cfg(test)]

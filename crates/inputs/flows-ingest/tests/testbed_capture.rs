@@ -4,20 +4,54 @@
 //! collect` (tests/fixtures/README.md has the command). The jobs wrote their
 //! own ground truth (stage, DP group, pipeline peers, each optimizer step's
 //! wall-clock end). LLMPrism §IV-A to §IV-D on traffic nobody synthesized:
-//! jobs and pair types exact, step periods within the paper's 0.3 %, and a
-//! healthy run without findings.
+//! jobs and pair types exact, step periods within the paper's 0.3 %, a
+//! healthy run without findings, and a throttled leaf–spine link named by the
+//! stretch of the flows that cross it (`whyslow_flows::hops`) and nothing else.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde_json::Value;
-use whyslow_flows::{analyze, FlowConfig, PairType};
+use whyslow_flows::{analyze, FindingLevel, FlowConfig, PairType};
 use whyslow_flows_ingest::{read_flow_file, read_topology};
+
+/// One capture and what its analysis must say.
+struct Capture {
+    name: &'static str,
+    records: usize,
+    /// The switch and link findings' subjects, in order. Step findings must
+    /// each be a step the jobs themselves timed as slow.
+    findings: &'static [&'static str],
+}
 
 /// `testbed-two-jobs`: the run of BENCHMARKS.md; `testbed-store-traffic`: a
 /// CI run (busy core beside it) where rank 3 sent the rendezvous store on
-/// host 0 one message over 1 KiB, a pair that is neither DP nor PP.
-const CAPTURES: [(&str, usize); 2] = [("testbed-two-jobs", 5005), ("testbed-store-traffic", 4113)];
+/// host 0 one message over 1 KiB, a pair that is neither DP nor PP;
+/// `testbed-slow-uplink-*`: the same jobs with the leaf0 ↔ spine link
+/// throttled (both directions) 5 s after training started (at 50 Mbit/s
+/// rank 3 then took 582 ms for a step of ≈ 440: a slow step, rightly flagged).
+const CAPTURES: [Capture; 4] = [
+    Capture {
+        name: "testbed-two-jobs",
+        records: 5005,
+        findings: &[],
+    },
+    Capture {
+        name: "testbed-store-traffic",
+        records: 4113,
+        findings: &[],
+    },
+    Capture {
+        name: "testbed-slow-uplink-50mbit",
+        records: 4283,
+        findings: &["link leaf0<->spine"],
+    },
+    Capture {
+        name: "testbed-slow-uplink-150mbit",
+        records: 4121,
+        findings: &["link leaf0<->spine"],
+    },
+];
 
 fn capture(name: &str) -> PathBuf {
     let dir = whyslow_testkit::fixtures().join("flows").join(name);
@@ -36,6 +70,21 @@ struct Truth {
     pairs: BTreeMap<(String, String), PairType>,
     /// Median step time of each job's ranks, µs, keyed by its sorted members.
     periods: BTreeMap<Vec<String>, f64>,
+    /// Steps (start, end in µs) some rank took ≥ 15 % longer than its median.
+    slow_steps: Vec<(u64, u64)>,
+}
+
+/// The step interval a step finding names ("… from t=A us to t=B us …").
+fn step_span(reason: &str) -> (u64, u64) {
+    let num = |key: &str| -> u64 {
+        let at = reason.find(key).expect("a step finding names its interval") + key.len();
+        reason[at..]
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("µs")
+    };
+    (num("from t="), num(" to t="))
 }
 
 fn truth(name: &str) -> Truth {
@@ -43,6 +92,7 @@ fn truth(name: &str) -> Truth {
         members: Vec::new(),
         pairs: BTreeMap::new(),
         periods: BTreeMap::new(),
+        slow_steps: Vec::new(),
     };
     for job in ["truth-a", "truth-b"] {
         let dir = capture(name).join(job);
@@ -64,7 +114,17 @@ fn truth(name: &str) -> Truth {
                 .iter()
                 .map(|v| v.as_f64().expect("seconds"))
                 .collect();
-            steps.extend(ends.windows(2).map(|w| (w[1] - w[0]) * 1e6));
+            let own: Vec<f64> = ends.windows(2).map(|w| (w[1] - w[0]) * 1e6).collect();
+            let mut sorted = own.clone();
+            sorted.sort_by(f64::total_cmp);
+            let median = sorted[sorted.len() / 2];
+            for (w, d) in ends.windows(2).zip(&own) {
+                if *d >= 1.15 * median {
+                    t.slow_steps
+                        .push(((w[0] * 1e6) as u64, (w[1] * 1e6) as u64));
+                }
+            }
+            steps.extend(own);
             for (kind, key) in [(PairType::Dp, "dp_group"), (PairType::Pp, "pp_peers")] {
                 for q in r[key].as_array().expect("peers") {
                     let q = q.as_u64().expect("rank");
@@ -84,12 +144,13 @@ fn truth(name: &str) -> Truth {
 
 #[test]
 fn two_real_jobs_from_real_switch_exports() {
-    for (name, count) in CAPTURES {
-        check(name, count);
+    for c in &CAPTURES {
+        check(c);
     }
 }
 
-fn check(name: &str, count: usize) {
+fn check(c: &Capture) {
+    let (name, count) = (c.name, c.records);
     let records = read_flow_file(&capture(name).join("flows.csv.gz")).expect("capture");
     assert_eq!(records.len(), count, "{name}");
     let topo = read_topology(&capture(name).join("topology.json")).expect("topology");
@@ -132,7 +193,31 @@ fn check(name: &str, count: usize) {
             100.0 * err
         );
     }
-    assert!(report.findings.is_empty(), "{name}: {:#?}", report.findings);
+    let (steps, others): (Vec<_>, Vec<_>) = report
+        .findings
+        .iter()
+        .partition(|f| f.level == FindingLevel::Step);
+    let subjects: Vec<&str> = others.iter().map(|f| f.subject.as_str()).collect();
+    assert_eq!(subjects, c.findings, "{name}: {:#?}", report.findings);
+    for f in steps {
+        let (from, to) = step_span(&f.reason);
+        assert!(
+            t.slow_steps.iter().any(|&(a, b)| a < to && from < b),
+            "{name}: no rank timed a slow step from {from} to {to} us: {f:#?}"
+        );
+    }
+    // Hops measured on every capture: healthy ones at ×1, the throttled link
+    // stretched in both directions.
+    assert_eq!(report.hops.len(), 4, "{name}");
+    for h in &report.hops {
+        let throttled = !c.findings.is_empty() && (h.from == "leaf0" || h.to == "leaf0");
+        let worst = h.stretch.max(h.peak_stretch);
+        if throttled {
+            assert!(worst >= 1.3, "{name}: {h:?}");
+        } else {
+            assert!(worst < 1.1, "{name}: {h:?}");
+        }
+    }
 }
 
 /// The same capture written by pyarrow 26 (zstd, `dur_us` as double) reads

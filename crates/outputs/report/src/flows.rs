@@ -206,6 +206,24 @@ pub fn render_table(report: &FlowReport) -> String {
             );
         }
     }
+    if !report.hops.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n  {:<28} {:>11} {:>12} {:>9} {:>9}",
+            "hop (same flows, 2 switches)", "connections", "MB", "stretch", "peak"
+        );
+        for h in &report.hops {
+            let _ = writeln!(
+                s,
+                "  {:<28} {:>11} {:>12.1} {:>9.2} {:>9.2}",
+                format!("{} -> {}", h.from, h.to),
+                h.connections,
+                h.bytes as f64 / 1e6,
+                h.stretch,
+                h.peak_stretch
+            );
+        }
+    }
     if report.findings.is_empty() {
         let _ = writeln!(s, "\nno findings");
     } else {
