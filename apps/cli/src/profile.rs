@@ -17,8 +17,29 @@ use whyslow_stack_output as out;
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
     /// Process to profile (all its threads; it is never stopped or ptraced).
+    #[arg(long, required_unless_present_any = ["all", "cgroup"])]
+    pid: Option<i32>,
+    /// Every process of the host (eBPF engine).
+    #[arg(long, conflicts_with_all = ["pid", "cgroup"])]
+    all: bool,
+    /// Processes in this cgroup directory, e.g. /sys/fs/cgroup/… (eBPF engine;
+    /// repeat for several).
     #[arg(long)]
-    pid: i32,
+    cgroup: Vec<PathBuf>,
+    /// `perf`: user stacks unwound with DWARF from copied stacks, Python
+    /// frames stitched in (one process). `ebpf`: stacks taken and counted in
+    /// the kernel (frame-pointer user stacks, kernel stacks; any process set,
+    /// a fraction of the cost). Default: perf for --pid, ebpf otherwise.
+    #[arg(long, value_enum)]
+    engine: Option<Engine>,
+    /// Percent of ticks that take a stack (eBPF engine; SysOM-AI's sampling
+    /// rate, 1–100).
+    #[arg(long, default_value_t = 100.0)]
+    sampling_rate: f64,
+    /// Measure the eBPF program's own run time (the kernel's BPF statistics,
+    /// on for every program while profiling) and print it per sample.
+    #[arg(long)]
+    bpf_stats: bool,
     /// Seconds to sample (Ctrl-C ends earlier and still writes the profile).
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
@@ -35,6 +56,15 @@ pub struct ProfileArgs {
     /// `.pb.gz` (pprof), `.svg` (flame graph), `.json` (speedscope).
     #[arg(short, long)]
     output: PathBuf,
+}
+
+/// Stack sampling engine of `whyslow profile`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// perf_event with copied user stacks unwound in userspace (DWARF).
+    Perf,
+    /// An eBPF program that takes and counts stacks in the kernel.
+    Ebpf,
 }
 
 /// `whyslow flamegraph`.
@@ -151,14 +181,24 @@ pub fn run_profile(args: ProfileArgs) -> Result<u8> {
         ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
             .context("installing the Ctrl-C handler")?;
     }
+    let engine = args.engine.unwrap_or(match args.pid {
+        Some(_) => Engine::Perf,
+        None => Engine::Ebpf,
+    });
+    if engine == Engine::Ebpf {
+        return run_ebpf_profile(&args, &stop);
+    }
+    let Some(pid) = args.pid else {
+        bail!("--engine perf profiles one process: give --pid");
+    };
     let opts = whyslow_stacks::ProfileOptions {
         hz: args.hz,
         duration: Duration::from_secs_f64(args.duration.max(0.0)),
         stack_bytes: args.stack_bytes,
         python: !args.no_python,
     };
-    let (profile, stats) = whyslow_stacks::profile_process(args.pid, &opts, &stop)
-        .with_context(|| format!("profiling pid {}", args.pid))?;
+    let (profile, stats) = whyslow_stacks::profile_process(pid, &opts, &stop)
+        .with_context(|| format!("profiling pid {pid}"))?;
     for m in &stats.unreadable {
         eprintln!("whyslow: note: module not read (its frames stay unnamed): {m}");
     }
@@ -175,7 +215,7 @@ pub fn run_profile(args: ProfileArgs) -> Result<u8> {
     }
     let title = format!(
         "pid {} ({}), {} samples at {} Hz",
-        args.pid,
+        pid,
         profile
             .labels
             .get("command")
@@ -193,6 +233,63 @@ pub fn run_profile(args: ProfileArgs) -> Result<u8> {
         profile.stacks.len(),
         args.output.display()
     );
+    Ok(0)
+}
+
+/// `whyslow profile --engine ebpf`.
+fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
+    use whyslow_stacks::ebpf;
+    if !(args.sampling_rate > 0.0 && args.sampling_rate <= 100.0) {
+        bail!(
+            "--sampling-rate {} is outside 1..=100 (percent)",
+            args.sampling_rate
+        );
+    }
+    let (target, what) = match (args.pid, args.all) {
+        (Some(pid), _) => (ebpf::Target::Pids(vec![pid as u32]), format!("pid {pid}")),
+        (None, true) => (ebpf::Target::Host, "all processes".to_string()),
+        (None, false) => (
+            ebpf::Target::Cgroups(args.cgroup.clone()),
+            format!("cgroup {}", args.cgroup[0].display()),
+        ),
+    };
+    let opts = ebpf::EbpfOptions {
+        hz: args.hz,
+        sampling_rate: args.sampling_rate / 100.0,
+        target,
+        measure: args.bpf_stats,
+    };
+    let (profile, stats) = ebpf::profile(
+        &opts,
+        Duration::from_secs_f64(args.duration.max(0.0)),
+        Duration::from_secs(5),
+        stop,
+    )
+    .with_context(|| format!("profiling {what} with eBPF"))?;
+    let title = format!(
+        "{what}, {} samples at {} Hz (eBPF, {} % of ticks)",
+        stats.samples, args.hz, args.sampling_rate
+    );
+    write_profile(&profile, &args.output, &title)?;
+    eprintln!(
+        "whyslow: eBPF: {} samples ({} ticks, {} outside the target, {} left out by the sampling rate, {} stack read errors, {} not stored: maps full), {} distinct stacks -> {}",
+        stats.samples,
+        stats.ticks - stats.idle,
+        stats.filtered,
+        stats.skipped,
+        stats.kernel_stack_errors + stats.user_stack_errors,
+        stats.stacks_full + stats.counts_full,
+        profile.stacks.len(),
+        args.output.display()
+    );
+    if args.bpf_stats && stats.runs > 0 {
+        eprintln!(
+            "whyslow: eBPF program: {} runs, {:.2} ms in the kernel, {:.2} µs per run",
+            stats.runs,
+            stats.run_time_ns as f64 / 1e6,
+            stats.run_time_ns as f64 / stats.runs as f64 / 1e3
+        );
+    }
     Ok(0)
 }
 

@@ -12,6 +12,7 @@
 //! keeps; it costs a 16 KiB stack copy per sample.
 #![deny(missing_docs)]
 
+pub mod ebpf;
 pub mod elf;
 pub mod maps;
 pub mod perf;

@@ -1,0 +1,540 @@
+//! The eBPF sampler (SysOM-AI §3.3): `bpf/profile.bpf.c` on a software
+//! cpu-clock perf event per CPU, stacks aggregated in BPF maps and read here
+//! period by period, with no per-sample wake-up.
+//!
+//! The program counts (process, thread, kernel stack, user stack) into one of
+//! two generations; [`EbpfSampler::drain`] flips the generation, then reads and
+//! deletes the counts of the other one (double buffering: an increment that
+//! races the flip lands in the next drain, or at worst is lost). Stacks are
+//! stored once in the kernel under a 64-bit hash and copied out once.
+//!
+//! User stacks here are the kernel's frame-pointer walk: complete for code
+//! built with frame pointers, 1–3 frames for a CPython without them (the
+//! DWARF fallback of the paper's Algorithm 1 runs in userspace on copied
+//! stacks: the perf path, [`crate::ProcessProfiler`]). What this path adds is
+//! reach and cost: every process of the host, a cgroup or a set of processes,
+//! kernel stacks included, at a few µs per sample and a fraction of ticks
+//! (the paper's "sampling rate") taking a stack.
+//!
+//! Loaded with aya (pure Rust: no libbpf, libelf or C toolchain on the user's
+//! machine); the object is built by `scripts/build-bpf` and checked in.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::programs::perf_event::{
+    perf_sw_ids::PERF_COUNT_SW_CPU_CLOCK, PerfEventScope, PerfTypeId, SamplePolicy,
+};
+use aya::programs::PerfEvent;
+use aya::{Ebpf, EbpfLoader, Pod};
+
+/// The compiled program (`bpf/profile.bpf.c`, built by `scripts/build-bpf`),
+/// 8-byte aligned as the ELF parser needs.
+pub static PROFILE_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/profile.bpf.o");
+
+const MAX_DEPTH: usize = 127;
+
+/// What the program samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Every process of the host (interference often comes from another one).
+    Host,
+    /// These processes (thread group ids); more can be added while running.
+    Pids(Vec<u32>),
+    /// Processes in these cgroups (v2 directories, or v1 directories of a
+    /// hierarchy whose ids the kernel reports).
+    Cgroups(Vec<PathBuf>),
+}
+
+/// Settings of [`EbpfSampler::open`].
+#[derive(Debug, Clone)]
+pub struct EbpfOptions {
+    /// Measure the program's own run time ([`enable_run_time_stats`]) during
+    /// [`profile`]; read it from [`EbpfStats::run_time_ns`].
+    pub measure: bool,
+    /// Ticks per second per CPU (10..=999).
+    pub hz: u64,
+    /// Fraction of ticks that take a stack (SysOM-AI's "sampling rate",
+    /// Table 2): 1.0 takes every tick, 0.1 one in ten.
+    pub sampling_rate: f64,
+    /// What to sample.
+    pub target: Target,
+}
+
+/// Why the eBPF sampler could not start or read.
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    /// Loading or verifying the program failed.
+    #[error(
+        "loading the BPF program: {0} (needs root or CAP_BPF + CAP_PERFMON, and a kernel with BPF)"
+    )]
+    Load(String),
+    /// Attaching to a CPU's perf event failed.
+    #[error("attaching to cpu-clock on CPU {0}: {1}")]
+    Attach(u32, String),
+    /// A map could not be read or written.
+    #[error("BPF map {0}: {1}")]
+    Map(&'static str, String),
+    /// A setting is out of range.
+    #[error("{0}")]
+    Setting(String),
+}
+
+/// Counters the program keeps (summed over CPUs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EbpfStats {
+    /// Ticks the program ran on.
+    pub ticks: u64,
+    /// Ticks in a process outside the target.
+    pub filtered: u64,
+    /// Ticks left out by the sampling rate.
+    pub skipped: u64,
+    /// Samples counted.
+    pub samples: u64,
+    /// Kernel stack reads that failed.
+    pub kernel_stack_errors: u64,
+    /// User stack reads that failed.
+    pub user_stack_errors: u64,
+    /// Stacks not stored: the stack map was full.
+    pub stacks_full: u64,
+    /// Samples not counted: the count map was full.
+    pub counts_full: u64,
+    /// Ticks on an idle CPU.
+    pub idle: u64,
+    /// Nanoseconds the program ran in the kernel (with `measure`; else 0).
+    pub run_time_ns: u64,
+    /// Program runs counted with it.
+    pub runs: u64,
+}
+
+/// One aggregated stack of one thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountedStack {
+    /// Process (thread group) id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Kernel addresses, innermost first (empty when the tick was in user mode).
+    pub kernel: Vec<u64>,
+    /// User addresses, innermost first (frame-pointer walk).
+    pub user: Vec<u64>,
+    /// Samples.
+    pub count: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct CountKey {
+    tgid: u32,
+    tid: u32,
+    kernel: u64,
+    user: u64,
+    generation: u32,
+    pad: u32,
+}
+// SAFETY: plain C struct of integers, no padding holes (the pad is explicit).
+unsafe impl Pod for CountKey {}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Stack {
+    depth: u64,
+    ips: [u64; MAX_DEPTH],
+}
+// SAFETY: plain C struct of integers.
+unsafe impl Pod for Stack {}
+
+/// The loaded, attached program and its maps.
+pub struct EbpfSampler {
+    ebpf: Ebpf,
+    generation: u32,
+    stacks: HashMap<u64, Vec<u64>>,
+}
+
+impl EbpfSampler {
+    /// Loads the program and attaches it to every online CPU.
+    pub fn open(opts: &EbpfOptions) -> Result<Self, EbpfError> {
+        if !(10..=999).contains(&opts.hz) {
+            return Err(EbpfError::Setting(format!(
+                "sampling frequency {} Hz is outside 10..=999",
+                opts.hz
+            )));
+        }
+        if !(opts.sampling_rate > 0.0 && opts.sampling_rate <= 1.0) {
+            return Err(EbpfError::Setting(format!(
+                "sampling rate {} is outside (0, 1]",
+                opts.sampling_rate
+            )));
+        }
+        let filter: u32 = match opts.target {
+            Target::Host => 0,
+            Target::Pids(_) => 1,
+            Target::Cgroups(_) => 2,
+        };
+        let rate = ((opts.sampling_rate * 1000.0).round() as u32).clamp(1, 1000);
+        let mut ebpf = EbpfLoader::new()
+            .set_global("FILTER", &filter, true)
+            .set_global("RATE_PER_MILLE", &rate, true)
+            .load(PROFILE_OBJECT)
+            .map_err(|e| EbpfError::Load(chain(&e)))?;
+        match &opts.target {
+            Target::Host => {}
+            Target::Pids(pids) => {
+                for &p in pids {
+                    add_pid(&mut ebpf, p)?;
+                }
+            }
+            Target::Cgroups(dirs) => {
+                let mut map: BpfHashMap<&mut MapData, u64, u8> = map_mut(&mut ebpf, "cgroups")?;
+                for d in dirs {
+                    let id = cgroup_id(d)?;
+                    map.insert(id, 1, 0)
+                        .map_err(|e| EbpfError::Map("cgroups", chain(&e)))?;
+                }
+            }
+        }
+        let prog: &mut PerfEvent = ebpf
+            .program_mut("on_cpu_clock")
+            .ok_or_else(|| EbpfError::Load("no program on_cpu_clock in the object".into()))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| EbpfError::Load(chain(&e)))?;
+        prog.load().map_err(|e| EbpfError::Load(chain(&e)))?;
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, e)| EbpfError::Load(format!("{what}: {e}")))?;
+        for cpu in cpus {
+            prog.attach(
+                PerfTypeId::Software,
+                PERF_COUNT_SW_CPU_CLOCK as u64,
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(opts.hz),
+                false,
+            )
+            .map_err(|e| EbpfError::Attach(cpu, chain(&e)))?;
+        }
+        Ok(EbpfSampler {
+            ebpf,
+            generation: 0,
+            stacks: HashMap::new(),
+        })
+    }
+
+    /// Adds a process to a [`Target::Pids`] sampler.
+    pub fn add_pid(&mut self, pid: u32) -> Result<(), EbpfError> {
+        add_pid(&mut self.ebpf, pid)
+    }
+
+    /// Removes a process from a [`Target::Pids`] sampler.
+    pub fn remove_pid(&mut self, pid: u32) -> Result<(), EbpfError> {
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = map_mut(&mut self.ebpf, "pids")?;
+        match map.remove(&pid) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(EbpfError::Map("pids", chain(&e))),
+        }
+    }
+
+    /// The counts since the last drain: flips the generation the program
+    /// counts into, then reads and deletes the previous one.
+    pub fn drain(&mut self) -> Result<Vec<CountedStack>, EbpfError> {
+        let old = self.generation;
+        self.generation ^= 1;
+        {
+            let mut control: Array<&mut MapData, u32> = map_mut(&mut self.ebpf, "control")?;
+            control
+                .set(0, self.generation, 0)
+                .map_err(|e| EbpfError::Map("control", chain(&e)))?;
+        }
+        let mut counts: BpfHashMap<&mut MapData, CountKey, u64> =
+            map_mut(&mut self.ebpf, "counts")?;
+        let mut taken: Vec<(CountKey, u64)> = Vec::new();
+        for item in counts.iter() {
+            let Ok((k, v)) = item else { continue }; // deleted while iterating
+            if k.generation == old {
+                taken.push((k, v));
+            }
+        }
+        for (k, _) in &taken {
+            let _ = counts.remove(k);
+        }
+        // The copy of stacks stays bounded: cleared before a drain, never in
+        // the middle of one (a count may name a stack only the copy holds).
+        if self.stacks.len() > 100_000 {
+            self.stacks.clear();
+        }
+        let mut stacks: BpfHashMap<&mut MapData, u64, Stack> = map_mut(&mut self.ebpf, "stacks")?;
+        let mut copied: Vec<u64> = Vec::new();
+        let mut read = |h: u64, cache: &mut HashMap<u64, Vec<u64>>| -> Vec<u64> {
+            if h == 0 {
+                return Vec::new();
+            }
+            if let Some(s) = cache.get(&h) {
+                return s.clone();
+            }
+            let ips = match stacks.get(&h, 0) {
+                Ok(s) => s.ips[..(s.depth as usize).min(MAX_DEPTH)].to_vec(),
+                Err(_) => Vec::new(),
+            };
+            copied.push(h);
+            cache.insert(h, ips.clone());
+            ips
+        };
+        let mut out = Vec::with_capacity(taken.len());
+        for (k, count) in taken {
+            out.push(CountedStack {
+                pid: k.tgid,
+                tid: k.tid,
+                kernel: read(k.kernel, &mut self.stacks),
+                user: read(k.user, &mut self.stacks),
+                count,
+            });
+        }
+        // Copied stacks leave the kernel's map (a sample re-inserts one it
+        // needs again), which then holds only what one period brings.
+        for h in copied {
+            let _ = stacks.remove(&h);
+        }
+        Ok(out)
+    }
+
+    /// The program's counters, summed over CPUs.
+    pub fn stats(&self) -> Result<EbpfStats, EbpfError> {
+        let map: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, "stats")?;
+        let mut v = [0u64; 9];
+        for (i, slot) in v.iter_mut().enumerate() {
+            *slot = map
+                .get(&(i as u32), 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .map_err(|e| EbpfError::Map("stats", chain(&e)))?;
+        }
+        Ok(EbpfStats {
+            ticks: v[0],
+            filtered: v[1],
+            skipped: v[2],
+            samples: v[3],
+            kernel_stack_errors: v[4],
+            user_stack_errors: v[5],
+            stacks_full: v[6],
+            counts_full: v[7],
+            idle: v[8],
+            run_time_ns: 0,
+            runs: 0,
+        })
+    }
+
+    /// Program id (for `bpftool prog show id N`).
+    pub fn program_id(&self) -> Option<u32> {
+        let prog: &PerfEvent = self.ebpf.program("on_cpu_clock")?.try_into().ok()?;
+        prog.info().ok().map(|i| i.id())
+    }
+
+    /// Time the program has run in the kernel and how many times, while
+    /// [`enable_run_time_stats`] was held (zero otherwise).
+    pub fn run_time(&self) -> Option<(std::time::Duration, u64)> {
+        let prog: &PerfEvent = self.ebpf.program("on_cpu_clock")?.try_into().ok()?;
+        prog.info().ok().map(|i| (i.run_time(), i.run_count()))
+    }
+}
+
+/// Turns on the kernel's BPF run-time statistics (every program's run time
+/// and count) for as long as the returned descriptor is open. They cost two
+/// clock reads per program run, system-wide: only for measurements.
+pub fn enable_run_time_stats() -> Result<std::os::fd::OwnedFd, EbpfError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| EbpfError::Load(format!("enabling BPF run-time statistics: {}", chain(&e))))
+}
+
+fn add_pid(ebpf: &mut Ebpf, pid: u32) -> Result<(), EbpfError> {
+    let mut map: BpfHashMap<&mut MapData, u32, u8> = map_mut(ebpf, "pids")?;
+    map.insert(pid, 1, 0)
+        .map_err(|e| EbpfError::Map("pids", chain(&e)))
+}
+
+fn map_mut<'a, V>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<V, EbpfError>
+where
+    V: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let m = ebpf
+        .map_mut(name)
+        .ok_or_else(|| EbpfError::Map(name, "not in the object".into()))?;
+    V::try_from(m).map_err(|e| EbpfError::Map(name, chain(&e)))
+}
+
+fn map_ref<'a, V>(ebpf: &'a Ebpf, name: &'static str) -> Result<V, EbpfError>
+where
+    V: TryFrom<&'a aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let m = ebpf
+        .map(name)
+        .ok_or_else(|| EbpfError::Map(name, "not in the object".into()))?;
+    V::try_from(m).map_err(|e| EbpfError::Map(name, chain(&e)))
+}
+
+/// The cgroup id the kernel reports for a cgroup directory: its inode number
+/// (cgroup v2, and v1 hierarchies on kernels ≥ 4.18).
+pub fn cgroup_id(dir: &std::path::Path) -> Result<u64, EbpfError> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir)
+        .map(|m| m.ino())
+        .map_err(|e| EbpfError::Setting(format!("cgroup {}: {e}", dir.display())))
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+/// Symbolizes drained stacks into a profile, root first: with several
+/// processes a `command [pid]` frame, then the thread's name, user frames from
+/// the outermost, kernel frames. Return addresses (every frame but the
+/// innermost) are looked up one byte back, inside the call.
+pub struct Symbolizer {
+    shared: crate::Shared,
+    walkers: HashMap<u32, crate::unwind::StackWalker>,
+    names: HashMap<(u32, u32), String>,
+    per_process_root: bool,
+}
+
+impl Symbolizer {
+    /// `per_process_root`: put a process frame above the thread frame (for
+    /// host and cgroup targets).
+    pub fn new(shared: crate::Shared, per_process_root: bool) -> Self {
+        Symbolizer {
+            shared,
+            walkers: HashMap::new(),
+            names: HashMap::new(),
+            per_process_root,
+        }
+    }
+
+    /// Adds `stacks` to `builder`.
+    pub fn add(
+        &mut self,
+        stacks: &[CountedStack],
+        builder: &mut whyslow_model::stack::StackProfileBuilder,
+    ) {
+        use whyslow_model::stack::Frame;
+        for s in stacks {
+            let mut ids = Vec::with_capacity(s.user.len() + s.kernel.len() + 2);
+            if self.per_process_root {
+                let name = self
+                    .names
+                    .entry((s.pid, 0))
+                    .or_insert_with(|| {
+                        let comm = std::fs::read_to_string(format!("/proc/{}/comm", s.pid))
+                            .map(|c| c.trim().to_string())
+                            .unwrap_or_else(|_| "exited".to_string());
+                        format!("{comm} [{}]", s.pid)
+                    })
+                    .clone();
+                ids.push(builder.frame(Frame::label(name)));
+            }
+            let thread = self
+                .names
+                .entry((s.pid, s.tid))
+                .or_insert_with(|| {
+                    std::fs::read_to_string(format!("/proc/{}/task/{}/comm", s.pid, s.tid))
+                        .map(|c| c.trim().to_string())
+                        .unwrap_or_else(|_| format!("thread {}", s.tid))
+                })
+                .clone();
+            ids.push(builder.frame(Frame::label(thread)));
+            let shared = &self.shared;
+            let walker = self.walkers.entry(s.pid).or_insert_with(|| {
+                crate::unwind::StackWalker::new(
+                    s.pid as i32,
+                    shared.kernel.clone(),
+                    shared.modules.clone(),
+                )
+            });
+            for (i, &a) in s.user.iter().enumerate().rev() {
+                let a = if i == 0 { a } else { a.saturating_sub(1) };
+                ids.push(builder.frame(walker.native_frame(a)));
+            }
+            for (i, &a) in s.kernel.iter().enumerate().rev() {
+                let a = if i == 0 { a } else { a.saturating_sub(1) };
+                ids.push(builder.frame(walker.kernel_frame(a)));
+            }
+            builder.add(ids, s.count);
+        }
+    }
+
+    /// Re-reads the mappings of the processes seen (new modules: dlopen).
+    pub fn refresh(&mut self) {
+        self.walkers
+            .retain(|pid, _| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        for w in self.walkers.values_mut() {
+            w.refresh_maps();
+        }
+    }
+}
+
+/// Samples `opts.target` for `duration` (or until `stop`), draining the
+/// kernel's counts every `drain_every`, and returns the symbolized profile
+/// and the program's counters.
+pub fn profile(
+    opts: &EbpfOptions,
+    duration: std::time::Duration,
+    drain_every: std::time::Duration,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<(whyslow_model::stack::StackProfile, EbpfStats), EbpfError> {
+    use std::sync::atomic::Ordering;
+    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let measuring = if opts.measure {
+        Some(enable_run_time_stats()?)
+    } else {
+        None
+    };
+    let mut sampler = EbpfSampler::open(opts)?;
+    let mut symbols = Symbolizer::new(
+        crate::Shared::new(),
+        !matches!(&opts.target, Target::Pids(p) if p.len() == 1),
+    );
+    let mut builder = whyslow_model::stack::StackProfileBuilder::new();
+    if let Target::Pids(p) = &opts.target {
+        if let [pid] = p.as_slice() {
+            builder.label("pid", pid.to_string());
+        }
+    }
+    let t0 = Instant::now();
+    let mut last = t0;
+    loop {
+        let done = t0.elapsed() >= duration || stop.load(Ordering::Relaxed);
+        if done || last.elapsed() >= drain_every {
+            last = Instant::now();
+            let counted = sampler.drain()?;
+            symbols.add(&counted, &mut builder);
+            symbols.refresh();
+        }
+        if done {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // One more drain after the flip: increments that raced the last one.
+    let counted = sampler.drain()?;
+    symbols.add(&counted, &mut builder);
+    let mut stats = sampler.stats()?;
+    if measuring.is_some() {
+        if let Some((t, n)) = sampler.run_time() {
+            stats.run_time_ns = t.as_nanos() as u64;
+            stats.runs = n;
+        }
+    }
+    drop(measuring);
+    let profile = builder.finish(
+        opts.hz as f64 * opts.sampling_rate,
+        start_unix_ns,
+        t0.elapsed().as_nanos() as u64,
+    );
+    Ok((profile, stats))
+}
