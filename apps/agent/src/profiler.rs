@@ -5,6 +5,13 @@
 //! labels (job, rank, host, pid), ready to upload. The spool is bounded: the
 //! oldest profiles go first.
 //!
+//! With `--profile-host` (or `--profile-cgroup`) the eBPF sampler profiles
+//! every process of the host (or of the cgroups) too, stacks counted in the
+//! kernel and drained every 5 s, one profile per period under
+//! `host/` in the spool: interference often comes from a process that never
+//! registered (SysOM-AI §3.3). Where eBPF cannot load, one line says why and
+//! the rest of the agent goes on.
+//!
 //! Caps: at most `max_processes` processes at once, `hz` samples per second
 //! per thread (the CPU cost is per sample, BENCHMARKS.md), and the spool's
 //! size. A process that exits or whose pid was recycled is dropped.
@@ -42,6 +49,17 @@ pub struct ProfilerArgs {
     /// Most processes profiled at once.
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub profile_max_processes: usize,
+    /// Also profile every process of the host with the eBPF sampler (kernel
+    /// and frame-pointer stacks), into `host/` in the spool.
+    #[arg(long)]
+    pub profile_host: bool,
+    /// Like --profile-host, limited to the processes of this cgroup directory
+    /// (repeat for several).
+    #[arg(long, value_name = "DIR")]
+    pub profile_cgroup: Vec<PathBuf>,
+    /// Percent of the host profiler's ticks that take a stack (1-100).
+    #[arg(long, default_value_t = 100.0, value_name = "PCT")]
+    pub profile_sampling_rate: f64,
 }
 
 fn alive(r: &ProcessRegistration) -> bool {
@@ -198,12 +216,134 @@ fn profile_loop(
     }
 }
 
+/// Profiles the host (or the cgroups) with the eBPF sampler, period after
+/// period, until `stop`.
+fn host_loop(
+    args: ProfilerArgs,
+    spool: PathBuf,
+    stop: Arc<AtomicBool>,
+    shared: whyslow_stacks::Shared,
+) {
+    use whyslow_stacks::ebpf;
+    let target = if args.profile_cgroup.is_empty() {
+        ebpf::Target::Host
+    } else {
+        ebpf::Target::Cgroups(args.profile_cgroup.clone())
+    };
+    let hz = args.profile_hz.clamp(10, 999);
+    let rate = (args.profile_sampling_rate / 100.0).clamp(0.001, 1.0);
+    let opts = ebpf::EbpfOptions {
+        hz,
+        sampling_rate: rate,
+        target,
+        measure: false,
+    };
+    let mut sampler = match ebpf::EbpfSampler::open(&opts) {
+        Ok(s) => s,
+        Err(e) => {
+            return AgentEvent::ProfileFailed {
+                pid: 0,
+                reason: format!("host profile (eBPF) not started: {e}"),
+            }
+            .emit()
+        }
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    let dir = spool.join("host");
+    let period = Duration::from_secs_f64(args.profile_period.max(1.0));
+    let drain_every = Duration::from_secs(5).min(period);
+    let mut symbols = ebpf::Symbolizer::new(shared, true);
+    AgentEvent::ProfileStarted {
+        pid: 0,
+        rank: None,
+        job: "host",
+    }
+    .emit();
+    while !stop.load(Ordering::Relaxed) {
+        let start_unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let t0 = std::time::Instant::now();
+        let mut builder = whyslow_model::stack::StackProfileBuilder::new();
+        builder.label("host", host.clone());
+        builder.label(
+            "scope",
+            if args.profile_cgroup.is_empty() {
+                "host"
+            } else {
+                "cgroup"
+            },
+        );
+        let mut last = t0;
+        let mut failed = None;
+        while t0.elapsed() < period && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+            if last.elapsed() >= drain_every {
+                last = std::time::Instant::now();
+                match sampler.drain() {
+                    Ok(c) => symbols.add(&c, &mut builder),
+                    Err(e) => failed = Some(e),
+                }
+                symbols.refresh();
+            }
+        }
+        match sampler.drain() {
+            Ok(c) => symbols.add(&c, &mut builder),
+            Err(e) => failed = Some(e),
+        }
+        if let Some(e) = failed {
+            return AgentEvent::ProfileFailed {
+                pid: 0,
+                reason: format!("host profile (eBPF) stopped: {e}"),
+            }
+            .emit();
+        }
+        let profile = builder.finish(
+            hz as f64 * rate,
+            start_unix_ns,
+            t0.elapsed().as_nanos() as u64,
+        );
+        let path = dir.join(format!(
+            "{}-host-{}.pb.gz",
+            file_name_part(&host),
+            start_unix_ns / 1_000_000_000
+        ));
+        let written = fs::create_dir_all(&dir)
+            .and_then(|_| fs::write(&path, whyslow_stack_output::to_pprof(&profile)));
+        match written {
+            Ok(()) => {
+                AgentEvent::ProfileWritten {
+                    pid: 0,
+                    rank: None,
+                    samples: profile.total(),
+                    path: &path,
+                }
+                .emit();
+                enforce_cap(&spool, args.profile_spool_mib.saturating_mul(1 << 20));
+            }
+            Err(e) => AgentEvent::ProfileFailed {
+                pid: 0,
+                reason: format!("writing {}: {e}", path.display()),
+            }
+            .emit(),
+        }
+    }
+}
+
 /// Watches `dir` for registrations and runs one profiling thread per live
-/// registered process (at most `max_processes`), until `stop`.
+/// registered process (at most `max_processes`), until `stop`; with
+/// `--profile-host`/`--profile-cgroup`, one more thread for the host.
 pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<JoinHandle<()>> {
     let spool = args.profile_spool.clone()?;
     Some(std::thread::spawn(move || {
         let shared = whyslow_stacks::Shared::new();
+        let host = (args.profile_host || !args.profile_cgroup.is_empty()).then(|| {
+            let (a, s, st, sh) = (args.clone(), spool.clone(), stop.clone(), shared.clone());
+            std::thread::spawn(move || host_loop(a, s, st, sh))
+        });
         let mut running: HashMap<i32, JoinHandle<()>> = HashMap::new();
         let mut refused: BTreeMap<i32, ()> = BTreeMap::new();
         while !stop.load(Ordering::Relaxed) {
@@ -241,6 +381,9 @@ pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<Jo
             std::thread::sleep(Duration::from_millis(500));
         }
         for (_, h) in running {
+            let _ = h.join();
+        }
+        if let Some(h) = host {
             let _ = h.join();
         }
     }))
