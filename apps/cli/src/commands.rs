@@ -57,6 +57,9 @@ enum Command {
     Profile(crate::profile::ProfileArgs),
     /// Flame graph of saved profiles, or a differential one against `--diff BASE`.
     Flamegraph(crate::profile::FlamegraphArgs),
+    /// Cross-layer diagnosis over the agents' profile spools (SysOM-AI §3.1):
+    /// the per-group CPU waterline and the temporal baseline.
+    Diagnose(crate::diagnose::DiagnoseArgs),
     /// The central service: fingerprints uploaded by every job, localized
     /// centrally, reports over HTTP (`server token create` makes tokens).
     Server(crate::server::ServerArgs),
@@ -176,6 +179,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Agent(args) => whyslow_agent::run(args),
         Command::Profile(args) => crate::profile::run_profile(args),
         Command::Flamegraph(args) => crate::profile::run_flamegraph(args),
+        Command::Diagnose(args) => crate::diagnose::run(args),
         Command::Server(args) => crate::server::run(args),
     }
 }

@@ -20,6 +20,7 @@ use std::io::{self, Write};
 use clap::Parser;
 
 mod commands;
+mod diagnose;
 mod flows;
 mod profile;
 mod sample;

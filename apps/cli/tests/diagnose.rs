@@ -1,0 +1,208 @@
+//! `whyslow diagnose` on profiles the agent really wrote (SysOM-AI §3.1):
+//! four registered Python "ranks" of one job, profiled by `whyslow agent
+//! --profile-spool`. Rank 2 does extra work from the start (above the CPU
+//! waterline); every rank starts a costly per-iteration call half-way (the
+//! temporal baseline's regression). Needs root for perf events (skips with
+//! the reason otherwise).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const RANK: &str = r#"
+import sys, time
+rank, seconds, regress_at = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+
+def forward():
+    s = 0
+    for i in range(20000):
+        s += i * i
+    return s
+
+def neighbour_work():
+    s = 0
+    for i in range(15000):
+        s ^= i * 3
+    return s
+
+def log_tensor_stats():
+    s = 0.0
+    for i in range(12000):
+        s += (i % 7) ** 0.5
+    return s
+
+def train():
+    # Phases by the CPU time this rank got, not by the clock: on a loaded
+    # machine each phase still holds the same number of samples.
+    while time.process_time() < seconds:
+        forward()
+        if rank == 2:
+            neighbour_work()
+        if time.process_time() > regress_at:
+            log_tensor_stats()
+
+print("ready", flush=True)
+train()
+"#;
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("whyslow-diagnose-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn start_ticks(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn perf_events_allowed() -> bool {
+    // Root, or a paranoia level that lets us sample other processes.
+    let uid_root = fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    let paranoid: i32 = fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(3);
+    uid_root || paranoid <= 1
+}
+
+fn diagnose(spool: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
+        .arg("diagnose")
+        .arg(spool)
+        .args(["--format", "json", "--diff-svg"])
+        .arg(spool.join("diff.svg"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "diagnose failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_waterline_names_the_busy_rank_and_the_baseline_names_the_new_call() {
+    if !perf_events_allowed() {
+        eprintln!("skipped: perf events need root or perf_event_paranoid <= 1");
+        return;
+    }
+    let dir = temp_dir("job");
+    let spool = dir.join("spool");
+    let _agent = Kill(
+        Command::new(env!("CARGO_BIN_EXE_whyslow"))
+            .arg("agent")
+            .arg("--samples-dir")
+            .arg(&dir)
+            .args(["--profile-period", "2", "--profile-spool"])
+            .arg(&spool)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    // CPU seconds per rank, and when the new call starts.
+    let (seconds, regress_at) = (9.0, 4.5);
+    let ranks: Vec<Kill> = (0..4)
+        .map(|r| {
+            let mut c = Command::new(&python)
+                .args(["-c", RANK, &r.to_string(), &seconds.to_string(), &regress_at.to_string()])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(c.stdout.as_mut().unwrap()),
+                &mut line,
+            )
+            .unwrap();
+            assert_eq!(line.trim(), "ready");
+            let pid = c.id();
+            fs::write(
+                dir.join(format!("proc-{pid}.json")),
+                format!(
+                    r#"{{"pid": {pid}, "proc_start_ticks": {}, "rank": {r}, "local_rank": {r}, "world_size": 4, "job": "job-d", "host": "h0"}}"#,
+                    start_ticks(pid)
+                ),
+            )
+            .unwrap();
+            Kill(c)
+        })
+        .collect();
+    // Until the ranks end and the agent wrote their last profiles.
+    let until = Instant::now() + Duration::from_secs(300);
+    for mut r in ranks {
+        while r.0.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < until, "a rank did not finish");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let report = diagnose(&spool);
+    let show = serde_json::to_string_pretty(&report).unwrap();
+    assert_eq!(report["stragglers"], Value::Array(vec![]), "{show}");
+    assert_eq!(report["layer"], "cpu", "{show}");
+    // The temporal baseline: the new call is among the first regressions
+    // (its native callees rise as much: the perf engine reads a thread's
+    // Python stack just after the sample, and in a fraction of samples the
+    // thread is back in its caller by then, so `pow` sits under `train`).
+    let regs = report["regressions"].as_array().unwrap();
+    let new_call = regs
+        .iter()
+        .take(3)
+        .find(|r| {
+            r["function"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("log_tensor_stats")
+        })
+        .unwrap_or_else(|| panic!("log_tensor_stats is not among the first regressions: {show}"));
+    assert!(new_call["before_share"].as_f64().unwrap() < 0.02, "{show}");
+    assert!(new_call["after_share"].as_f64().unwrap() > 0.1, "{show}");
+    // Nothing outside the new path rose: forward's share fell.
+    assert!(
+        regs.iter()
+            .all(|r| !r["function"].as_str().unwrap_or("").starts_with("forward")),
+        "{show}"
+    );
+    // The waterline: rank 2 and its extra work, no other rank.
+    let diffs = report["cpu_diff"].as_array().unwrap();
+    assert!(!diffs.is_empty(), "{show}");
+    assert!(diffs.iter().all(|d| d["rank"] == "2"), "{show}");
+    assert!(
+        diffs.iter().any(|d| d["function"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("neighbour_work")),
+        "{show}"
+    );
+    let svg = fs::read_to_string(spool.join("diff.svg")).unwrap();
+    assert!(
+        svg.contains("log_tensor_stats"),
+        "the differential flame graph shows the new call"
+    );
+}

@@ -1,0 +1,288 @@
+//! Cross-layer diagnosis over the CPU stack profiles the node agents write
+//! (SysOM-AI §3.1), pure: profiles in, verdicts out.
+//!
+//! * **CPU waterline** ([`waterline`]): per communication group, each
+//!   function's CPU share on every rank; a rank whose share of a function
+//!   exceeds the group's μ + kσ (k = 2) is flagged, with the function and the
+//!   path to it: the CPU layer of the cross-rank differential diagnosis.
+//! * **Temporal baseline** ([`regressions`]): when all ranks slowed alike,
+//!   the group's profile now against its own healthy past; a function whose
+//!   CPU share rose by more than δ (0.5 percentage points) is a degradation
+//!   candidate.
+//!
+//! Shares are *inclusive*: the fraction of a profile's samples whose stack
+//! holds the function anywhere (a flame graph's width). A function is named
+//! by what it is, not where the sample was in it: Python frames without
+//! their line, native and kernel frames by symbol (or module + offset).
+//!
+//! Two deviations from the paper keep small groups and short windows honest,
+//! both documented where they apply: the waterline's μ and σ leave the tested
+//! rank out (with it, one outlier among n ≤ 5 ranks can never exceed μ + 2σ),
+//! and a share change must also be statistically clear (a two-proportion z
+//! ≥ [`Config::min_z`]), since δ = 0.5 pp is within sampling noise for a few
+//! thousand samples.
+#![deny(missing_docs)]
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use whyslow_model::stack::{Frame, FrameKind, StackProfile};
+
+/// Thresholds. `Default` gives the paper's values (k = 2, δ = 0.5 %).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    /// k of the waterline's μ + kσ.
+    pub k: f64,
+    /// δ: least rise of a function's share (fraction, 0.005 = 0.5 pp) for a
+    /// regression, and least excess over the group's mean for a waterline
+    /// flag.
+    pub delta: f64,
+    /// Least two-proportion z of a share difference (not in the paper).
+    pub min_z: f64,
+    /// Least samples a profile needs to be judged.
+    pub min_samples: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            k: 2.0,
+            delta: 0.005,
+            min_z: 4.0,
+            min_samples: 50,
+        }
+    }
+}
+
+/// The identity of a function in a frame (see the module docs); `None` for
+/// labels (thread and process names).
+pub fn function_of(f: &Frame) -> Option<String> {
+    match f.kind {
+        FrameKind::Label => None,
+        FrameKind::Python => Some(match (&f.name, &f.module) {
+            (Some(n), Some(m)) => format!("{n} ({m})"),
+            (Some(n), None) => n.clone(),
+            (None, _) => "[python]".to_string(),
+        }),
+        _ => Some(match &f.name {
+            Some(n) => n.clone(),
+            None => Frame {
+                line: None,
+                ..f.clone()
+            }
+            .display(),
+        }),
+    }
+}
+
+/// Inclusive function shares of one or more profiles taken together.
+#[derive(Debug, Clone, Default)]
+pub struct Shares {
+    /// Samples.
+    pub total: u64,
+    /// Samples whose stack holds the function.
+    pub samples: HashMap<String, u64>,
+    /// The heaviest stack through the function: its functions root first,
+    /// up to the function, and that stack's samples.
+    pub hottest: HashMap<String, (Vec<String>, u64)>,
+}
+
+impl Shares {
+    /// Shares of `profiles` together.
+    pub fn of<'a>(profiles: impl IntoIterator<Item = &'a StackProfile>) -> Shares {
+        let mut s = Shares::default();
+        for p in profiles {
+            let names: Vec<Option<String>> = p.frames.iter().map(function_of).collect();
+            for st in &p.stacks {
+                s.total += st.count;
+                let path: Vec<&String> = st
+                    .frames
+                    .iter()
+                    .filter_map(|&i| names.get(i as usize).and_then(Option::as_ref))
+                    .collect();
+                let mut seen: Vec<&String> = Vec::with_capacity(path.len());
+                for (depth, f) in path.iter().enumerate() {
+                    if seen.contains(f) {
+                        continue; // recursion counts once
+                    }
+                    seen.push(f);
+                    *s.samples.entry((*f).clone()).or_insert(0) += st.count;
+                    let e = s
+                        .hottest
+                        .entry((*f).clone())
+                        .or_insert_with(|| (Vec::new(), 0));
+                    if st.count > e.1 {
+                        *e = (
+                            path[..=depth].iter().map(|x| (*x).clone()).collect(),
+                            st.count,
+                        );
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// The function's share of the samples (0 when there are none).
+    pub fn share(&self, function: &str) -> f64 {
+        if self.total == 0 {
+            return 0.0;
+        }
+        self.samples.get(function).copied().unwrap_or(0) as f64 / self.total as f64
+    }
+}
+
+/// Two-proportion z of `a` of `n` against `b` of `m`.
+fn z(a: u64, n: u64, b: u64, m: u64) -> f64 {
+    if n == 0 || m == 0 {
+        return 0.0;
+    }
+    let (p1, p2) = (a as f64 / n as f64, b as f64 / m as f64);
+    let p = (a + b) as f64 / (n + m) as f64;
+    let se = (p * (1.0 - p) * (1.0 / n as f64 + 1.0 / m as f64)).sqrt();
+    if se == 0.0 {
+        0.0
+    } else {
+        (p1 - p2) / se
+    }
+}
+
+/// A function whose CPU share rose against the baseline (temporal baseline).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Regression {
+    /// Communication group (or job).
+    pub group: String,
+    /// The function.
+    pub function: String,
+    /// Its heaviest path now, root first, `;`-joined.
+    pub stack: String,
+    /// Share before (baseline).
+    pub before_share: f64,
+    /// Share now.
+    pub after_share: f64,
+}
+
+/// Temporal baseline (SysOM-AI §3.1): functions whose share of `after` rose
+/// by more than δ over `before`, clearly beyond sampling noise; the largest
+/// rise first. A new hot path's callers and callees rise with it, by at most
+/// as much, so the first entry is where the new time enters.
+pub fn regressions(group: &str, before: &Shares, after: &Shares, cfg: &Config) -> Vec<Regression> {
+    if before.total < cfg.min_samples || after.total < cfg.min_samples {
+        return Vec::new();
+    }
+    let mut out: Vec<Regression> = after
+        .samples
+        .iter()
+        .filter_map(|(f, &a)| {
+            let b = before.samples.get(f).copied().unwrap_or(0);
+            let (pb, pa) = (before.share(f), after.share(f));
+            (pa - pb > cfg.delta && z(a, after.total, b, before.total) >= cfg.min_z).then(|| {
+                Regression {
+                    group: group.to_string(),
+                    function: f.clone(),
+                    stack: after.hottest[f].0.join(";"),
+                    before_share: pb,
+                    after_share: pa,
+                }
+            })
+        })
+        .collect();
+    // Largest rise first; of equal rises (a callee holding all its caller's
+    // new time) the caller, where the new path starts.
+    let depth = |r: &Regression| r.stack.matches(';').count();
+    out.sort_by(|x, y| {
+        (y.after_share - y.before_share)
+            .total_cmp(&(x.after_share - x.before_share))
+            .then_with(|| depth(x).cmp(&depth(y)))
+            .then_with(|| x.function.cmp(&y.function))
+    });
+    out
+}
+
+/// A rank whose share of a function is above its group's waterline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaterlineFlag {
+    /// Communication group (or job).
+    pub group: String,
+    /// The rank.
+    pub rank: String,
+    /// The function.
+    pub function: String,
+    /// Its heaviest path on the rank, root first, `;`-joined.
+    pub stack: String,
+    /// The rank's share.
+    pub share: f64,
+    /// The other ranks' mean share (μ without this rank).
+    pub peer_share: f64,
+    /// μ + kσ over the other ranks.
+    pub threshold: f64,
+}
+
+/// CPU waterline (SysOM-AI §3.1) of one group: `ranks` maps a rank to its
+/// shares over the window. A rank is flagged for a function whose share
+/// exceeds μ + kσ of the other ranks' shares and μ + δ, clearly beyond
+/// sampling noise against the peers' pooled samples. At least 3 ranks.
+/// Flags come largest excess first.
+pub fn waterline(
+    group: &str,
+    ranks: &BTreeMap<String, Shares>,
+    cfg: &Config,
+) -> Vec<WaterlineFlag> {
+    let judged: Vec<(&String, &Shares)> = ranks
+        .iter()
+        .filter(|(_, s)| s.total >= cfg.min_samples)
+        .collect();
+    if judged.len() < 3 {
+        return Vec::new();
+    }
+    let mut functions: Vec<&String> = judged.iter().flat_map(|(_, s)| s.samples.keys()).collect();
+    functions.sort();
+    functions.dedup();
+    let mut out = Vec::new();
+    for f in functions {
+        let shares: Vec<f64> = judged.iter().map(|(_, s)| s.share(f)).collect();
+        for (i, (rank, s)) in judged.iter().enumerate() {
+            let others: Vec<f64> = shares
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .map(|(_, &v)| v)
+                .collect();
+            let n = others.len() as f64;
+            let mu = others.iter().sum::<f64>() / n;
+            let sigma = (others.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / n).sqrt();
+            let threshold = mu + cfg.k * sigma;
+            let share = shares[i];
+            if share <= threshold || share - mu <= cfg.delta {
+                continue;
+            }
+            let (peer_hits, peer_total) = judged
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .fold((0u64, 0u64), |(h, t), (_, (_, p))| {
+                    (h + p.samples.get(f).copied().unwrap_or(0), t + p.total)
+                });
+            let hits = s.samples.get(f).copied().unwrap_or(0);
+            if z(hits, s.total, peer_hits, peer_total) < cfg.min_z {
+                continue;
+            }
+            out.push(WaterlineFlag {
+                group: group.to_string(),
+                rank: (*rank).clone(),
+                function: f.clone(),
+                stack: s.hottest[f].0.join(";"),
+                share,
+                peer_share: mu,
+                threshold,
+            });
+        }
+    }
+    out.sort_by(|a, b| {
+        (b.share - b.peer_share)
+            .total_cmp(&(a.share - a.peer_share))
+            .then_with(|| a.function.cmp(&b.function))
+    });
+    out
+}

@@ -1,0 +1,239 @@
+//! The waterline and the temporal baseline (SysOM-AI §3.1) on synthetic
+//! profiles whose samples are drawn at random from known shares: what was
+//! injected is found, first; healthy groups and unchanged periods, drawn
+//! again with other seeds, stay silent.
+
+use std::collections::BTreeMap;
+
+use whyslow_diagnose::{regressions, waterline, Config, Shares};
+use whyslow_model::rng::SplitMix64;
+use whyslow_model::stack::{Frame, FrameKind, StackProfile, StackProfileBuilder};
+
+fn py(name: &str) -> Frame {
+    Frame {
+        kind: FrameKind::Python,
+        name: Some(name.to_string()),
+        module: Some("train.py".to_string()),
+        build_id: None,
+        offset: 0,
+        line: Some(10),
+    }
+}
+
+fn native(name: &str) -> Frame {
+    Frame {
+        kind: FrameKind::Native,
+        name: Some(name.to_string()),
+        module: Some("/usr/lib/libtorch_cpu.so".to_string()),
+        build_id: None,
+        offset: 0,
+        line: None,
+    }
+}
+
+/// `samples` samples drawn from `paths` (stacks of names, root first; a name
+/// starting with `k:` is a kernel frame, `n:` native, else Python) weighted by
+/// their shares.
+fn draw(paths: &[(&[&str], f64)], samples: u64, rng: &mut SplitMix64) -> StackProfile {
+    let mut b = StackProfileBuilder::new();
+    let total: f64 = paths.iter().map(|p| p.1).sum();
+    for _ in 0..samples {
+        let mut x = rng.unit() * total;
+        let mut pick = paths.len() - 1;
+        for (i, p) in paths.iter().enumerate() {
+            if x < p.1 {
+                pick = i;
+                break;
+            }
+            x -= p.1;
+        }
+        let mut ids = vec![b.frame(Frame::label("MainThread"))];
+        for n in paths[pick].0 {
+            let f = if let Some(k) = n.strip_prefix("k:") {
+                Frame {
+                    kind: FrameKind::Kernel,
+                    name: Some(k.to_string()),
+                    module: Some("[kernel]".into()),
+                    build_id: None,
+                    offset: 0,
+                    line: None,
+                }
+            } else if let Some(c) = n.strip_prefix("n:") {
+                native(c)
+            } else {
+                py(n)
+            };
+            ids.push(b.frame(f));
+        }
+        b.add(ids, 1);
+    }
+    b.finish(99.0, 0, 1)
+}
+
+const HEALTHY: &[(&[&str], f64)] = &[
+    (
+        &["main", "train_step", "forward", "n:at::native::addmm"],
+        0.45,
+    ),
+    (
+        &["main", "train_step", "backward", "n:at::native::mm"],
+        0.35,
+    ),
+    (&["main", "train_step", "optimizer_step"], 0.12),
+    (&["main", "load_batch", "k:__x64_sys_read"], 0.08),
+];
+
+#[test]
+fn a_new_per_iteration_call_is_the_first_regression() {
+    for seed in 0..10 {
+        for (cost, samples) in [(0.05, 3000), (0.2, 1500), (0.5, 800)] {
+            let mut rng = SplitMix64::new(seed);
+            let before = draw(HEALTHY, samples, &mut rng);
+            let mut after_paths = HEALTHY.to_vec();
+            after_paths.push((
+                &[
+                    "main",
+                    "train_step",
+                    "log_tensor_stats",
+                    "n:at::native::std_var",
+                ],
+                cost,
+            ));
+            let after = draw(&after_paths, samples, &mut rng);
+            let r = regressions(
+                "job",
+                &Shares::of([&before]),
+                &Shares::of([&after]),
+                &Config::default(),
+            );
+            assert!(!r.is_empty(), "seed {seed}, cost {cost}: nothing found");
+            assert_eq!(
+                r[0].function, "log_tensor_stats (train.py)",
+                "seed {seed}: {r:#?}"
+            );
+            assert_eq!(
+                r[0].stack,
+                "main (train.py);train_step (train.py);log_tensor_stats (train.py)"
+            );
+            assert!(
+                r[0].before_share == 0.0 && r[0].after_share > 0.03,
+                "{:?}",
+                r[0]
+            );
+            // Only the new path (and, by a hair, its callers) rose.
+            for x in &r {
+                assert!(
+                    [
+                        "log_tensor_stats (train.py)",
+                        "at::native::std_var",
+                        "train_step (train.py)"
+                    ]
+                    .contains(&x.function.as_str()),
+                    "seed {seed}: stray {x:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn an_unchanged_job_has_no_regression() {
+    for seed in 0..40 {
+        for samples in [300, 2000, 20_000] {
+            let mut rng = SplitMix64::new(1000 + seed);
+            let before = draw(HEALTHY, samples, &mut rng);
+            let after = draw(HEALTHY, samples, &mut rng);
+            let r = regressions(
+                "job",
+                &Shares::of([&before]),
+                &Shares::of([&after]),
+                &Config::default(),
+            );
+            assert!(r.is_empty(), "seed {seed}, {samples} samples: {r:#?}");
+        }
+    }
+    // Too few samples to judge.
+    let mut rng = SplitMix64::new(5);
+    let tiny = draw(HEALTHY, 50, &mut rng);
+    assert!(regressions(
+        "job",
+        &Shares::of([&tiny]),
+        &Shares::of([&tiny]),
+        &Config::default()
+    )
+    .is_empty());
+}
+
+fn group(
+    extra: Option<(usize, &'static [&'static str], f64)>,
+    seed: u64,
+    samples: u64,
+) -> BTreeMap<String, Shares> {
+    let mut rng = SplitMix64::new(seed);
+    (0..4)
+        .map(|r| {
+            let mut paths = HEALTHY.to_vec();
+            if let Some((rank, path, share)) = extra {
+                if rank == r {
+                    paths.push((path, share));
+                }
+            }
+            (
+                format!("{r}"),
+                Shares::of([&draw(&paths, samples, &mut rng)]),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_waterline_flags_the_rank_with_the_extra_work() {
+    for seed in 0..10 {
+        for (path, share) in [
+            (
+                &["main", "train_step", "k:net_rx_action", "k:__napi_poll"][..],
+                0.15,
+            ),
+            (&["main", "load_batch", "k:path_lookupat"][..], 0.3),
+            (
+                &["main", "train_step", "forward", "n:at::native::addmm"][..],
+                0.6,
+            ),
+        ] {
+            let g = group(Some((2, path, share)), seed, 2000);
+            let flags = waterline("job", &g, &Config::default());
+            assert!(!flags.is_empty(), "seed {seed}, {path:?}: nothing flagged");
+            assert!(
+                flags.iter().all(|f| f.rank == "2"),
+                "seed {seed}: {flags:#?}"
+            );
+            let leaf = path
+                .last()
+                .unwrap()
+                .trim_start_matches("k:")
+                .trim_start_matches("n:");
+            assert!(
+                flags.iter().any(|f| f.function.starts_with(leaf)),
+                "seed {seed}: {leaf} not among {flags:#?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_healthy_group_is_below_its_waterline() {
+    for seed in 0..40 {
+        for samples in [300, 3000] {
+            let flags = waterline(
+                "job",
+                &group(None, 2000 + seed, samples),
+                &Config::default(),
+            );
+            assert!(flags.is_empty(), "seed {seed}: {flags:#?}");
+        }
+    }
+    // Two ranks are not a group to draw a line from.
+    let mut g = group(Some((1, &["main", "k:x"], 0.5)), 1, 2000);
+    g.retain(|r, _| r == "0" || r == "1");
+    assert!(waterline("job", &g, &Config::default()).is_empty());
+}
