@@ -1,8 +1,10 @@
 //! `whyslow diagnose DIR`: the cross-layer diagnosis of SysOM-AI §3.1 over
-//! what the node agents wrote (their profile spools): the per-group CPU
-//! waterline over the window and the temporal baseline of the window against
-//! a healthy period. Collective records (slow-rank detection) and OS signals
-//! are not collected yet: the report says so instead of claiming none.
+//! what the node agents wrote: profile spools (`*.pb.gz`) give the per-group
+//! CPU waterline over the window and the temporal baseline of the window
+//! against a healthy period; collective records (`*.collectives.jsonl`, one
+//! `whyslow_model::collective::CollectiveRecord` per line) give the slow
+//! ranks. No tracer writes collective records yet, and OS signals are not
+//! collected: the report says so instead of claiming none.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +13,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
+use whyslow_diagnose::stragglers::{slow_ranks, StragglerConfig};
 use whyslow_diagnose::{regressions, waterline, Config, Regression, Shares, WaterlineFlag};
+use whyslow_model::collective::CollectiveRecord;
 use whyslow_model::stack::StackProfile;
 
 /// `whyslow diagnose`.
@@ -130,23 +134,55 @@ fn parse_range(s: &str, what: &str) -> Result<(f64, f64)> {
     Ok((a, b))
 }
 
-fn spool_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+fn spool_files(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) -> Result<()> {
     let rd = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
     for e in rd.flatten() {
         let p = e.path();
         if p.is_dir() {
-            spool_files(&p, out)?;
-        } else if p.to_string_lossy().ends_with(".pb.gz") {
+            spool_files(&p, suffix, out)?;
+        } else if p.to_string_lossy().ends_with(suffix) {
             out.push(p);
         }
     }
     Ok(())
 }
 
+/// Collective records of every `*.collectives.jsonl` under `dir`; lines that
+/// do not parse are skipped and counted in a note.
+fn collective_records(dir: &Path, notes: &mut Vec<String>) -> Result<Vec<CollectiveRecord>> {
+    let mut files = Vec::new();
+    spool_files(dir, ".collectives.jsonl", &mut files)?;
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text =
+            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        let mut bad = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<CollectiveRecord>(line) {
+                Ok(r) => out.push(r),
+                Err(e) => bad.push(format!("line {}: {e}", n + 1)),
+            }
+        }
+        if !bad.is_empty() {
+            notes.push(format!(
+                "{}: {} line(s) skipped ({})",
+                f.display(),
+                bad.len(),
+                bad.into_iter().take(3).collect::<Vec<_>>().join("; ")
+            ));
+        }
+    }
+    Ok(out)
+}
+
 /// Runs `whyslow diagnose`.
 pub fn run(args: DiagnoseArgs) -> Result<u8> {
     let mut files = Vec::new();
-    spool_files(&args.dir, &mut files)?;
+    spool_files(&args.dir, ".pb.gz", &mut files)?;
     files.sort();
     let mut notes = Vec::new();
     let mut profiles: Vec<StackProfile> = Vec::new();
@@ -166,12 +202,17 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         .filter(|p| p.labels.contains_key("scope"))
         .count();
     profiles.retain(|p| !p.labels.contains_key("scope") && p.labels.contains_key("rank"));
-    if profiles.is_empty() {
+    let records = collective_records(&args.dir, &mut notes)?;
+    if profiles.is_empty() && records.is_empty() {
         bail!(
-            "{}: no rank profile found ({} files; the agent writes them with --profile-spool)",
+            "{}: no rank profile (*.pb.gz, {} file(s) read; the agent writes them with --profile-spool) \
+             and no collective records (*.collectives.jsonl): nothing to diagnose",
             args.dir.display(),
             files.len()
         );
+    }
+    if profiles.is_empty() {
+        notes.push("no rank profiles: the CPU layer is not judged".into());
     }
     if host_profiles > 0 {
         notes.push(format!(
@@ -244,17 +285,31 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         cpu_diff.extend(waterline(g, &ranks, &cfg).into_iter().map(CpuDiff::from));
         regs.extend(regressions(g, &sb, &sa, &cfg));
     }
+    let stragglers: Vec<Straggler> = if records.is_empty() {
+        notes.push("no collective records (*.collectives.jsonl): slow ranks are not judged".into());
+        Vec::new()
+    } else {
+        slow_ranks(&records, &StragglerConfig::default())
+            .into_iter()
+            .map(|s| Straggler {
+                rank: s.rank.to_string(),
+                group: s.group,
+                late_us: s.late_us - s.peers_late_us,
+            })
+            .collect()
+    };
     notes.push(
-        "no collective records: slow-rank detection and the GPU and OS layers are not judged (not collected yet)"
-            .into(),
+        "GPU kernel times and OS signals are not collected yet: those layers are not judged".into(),
     );
+    // The CPU layer when the CPU profiles show a cause; otherwise none that
+    // whyslow can see yet.
     let layer = if cpu_diff.is_empty() && regs.is_empty() {
         "none"
     } else {
         "cpu"
     };
     let report = Report {
-        stragglers: Vec::new(),
+        stragglers,
         layer,
         cpu_diff,
         os_diff: Vec::new(),
@@ -324,6 +379,18 @@ fn print_table(r: &Report) {
             "  group {}: {} ranks, {} baseline / {} window samples",
             g.group, g.ranks, g.baseline_samples, g.window_samples
         );
+    }
+    if r.stragglers.is_empty() {
+        println!("stragglers: none");
+    } else {
+        for s in &r.stragglers {
+            println!(
+                "straggler: group {} rank {}: enters its collectives {:.1} ms after the others (mean over the window)",
+                s.group,
+                s.rank,
+                s.late_us / 1e3
+            );
+        }
     }
     println!("layer: {}", r.layer);
     if r.cpu_diff.is_empty() {

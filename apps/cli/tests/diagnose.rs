@@ -206,3 +206,67 @@ fn the_waterline_names_the_busy_rank_and_the_baseline_names_the_new_call() {
         "the differential flame graph shows the new call"
     );
 }
+
+/// Collective records alone: the late rank is named; a bad line is skipped
+/// with a note; a directory with nothing to diagnose is an error that says
+/// what was looked for.
+#[test]
+fn collective_records_name_the_late_rank_and_bad_input_is_reported() {
+    let dir = temp_dir("collectives");
+    let mut lines = String::new();
+    for k in 0..60u64 {
+        let t = 1_000_000_000 + k * 50_000_000; // ns, a step every 50 ms
+        for rank in 0..4u64 {
+            // Rank 3's clock is 20 ms ahead; rank 1 enters 6 ms late.
+            let skew = if rank == 3 { 20_000_000 } else { 0 };
+            let late = if rank == 1 { 6_000_000 } else { 0 };
+            let jitter = (k * 7919 + rank * 104_729) % 200_000;
+            let entry = t + late + jitter + skew;
+            let exit = t + 6_000_000 + 3_000_000 + (rank * 10_000) + skew;
+            lines.push_str(&format!(
+                r#"{{"rank": {rank}, "group": "dp0", "op": "allreduce", "seq": {k}, "entry_ns": {entry}, "exit_ns": {exit}, "bytes": 1048576, "source": "test"}}"#
+            ));
+            lines.push('\n');
+        }
+    }
+    lines.push_str("{\"rank\": \"x\"}\n");
+    fs::create_dir_all(dir.join("h0")).unwrap();
+    fs::write(dir.join("h0").join("job.collectives.jsonl"), lines).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
+        .arg("diagnose")
+        .arg(&dir)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let show = serde_json::to_string_pretty(&report).unwrap();
+    let s = report["stragglers"].as_array().unwrap();
+    assert_eq!(s.len(), 1, "{show}");
+    assert_eq!(s[0]["rank"], "1", "{show}");
+    assert_eq!(s[0]["group"], "dp0", "{show}");
+    let late = s[0]["late_us"].as_f64().unwrap();
+    assert!((5_000.0..7_000.0).contains(&late), "{show}");
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("job.collectives.jsonl: 1 line(s) skipped (line 241"),
+        "{show}"
+    );
+
+    let empty = temp_dir("empty");
+    let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
+        .arg("diagnose")
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("nothing to diagnose") && err.contains("*.collectives.jsonl"),
+        "{err}"
+    );
+}

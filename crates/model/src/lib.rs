@@ -16,6 +16,7 @@
 //!    (JSON) and browsers (HTML).
 #![deny(missing_docs)]
 
+pub mod collective;
 mod fingerprint;
 pub mod flow;
 mod report;

@@ -5,6 +5,9 @@
 //!   function's CPU share on every rank; a rank whose share of a function
 //!   exceeds the group's μ + kσ (k = 2) is flagged, with the function and the
 //!   path to it: the CPU layer of the cross-rank differential diagnosis.
+//! * **Slow-rank detection** ([`stragglers::slow_ranks`]): from collective
+//!   records, the rank that enters its group's collectives late (clocks
+//!   aligned on the collectives' near-simultaneous exits).
 //! * **Temporal baseline** ([`regressions`]): when all ranks slowed alike,
 //!   the group's profile now against its own healthy past; a function whose
 //!   CPU share rose by more than δ (0.5 percentage points) is a degradation
@@ -22,6 +25,8 @@
 //! ≥ [`Config::min_z`]), since δ = 0.5 pp is within sampling noise for a few
 //! thousand samples.
 #![deny(missing_docs)]
+
+pub mod stragglers;
 
 use std::collections::{BTreeMap, HashMap};
 
