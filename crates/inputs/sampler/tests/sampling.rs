@@ -143,11 +143,13 @@ fn cpu_busy_idle_at(rate_hz: f64) {
             out.stats.overruns, out.stats.ticks
         );
     }
-    // Busy reads clearly above idle. (Not "near 1": with other processes on
-    // the cores the spinner itself gets ~0.5 of a CPU, as its own clock says.)
+    // Busy reads clearly above idle, and near what the spinner's own clock
+    // says it got. (Not "near 1", nor above a fixed share: with other
+    // processes on the cores the spinner gets what they leave, 0.23 of a CPU
+    // in one loaded run, which the sampler read as 0.236.)
     assert!(
-        m_busy > 0.25 && m_busy > 5.0 * m_idle,
-        "busy thread mean {m_busy}, idle {m_idle}"
+        m_busy > 0.5 * truth && m_busy > 5.0 * m_idle,
+        "busy thread mean {m_busy} (own clock {truth}), idle {m_idle}"
     );
     assert!(m_idle < 0.05, "idle thread mean {m_idle}");
     assert!(out.threads.iter().any(|t| t.training && t.tid == busy));
