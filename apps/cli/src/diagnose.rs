@@ -328,20 +328,8 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             .or_else(|| groups.keys().next().cloned())
             .unwrap_or_default();
         let ps = &groups[&g];
-        let merge = |r: (f64, f64)| {
-            let mut b = whyslow_model::stack::StackProfileBuilder::new();
-            for p in ps.iter().filter(|p| within(p, r)) {
-                for s in &p.stacks {
-                    let ids = s
-                        .frames
-                        .iter()
-                        .map(|&i| b.frame(p.frames[i as usize].clone()))
-                        .collect();
-                    b.add(ids, s.count);
-                }
-            }
-            b.finish(0.0, 0, 0)
-        };
+        let merge =
+            |r: (f64, f64)| crate::profile::merge(ps.iter().copied().filter(|p| within(p, r)));
         let opts = whyslow_stack_output::FlameOptions {
             title: format!(
                 "group {g}: {:.0}..{:.0} s against {:.0}..{:.0} s",

@@ -150,7 +150,8 @@ pub fn read_profile(path: &Path) -> Result<StackProfile> {
     }
 }
 
-fn merge(profiles: Vec<StackProfile>) -> StackProfile {
+/// One profile holding the stacks of `profiles`.
+pub(crate) fn merge<'a>(profiles: impl IntoIterator<Item = &'a StackProfile>) -> StackProfile {
     let mut b = whyslow_model::stack::StackProfileBuilder::new();
     let (mut hz, mut start, mut dur) = (0.0, u64::MAX, 0u64);
     for p in profiles {
@@ -300,7 +301,7 @@ pub fn run_flamegraph(args: FlamegraphArgs) -> Result<u8> {
         .iter()
         .map(|p| read_profile(p))
         .collect::<Result<Vec<_>>>()?;
-    let new = merge(profiles);
+    let new = merge(&profiles);
     let opts = out::FlameOptions {
         title: args.title.clone().unwrap_or_else(|| match &args.diff {
             Some(b) => format!("{} vs. {}", args.profiles[0].display(), b.display()),

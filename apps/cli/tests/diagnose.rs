@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 const RANK: &str = r#"
-import sys, time
+import os, sys, time
 rank, seconds, regress_at = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+barrier, world = sys.argv[4], 4
 
 def forward():
     s = 0
@@ -34,15 +35,27 @@ def log_tensor_stats():
         s += (i % 7) ** 0.5
     return s
 
+def reached(phase):
+    # A rank leaves a phase when every rank has had its CPU time in it, as
+    # ranks of a real job move together through their collectives: on a
+    # loaded machine each phase still holds enough samples of every rank,
+    # and all ranks switch at the same wall-clock moment.
+    open(os.path.join(barrier, f"{phase}-{rank}"), "w").close()
+    return all(os.path.exists(os.path.join(barrier, f"{phase}-{r}")) for r in range(world))
+
 def train():
-    # Phases by the CPU time this rank got, not by the clock: on a loaded
-    # machine each phase still holds the same number of samples.
-    while time.process_time() < seconds:
+    new_call = False
+    while True:
         forward()
         if rank == 2:
             neighbour_work()
-        if time.process_time() > regress_at:
+        if new_call:
             log_tensor_stats()
+        cpu = time.process_time()
+        if not new_call and cpu > regress_at and reached("regress"):
+            new_call = True
+        if new_call and cpu > seconds and reached("end"):
+            return
 
 print("ready", flush=True)
 train()
@@ -126,11 +139,16 @@ fn the_waterline_names_the_busy_rank_and_the_baseline_names_the_new_call() {
     );
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     // CPU seconds per rank, and when the new call starts.
-    let (seconds, regress_at) = (9.0, 4.5);
+    // The new call starts a little after half-way, so that the default
+    // baseline (the first half of the wall-clock span) holds none of it.
+    let (seconds, regress_at) = (9.0, 5.0);
+    let barrier = dir.join("barrier");
+    fs::create_dir_all(&barrier).unwrap();
     let ranks: Vec<Kill> = (0..4)
         .map(|r| {
             let mut c = Command::new(&python)
                 .args(["-c", RANK, &r.to_string(), &seconds.to_string(), &regress_at.to_string()])
+                .arg(&barrier)
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap();
@@ -189,16 +207,34 @@ fn the_waterline_names_the_busy_rank_and_the_baseline_names_the_new_call() {
             .all(|r| !r["function"].as_str().unwrap_or("").starts_with("forward")),
         "{show}"
     );
-    // The waterline: rank 2 and its extra work, no other rank.
+    // The waterline: rank 2 and its extra work lead (flags come largest
+    // excess first). Five CPU-bound processes on two cores are not alike: a
+    // rank switched out more often spends measurably more in cache-cold
+    // allocation (one busy run: rank 1 at 7.8 % in PyFloat_FromDouble
+    // against its peers' 2.1 %, 20 samples against 5, the same in every
+    // period). Such a flag is real but must stay small beside the injected
+    // work.
     let diffs = report["cpu_diff"].as_array().unwrap();
-    assert!(!diffs.is_empty(), "{show}");
-    assert!(diffs.iter().all(|d| d["rank"] == "2"), "{show}");
+    let excess =
+        |d: &Value| d["straggler_share"].as_f64().unwrap() - d["peer_share"].as_f64().unwrap();
+    let top = diffs
+        .first()
+        .unwrap_or_else(|| panic!("no waterline flag: {show}"));
+    assert_eq!(top["rank"], "2", "{show}");
     assert!(
-        diffs.iter().any(|d| d["function"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("neighbour_work")),
+        diffs.iter().any(|d| d["rank"] == "2"
+            && d["function"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("neighbour_work")),
         "{show}"
+    );
+    assert!(
+        diffs
+            .iter()
+            .filter(|d| d["rank"] != "2")
+            .all(|d| excess(d) < excess(top) / 2.0),
+        "another rank's excess is as large as the injected one: {show}"
     );
     let svg = fs::read_to_string(spool.join("diff.svg")).unwrap();
     assert!(
