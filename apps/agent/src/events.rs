@@ -58,9 +58,18 @@ pub(crate) enum AgentEvent<'a> {
     },
     /// A registered process could not be profiled (the reason says why).
     ProfileFailed { pid: i32, reason: String },
+    /// gloo's collectives of a registered process are traced.
+    CollectivesTraced {
+        pid: i32,
+        rank: Option<u32>,
+        functions: usize,
+        library: &'a Path,
+    },
+    /// Collectives are not traced (for one process, or at all with pid 0).
+    CollectivesFailed { pid: i32, reason: String },
 }
 
-const KINDS: usize = 13;
+const KINDS: usize = 15;
 static COUNTS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
 impl AgentEvent<'_> {
@@ -84,6 +93,8 @@ impl AgentEvent<'_> {
             AgentEvent::ProfileWritten { .. } => 10,
             AgentEvent::ProfileFailed { .. } => 11,
             AgentEvent::HookRan { .. } => 12,
+            AgentEvent::CollectivesTraced { .. } => 13,
+            AgentEvent::CollectivesFailed { .. } => 14,
         }
     }
 
@@ -188,6 +199,23 @@ impl AgentEvent<'_> {
             AgentEvent::ProfileFailed { pid, reason } => {
                 warn!(event, pid, reason = %reason, "pid {pid}: not profiled: {reason}")
             }
+            AgentEvent::CollectivesTraced {
+                pid,
+                rank,
+                functions,
+                library,
+            } => info!(
+                event,
+                pid,
+                rank = rank.map(i64::from).unwrap_or(-1),
+                functions,
+                library = %library.display(),
+                "pid {pid}: tracing {functions} gloo collectives in {}",
+                library.display()
+            ),
+            AgentEvent::CollectivesFailed { pid, reason } => {
+                warn!(event, pid, reason = %reason, "pid {pid}: collectives not traced: {reason}")
+            }
         }
     }
 }
@@ -206,6 +234,8 @@ const NAMES: [&str; KINDS] = [
     "profile_written",
     "profile_failed",
     "hook_ran",
+    "collectives_traced",
+    "collectives_failed",
 ];
 
 /// How many of each event so far, in [`AgentEvent`] order.

@@ -60,6 +60,16 @@ pub struct ProfilerArgs {
     /// Percent of the host profiler's ticks that take a stack (1-100).
     #[arg(long, default_value_t = 100.0, value_name = "PCT")]
     pub profile_sampling_rate: f64,
+    /// Also trace the gloo collectives of registered processes (eBPF
+    /// uprobes), into the spool as `*.collectives.jsonl`: the input of
+    /// `whyslow diagnose`'s slow-rank detection.
+    #[arg(long)]
+    pub trace_collectives: bool,
+    /// Seconds between two readings of each registered process's OS signals
+    /// (run-queue delay, context switches, migrations, its CPUs' interrupts
+    /// and softirqs) into the spool as `*.os.jsonl`; 0 turns them off.
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+    pub os_interval: f64,
 }
 
 fn alive(r: &ProcessRegistration) -> bool {
@@ -89,8 +99,13 @@ pub fn registrations(dir: &Path) -> Vec<ProcessRegistration> {
     out
 }
 
-/// Removes the oldest `.pb.gz` files under `spool` until it holds at most
-/// `cap` bytes; returns how many were removed.
+/// What the agent writes into its spool: profiles, collective records, OS
+/// readings.
+const SPOOL_SUFFIXES: [&str; 3] = [".pb.gz", ".collectives.jsonl", ".os.jsonl"];
+
+/// Removes the oldest files the agent wrote under `spool` (of
+/// [`SPOOL_SUFFIXES`]) until it holds at most `cap` bytes; returns how many
+/// were removed.
 pub fn enforce_cap(spool: &Path, cap: u64) -> usize {
     let mut files = Vec::new();
     let mut stack = vec![spool.to_path_buf()];
@@ -100,7 +115,10 @@ pub fn enforce_cap(spool: &Path, cap: u64) -> usize {
             let Ok(md) = e.metadata() else { continue };
             if md.is_dir() {
                 stack.push(e.path());
-            } else if e.file_name().to_string_lossy().ends_with(".pb.gz") {
+            } else if SPOOL_SUFFIXES
+                .iter()
+                .any(|x| e.file_name().to_string_lossy().ends_with(x))
+            {
                 let t = md.modified().unwrap_or(UNIX_EPOCH);
                 files.push((t, e.path(), md.len()));
             }
@@ -344,6 +362,14 @@ pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<Jo
             let (a, s, st, sh) = (args.clone(), spool.clone(), stop.clone(), shared.clone());
             std::thread::spawn(move || host_loop(a, s, st, sh))
         });
+        let collectives = args.trace_collectives.then(|| {
+            let (d, a, s, st) = (dir.clone(), args.clone(), spool.clone(), stop.clone());
+            std::thread::spawn(move || collectives_loop(d, a, s, st))
+        });
+        let os = (args.os_interval > 0.0).then(|| {
+            let (d, a, s, st) = (dir.clone(), args.clone(), spool.clone(), stop.clone());
+            std::thread::spawn(move || os_loop(d, a, s, st))
+        });
         let mut running: HashMap<i32, JoinHandle<()>> = HashMap::new();
         let mut refused: BTreeMap<i32, ()> = BTreeMap::new();
         while !stop.load(Ordering::Relaxed) {
@@ -386,5 +412,280 @@ pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<Jo
         if let Some(h) = host {
             let _ = h.join();
         }
+        if let Some(h) = collectives {
+            let _ = h.join();
+        }
+        if let Some(h) = os {
+            let _ = h.join();
+        }
     }))
+}
+
+/// One traced process: where its records go.
+struct Traced {
+    reg: ProcessRegistration,
+    path: PathBuf,
+    period_start: SystemTime,
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The records file of `reg` for the period that began at `start`, with
+/// `suffix` (`collectives.jsonl`, `os.jsonl`).
+fn records_path(
+    spool: &Path,
+    reg: &ProcessRegistration,
+    start: SystemTime,
+    suffix: &str,
+) -> PathBuf {
+    let job = if reg.job.is_empty() {
+        "unknown-job".to_string()
+    } else {
+        file_name_part(&reg.job)
+    };
+    spool.join(job).join(format!(
+        "{}-rank{}-pid{}-{}.{suffix}",
+        file_name_part(if reg.host.is_empty() {
+            "host"
+        } else {
+            &reg.host
+        }),
+        reg.rank
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "x".into()),
+        reg.pid,
+        unix_secs(start)
+    ))
+}
+
+/// Traces the gloo collectives of registered processes (SysOM-AI §3.2) until
+/// `stop`: one records file per process and profile period in the spool.
+/// A process that has not loaded gloo yet is tried again at each scan.
+fn collectives_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<AtomicBool>) {
+    use whyslow_collectives::{gloo_library, GlooTracer, Sequencer};
+    let mut tracer = match GlooTracer::open() {
+        Ok(t) => t,
+        Err(e) => {
+            return AgentEvent::CollectivesFailed {
+                pid: 0,
+                reason: e.to_string(),
+            }
+            .emit()
+        }
+    };
+    let period = Duration::from_secs_f64(args.profile_period.max(1.0));
+    let mut traced: HashMap<u32, Traced> = HashMap::new();
+    let mut refused: BTreeMap<i32, ()> = BTreeMap::new();
+    let mut sequencer = Sequencer::with_clock_offset(
+        whyslow_sampler::clock::realtime_ns() - whyslow_sampler::clock::monotonic_ns(),
+    );
+    let mut last_scan = std::time::Instant::now() - Duration::from_secs(10);
+    let mut pending: Vec<whyslow_collectives::GlooEvent> = Vec::new();
+    loop {
+        // On stop, one last round writes everything still pending.
+        let stopping = stop.load(Ordering::Relaxed);
+        if !stopping && last_scan.elapsed() >= Duration::from_millis(500) {
+            last_scan = std::time::Instant::now();
+            for reg in registrations(&dir) {
+                let pid = reg.pid as u32;
+                if reg.pid <= 0
+                    || traced.contains_key(&pid)
+                    || refused.contains_key(&reg.pid)
+                    || !alive(&reg)
+                {
+                    continue;
+                }
+                // Not yet: torch.distributed may load later than registration.
+                let Some(lib) = gloo_library(pid) else {
+                    continue;
+                };
+                match tracer.attach(pid, &lib) {
+                    Ok(0) => {
+                        refused.insert(reg.pid, ());
+                        AgentEvent::CollectivesFailed {
+                            pid: reg.pid,
+                            reason: format!("{} exports no gloo collective", lib.display()),
+                        }
+                        .emit();
+                    }
+                    Ok(n) => {
+                        AgentEvent::CollectivesTraced {
+                            pid: reg.pid,
+                            rank: reg.rank,
+                            functions: n,
+                            library: &lib,
+                        }
+                        .emit();
+                        let now = SystemTime::now();
+                        traced.insert(
+                            pid,
+                            Traced {
+                                path: records_path(&spool, &reg, now, "collectives.jsonl"),
+                                reg,
+                                period_start: now,
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        refused.insert(reg.pid, ());
+                        AgentEvent::CollectivesFailed {
+                            pid: reg.pid,
+                            reason: e.to_string(),
+                        }
+                        .emit();
+                    }
+                }
+            }
+            let gone: Vec<u32> = traced
+                .iter()
+                .filter(|(_, t)| !alive(&t.reg))
+                .map(|(&p, _)| p)
+                .collect();
+            for pid in gone {
+                tracer.detach(pid);
+                sequencer.forget(pid);
+                traced.remove(&pid);
+            }
+        }
+        let wait = if stopping { 0 } else { 200 };
+        pending.extend(tracer.poll(Duration::from_millis(wait)));
+        // In entry order per process (the sequence numbers count that way);
+        // a call still in flight on another thread of the process returns
+        // later, so events younger than a second wait for the next round.
+        pending.sort_by_key(|e| (e.pid, e.entry_ns));
+        let now_ns = monotonic_ns();
+        let (ready, young): (Vec<_>, Vec<_>) = pending
+            .drain(..)
+            .partition(|e| stopping || now_ns.saturating_sub(e.exit_ns) > 1_000_000_000);
+        pending = young;
+        let mut lines: HashMap<u32, String> = HashMap::new();
+        for e in &ready {
+            let Some(t) = traced.get(&e.pid) else {
+                continue;
+            };
+            let global = t.reg.rank;
+            if let Some(r) = sequencer.record(e, &t.reg.job, global) {
+                if let Ok(j) = serde_json::to_string(&r) {
+                    let l = lines.entry(e.pid).or_default();
+                    l.push_str(&j);
+                    l.push('\n');
+                }
+            }
+        }
+        for (pid, text) in lines {
+            let Some(t) = traced.get_mut(&pid) else {
+                continue;
+            };
+            if t.period_start.elapsed().unwrap_or_default() >= period {
+                t.period_start = SystemTime::now();
+                t.path = records_path(&spool, &t.reg, t.period_start, "collectives.jsonl");
+                enforce_cap(&spool, args.profile_spool_mib.saturating_mul(1 << 20));
+            }
+            if let Err(e) = append(&t.path, &text) {
+                AgentEvent::CollectivesFailed {
+                    pid: pid as i32,
+                    reason: format!("writing {}: {e}", t.path.display()),
+                }
+                .emit();
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in ns (the clock of bpf_ktime_get_ns).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Appends `text` to `path`, creating it and its directory.
+fn append(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(d) = path.parent() {
+        fs::create_dir_all(d)?;
+    }
+    fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(text.as_bytes())
+}
+
+/// Reads the OS signals of every registered live process every
+/// `--os-interval` seconds until `stop` (SysOM-AI §3.1's OS layer): one
+/// `whyslow_model::os::OsSample` line per process and reading, in one file
+/// per process and profile period. Plain `/proc` reads: nothing is attached
+/// to the process.
+fn os_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<AtomicBool>) {
+    use whyslow_sampler::os::OsSignals;
+    struct Watched {
+        reg: ProcessRegistration,
+        signals: OsSignals,
+        path: PathBuf,
+        period_start: SystemTime,
+    }
+    let interval = Duration::from_secs_f64(args.os_interval.max(0.1));
+    let period = Duration::from_secs_f64(args.profile_period.max(1.0));
+    let mut watched: HashMap<i32, Watched> = HashMap::new();
+    let mut next = std::time::Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        if std::time::Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        next += interval;
+        for reg in registrations(&dir) {
+            if reg.pid <= 0 || watched.contains_key(&reg.pid) || !alive(&reg) {
+                continue;
+            }
+            if let Some(signals) = OsSignals::open(reg.pid) {
+                let now = SystemTime::now();
+                watched.insert(
+                    reg.pid,
+                    Watched {
+                        path: records_path(&spool, &reg, now, "os.jsonl"),
+                        reg,
+                        signals,
+                        period_start: now,
+                    },
+                );
+            }
+        }
+        watched.retain(|_, w| alive(&w.reg));
+        for w in watched.values_mut() {
+            let Some(mut sample) = w.signals.sample() else {
+                continue;
+            };
+            sample.job = w.reg.job.clone();
+            sample.host = w.reg.host.clone();
+            sample.rank = w.reg.rank;
+            let Ok(mut line) = serde_json::to_string(&sample) else {
+                continue;
+            };
+            line.push('\n');
+            if w.period_start.elapsed().unwrap_or_default() >= period {
+                w.period_start = SystemTime::now();
+                w.path = records_path(&spool, &w.reg, w.period_start, "os.jsonl");
+            }
+            if let Err(e) = append(&w.path, &line) {
+                AgentEvent::ProfileFailed {
+                    pid: w.reg.pid,
+                    reason: format!("writing {}: {e}", w.path.display()),
+                }
+                .emit();
+            }
+        }
+    }
 }

@@ -57,6 +57,9 @@ enum Command {
     Profile(crate::profile::ProfileArgs),
     /// Flame graph of saved profiles, or a differential one against `--diff BASE`.
     Flamegraph(crate::profile::FlamegraphArgs),
+    /// Trace the gloo collectives of running processes with eBPF uprobes
+    /// (SysOM-AI §3.2), as collective records for `diagnose`.
+    Collectives(crate::collectives::CollectivesArgs),
     /// Cross-layer diagnosis over the agents' profile spools (SysOM-AI §3.1):
     /// the per-group CPU waterline and the temporal baseline.
     Diagnose(crate::diagnose::DiagnoseArgs),
@@ -180,6 +183,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Profile(args) => crate::profile::run_profile(args),
         Command::Flamegraph(args) => crate::profile::run_flamegraph(args),
         Command::Diagnose(args) => crate::diagnose::run(args),
+        Command::Collectives(args) => crate::collectives::run(args),
         Command::Server(args) => crate::server::run(args),
     }
 }

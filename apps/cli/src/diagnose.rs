@@ -3,8 +3,10 @@
 //! CPU waterline over the window and the temporal baseline of the window
 //! against a healthy period; collective records (`*.collectives.jsonl`, one
 //! `whyslow_model::collective::CollectiveRecord` per line) give the slow
-//! ranks. No tracer writes collective records yet, and OS signals are not
-//! collected: the report says so instead of claiming none.
+//! ranks (`whyslow agent --trace-collectives` writes them); OS signals
+//! (`*.os.jsonl`, `whyslow_model::os::OsSample`) give the OS layer of a late
+//! rank against its peers. GPU kernel times are not collected yet: the
+//! report says so instead of claiming none.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,9 +15,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use whyslow_diagnose::stragglers::{slow_ranks, StragglerConfig};
+use whyslow_diagnose::layer::{mean_signals, os_diff, verdict, OsConfig};
+use whyslow_diagnose::stragglers::{instance_periods, lateness, slow_ranks, StragglerConfig};
 use whyslow_diagnose::{regressions, waterline, Config, Regression, Shares, WaterlineFlag};
 use whyslow_model::collective::CollectiveRecord;
+use whyslow_model::os::{OsSample, CPU_TIME};
 use whyslow_model::stack::StackProfile;
 
 /// `whyslow diagnose`.
@@ -40,6 +44,12 @@ pub struct DiagnoseArgs {
     /// first group.
     #[arg(long)]
     diff_svg: Option<PathBuf>,
+    /// Also write an HTML page: the verdict, the per-rank entry-time plot of
+    /// each group with a late rank (SysOM-AI Fig. 5) and the differential
+    /// flame graphs (a late rank against a peer; the window against the
+    /// baseline).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
 }
 
 /// Output format of `whyslow diagnose`.
@@ -86,9 +96,12 @@ struct Straggler {
 
 #[derive(Debug, Serialize)]
 struct OsDiff {
+    group: String,
+    rank: String,
     signal: String,
     straggler: f64,
     peers: f64,
+    threshold: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -104,8 +117,24 @@ struct Report {
     baseline: (f64, f64),
     window: (f64, f64),
     profiles: usize,
+    /// OS signal readings read (`*.os.jsonl` lines).
+    os_samples: usize,
+    /// Per communication group with collective records: each rank's mean
+    /// lateness into the window's collectives.
+    collective_groups: Vec<CollectiveGroup>,
     groups: Vec<GroupSummary>,
     notes: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct CollectiveGroup {
+    group: String,
+    /// Complete instances judged (the last W).
+    instances: usize,
+    /// Mean time between two instances, µs.
+    period_us: f64,
+    /// World rank → mean lateness behind the group's first rank, µs.
+    mean_late_us: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -147,11 +176,15 @@ fn spool_files(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// Collective records of every `*.collectives.jsonl` under `dir`; lines that
-/// do not parse are skipped and counted in a note.
-fn collective_records(dir: &Path, notes: &mut Vec<String>) -> Result<Vec<CollectiveRecord>> {
+/// The records of every `*SUFFIX` file under `dir`, one JSON value per
+/// line; lines that do not parse are skipped and counted in a note.
+fn jsonl_records<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    suffix: &str,
+    notes: &mut Vec<String>,
+) -> Result<Vec<T>> {
     let mut files = Vec::new();
-    spool_files(dir, ".collectives.jsonl", &mut files)?;
+    spool_files(dir, suffix, &mut files)?;
     files.sort();
     let mut out = Vec::new();
     for f in files {
@@ -162,7 +195,7 @@ fn collective_records(dir: &Path, notes: &mut Vec<String>) -> Result<Vec<Collect
             if line.trim().is_empty() {
                 continue;
             }
-            match serde_json::from_str::<CollectiveRecord>(line) {
+            match serde_json::from_str::<T>(line) {
                 Ok(r) => out.push(r),
                 Err(e) => bad.push(format!("line {}: {e}", n + 1)),
             }
@@ -202,11 +235,13 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         .filter(|p| p.labels.contains_key("scope"))
         .count();
     profiles.retain(|p| !p.labels.contains_key("scope") && p.labels.contains_key("rank"));
-    let records = collective_records(&args.dir, &mut notes)?;
-    if profiles.is_empty() && records.is_empty() {
+    let records: Vec<CollectiveRecord> =
+        jsonl_records(&args.dir, ".collectives.jsonl", &mut notes)?;
+    let os_samples: Vec<OsSample> = jsonl_records(&args.dir, ".os.jsonl", &mut notes)?;
+    if profiles.is_empty() && records.is_empty() && os_samples.is_empty() {
         bail!(
-            "{}: no rank profile (*.pb.gz, {} file(s) read; the agent writes them with --profile-spool) \
-             and no collective records (*.collectives.jsonl): nothing to diagnose",
+            "{}: no rank profile (*.pb.gz, {} file(s) read; the agent writes them with --profile-spool), \
+             no collective records (*.collectives.jsonl) and no OS signals (*.os.jsonl): nothing to diagnose",
             args.dir.display(),
             files.len()
         );
@@ -219,12 +254,13 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             "{host_profiles} node-wide profile(s) (--profile-host) are not compared yet"
         ));
     }
-    let t0 = profiles.iter().map(|p| p.start_unix_ns).min().unwrap_or(0);
-    let end = profiles
+    // Time 0 is the earliest profile or OS reading (both on the Unix clock).
+    let starts = profiles
         .iter()
-        .map(|p| p.start_unix_ns.saturating_add(p.duration_ns))
-        .max()
-        .unwrap_or(t0);
+        .map(|p| (p.start_unix_ns, p.duration_ns))
+        .chain(os_samples.iter().map(|s| (s.start_unix_ns, s.duration_ns)));
+    let t0 = starts.clone().map(|x| x.0).min().unwrap_or(0);
+    let end = starts.map(|(a, d)| a.saturating_add(d)).max().unwrap_or(t0);
     let span = (end - t0) as f64 / 1e9;
     let baseline = match &args.baseline {
         Some(s) => parse_range(s, "baseline")?,
@@ -285,38 +321,202 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         cpu_diff.extend(waterline(g, &ranks, &cfg).into_iter().map(CpuDiff::from));
         regs.extend(regressions(g, &sb, &sa, &cfg));
     }
-    let stragglers: Vec<Straggler> = if records.is_empty() {
+    // The temporal baseline answers "what changed since the job was
+    // healthy" when the job slowed (SysOM-AI §3.1). Where collective records
+    // on the profiles' clock tell the time per collective, a job whose
+    // collectives came no slower in the window than in the baseline has no
+    // slowdown to explain: a share that rose since (warm-up in the baseline,
+    // a phase change) is not a regression then.
+    let secs_to_ns = |s: f64| t0.saturating_add((s * 1e9) as u64);
+    let periods = |r: (f64, f64)| instance_periods(&records, secs_to_ns(r.0), secs_to_ns(r.1), 5);
+    let (pb, pw) = (periods(baseline), periods(window));
+    let compared: Vec<(String, f64, f64)> = pb
+        .iter()
+        .filter_map(|(g, b)| Some((g.clone(), (*b)?, (*pw.get(g)?)?)))
+        .collect();
+    if !regs.is_empty() && !compared.is_empty() {
+        if compared.iter().all(|(_, b, w)| *w < 1.1 * b) {
+            let (g, b, w) = &compared[0];
+            notes.push(format!(
+                "{} function share(s) rose since the baseline, but the job did not slow: group {g} \
+                 ran a collective every {:.1} ms in the baseline and {:.1} ms in the window; \
+                 not reported as regressions",
+                regs.len(),
+                b / 1e6,
+                w / 1e6
+            ));
+            regs.clear();
+        }
+    } else if !regs.is_empty() && !records.is_empty() {
+        notes.push(
+            "the collective records do not cover both the baseline and the window: \
+             regressions are reported without checking that the job slowed"
+                .into(),
+        );
+    }
+    let scfg = StragglerConfig::default();
+    let found = if records.is_empty() {
         notes.push("no collective records (*.collectives.jsonl): slow ranks are not judged".into());
         Vec::new()
     } else {
-        slow_ranks(&records, &StragglerConfig::default())
+        slow_ranks(&records, &scfg)
+    };
+    // A group rank's world rank (what profiles and OS readings carry).
+    let world = |group: &str, rank: u32| -> u32 {
+        records
+            .iter()
+            .find(|r| r.group == group && r.rank == rank)
+            .and_then(|r| r.global_rank)
+            .unwrap_or(rank)
+    };
+    let stragglers: Vec<Straggler> = found
+        .iter()
+        .map(|s| Straggler {
+            rank: world(&s.group, s.rank).to_string(),
+            group: s.group.clone(),
+            late_us: s.late_us - s.peers_late_us,
+        })
+        .collect();
+    // The OS layer: each late rank's signals over the window against the
+    // other ranks of its group.
+    let os_window: Vec<&OsSample> = os_samples
+        .iter()
+        .filter(|s| {
+            let mid =
+                (s.start_unix_ns.saturating_sub(t0) as f64 + s.duration_ns as f64 / 2.0) / 1e9;
+            (window.0..=window.1).contains(&mid)
+        })
+        .collect();
+    let mut by_rank: BTreeMap<u32, Vec<&OsSample>> = BTreeMap::new();
+    for s in &os_window {
+        if let Some(r) = s.rank {
+            by_rank.entry(r).or_default().push(s);
+        }
+    }
+    let means: BTreeMap<u32, BTreeMap<String, f64>> = by_rank
+        .iter()
+        .map(|(r, v)| (*r, mean_signals(v.iter().copied())))
+        .collect();
+    let mut os_rows = Vec::new();
+    let mut cpu_ms: Option<(f64, f64)> = None;
+    for s in &found {
+        let me = world(&s.group, s.rank);
+        let peer_ranks: Vec<u32> = records
+            .iter()
+            .filter(|r| r.group == s.group && r.rank != s.rank)
+            .map(|r| r.global_rank.unwrap_or(r.rank))
+            .collect::<std::collections::BTreeSet<u32>>()
             .into_iter()
-            .map(|s| Straggler {
-                rank: s.rank.to_string(),
-                group: s.group,
-                late_us: s.late_us - s.peers_late_us,
-            })
-            .collect()
-    };
-    notes.push(
-        "GPU kernel times and OS signals are not collected yet: those layers are not judged".into(),
+            .collect();
+        let Some(mine) = means.get(&me) else {
+            notes.push(format!(
+                "group {} rank {me}: no OS signals in the window (*.os.jsonl): the OS layer is not judged",
+                s.group
+            ));
+            continue;
+        };
+        let peers: Vec<BTreeMap<String, f64>> = peer_ranks
+            .iter()
+            .filter_map(|r| means.get(r).cloned())
+            .collect();
+        if peers.is_empty() {
+            notes.push(format!(
+                "group {}: no peer of rank {me} has OS signals in the window: the OS layer is not judged",
+                s.group
+            ));
+            continue;
+        }
+        let peer_cpu =
+            peers.iter().filter_map(|p| p.get(CPU_TIME)).sum::<f64>() / peers.len() as f64;
+        if cpu_ms.is_none() {
+            cpu_ms = mine.get(CPU_TIME).map(|&m| (m, peer_cpu));
+        }
+        for d in os_diff(mine, &peers, &OsConfig::default()) {
+            os_rows.push(OsDiff {
+                group: s.group.clone(),
+                rank: me.to_string(),
+                signal: d.signal,
+                straggler: d.straggler,
+                peers: d.peers,
+                threshold: d.threshold,
+            });
+        }
+    }
+    if os_samples.is_empty() {
+        notes.push("no OS signals (*.os.jsonl; the agent writes them with --profile-spool): the OS layer is not judged".into());
+    }
+    notes.push("GPU kernel times are not collected yet: the GPU layer is not judged".into());
+    let late_ranks: Vec<&str> = stragglers.iter().map(|s| s.rank.as_str()).collect();
+    let straggler_cpu: Vec<WaterlineFlag> = cpu_diff
+        .iter()
+        .filter(|d| late_ranks.contains(&d.rank.as_str()))
+        .map(|d| WaterlineFlag {
+            group: d.group.clone(),
+            rank: d.rank.clone(),
+            function: d.function.clone(),
+            stack: d.stack.clone(),
+            share: d.straggler_share,
+            peer_share: d.peer_share,
+            threshold: d.threshold,
+        })
+        .collect();
+    let os_for_verdict: Vec<whyslow_diagnose::layer::OsDiff> = os_rows
+        .iter()
+        .map(|d| whyslow_diagnose::layer::OsDiff {
+            signal: d.signal.clone(),
+            straggler: d.straggler,
+            peers: d.peers,
+            threshold: d.threshold,
+        })
+        .collect();
+    let layer = verdict(
+        !stragglers.is_empty(),
+        &straggler_cpu,
+        &os_for_verdict,
+        cpu_ms,
+        // With collective records and nobody late, a rank above the
+        // waterline holds nobody up: only a regression is a cause then.
+        !regs.is_empty() || (records.is_empty() && !cpu_diff.is_empty()),
     );
-    // The CPU layer when the CPU profiles show a cause; otherwise none that
-    // whyslow can see yet.
-    let layer = if cpu_diff.is_empty() && regs.is_empty() {
-        "none"
-    } else {
-        "cpu"
-    };
+    if !stragglers.is_empty() && layer == whyslow_diagnose::layer::Layer::None {
+        notes.push(
+            "a rank is late but neither its CPU profile nor its OS signals differ from its peers': \
+             the cause is in a layer not seen here (GPU, network, or before the window)"
+                .into(),
+        );
+    }
     let report = Report {
         stragglers,
-        layer,
+        layer: layer.as_str(),
         cpu_diff,
-        os_diff: Vec::new(),
+        os_diff: os_rows,
         regressions: regs,
         baseline,
         window,
         profiles: profiles.len(),
+        os_samples: os_samples.len(),
+        collective_groups: lateness(&records, &scfg)
+            .iter()
+            .map(|g| {
+                let n = g.instances.len().max(1) as f64;
+                let span = g.instances.last().map(|x| x.0).unwrap_or(0.0)
+                    - g.instances.first().map(|x| x.0).unwrap_or(0.0);
+                CollectiveGroup {
+                    group: g.group.clone(),
+                    instances: g.instances.len(),
+                    period_us: span / 1e3 / (n - 1.0).max(1.0),
+                    mean_late_us: g
+                        .ranks
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &r)| {
+                            let mean = g.instances.iter().map(|x| x.1[k]).sum::<f64>() / n;
+                            (world(&g.group, r).to_string(), mean)
+                        })
+                        .collect(),
+                }
+            })
+            .collect(),
         groups: summaries,
         notes,
     };
@@ -345,15 +545,110 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             svg.display()
         );
     }
+    if let Some(path) = &args.html {
+        let plots = lateness(&records, &scfg)
+            .into_iter()
+            .filter(|g| report.stragglers.iter().any(|s| s.group == g.group))
+            .map(|g| entry_plot(&g, &found))
+            .collect::<Vec<_>>();
+        let mut flames = Vec::new();
+        for s in report.stragglers.iter().take(4) {
+            let peers: Vec<&StackProfile> = profiles
+                .iter()
+                .filter(|p| within(p, window) && p.labels.get("rank") != Some(&s.rank))
+                .collect();
+            let mine: Vec<&StackProfile> = profiles
+                .iter()
+                .filter(|p| within(p, window) && p.labels.get("rank") == Some(&s.rank))
+                .collect();
+            if mine.is_empty() || peers.is_empty() {
+                continue;
+            }
+            // The peer: the first other rank with profiles in the window.
+            let peer_rank = peers[0].labels.get("rank").cloned().unwrap_or_default();
+            let peer: Vec<&StackProfile> = peers
+                .into_iter()
+                .filter(|p| p.labels.get("rank") == Some(&peer_rank))
+                .collect();
+            let title = format!("late rank {} against rank {peer_rank}", s.rank);
+            let svg = whyslow_stack_output::to_diff_flamegraph_svg(
+                &crate::profile::merge(peer),
+                &crate::profile::merge(mine),
+                &whyslow_stack_output::FlameOptions {
+                    title: title.clone(),
+                    ..Default::default()
+                },
+            );
+            flames.push(whyslow_report::diagnose::FlameGraph { title, svg });
+        }
+        for g in report.groups.iter().take(4) {
+            let ps = &groups[&g.group];
+            let merge =
+                |r: (f64, f64)| crate::profile::merge(ps.iter().copied().filter(|p| within(p, r)));
+            let (b, a) = (merge(baseline), merge(window));
+            if b.total() == 0 || a.total() == 0 {
+                continue;
+            }
+            let title = format!(
+                "group {}: {:.0}..{:.0} s against the baseline {:.0}..{:.0} s",
+                g.group, window.0, window.1, baseline.0, baseline.1
+            );
+            let svg = whyslow_stack_output::to_diff_flamegraph_svg(
+                &b,
+                &a,
+                &whyslow_stack_output::FlameOptions {
+                    title: title.clone(),
+                    ..Default::default()
+                },
+            );
+            flames.push(whyslow_report::diagnose::FlameGraph { title, svg });
+        }
+        let mut summary = Vec::new();
+        write_table(&mut summary, &report)?;
+        let page = whyslow_report::diagnose::render_diagnose_html(
+            &format!("whyslow diagnose {}", args.dir.display()),
+            &String::from_utf8_lossy(&summary),
+            &plots,
+            &flames,
+        );
+        std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("whyslow: wrote the HTML report {}", path.display());
+    }
     match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Format::Table => print_table(&report),
+        Format::Table => write_table(&mut std::io::stdout().lock(), &report)?,
     }
     Ok(0)
 }
 
-fn print_table(r: &Report) {
-    println!(
+/// The per-rank entry-time plot of one group (SysOM-AI Fig. 5).
+fn entry_plot(
+    g: &whyslow_diagnose::stragglers::GroupLateness,
+    late: &[whyslow_diagnose::stragglers::Straggler],
+) -> whyslow_report::diagnose::EntryPlot {
+    let t0 = g.instances.first().map(|x| x.0).unwrap_or(0.0);
+    let series = g
+        .ranks
+        .iter()
+        .enumerate()
+        .map(|(k, &rank)| whyslow_report::LineSeries {
+            label: format!("rank {rank}"),
+            flagged: late.iter().any(|s| s.group == g.group && s.rank == rank),
+            points: g
+                .instances
+                .iter()
+                .map(|(first, late)| ((first - t0) / 1e9, late[k] / 1e3))
+                .collect(),
+        })
+        .collect();
+    whyslow_report::diagnose::EntryPlot {
+        group: g.group.clone(),
+        series,
+    }
+}
+
+fn write_table(out: &mut dyn std::io::Write, r: &Report) -> std::io::Result<()> {
+    writeln!(out,
         "{} rank profiles in {} group(s); baseline {:.0}..{:.0} s, window {:.0}..{:.0} s (since the earliest profile)",
         r.profiles,
         r.groups.len(),
@@ -361,32 +656,38 @@ fn print_table(r: &Report) {
         r.baseline.1,
         r.window.0,
         r.window.1
-    );
+    )?;
     for g in &r.groups {
-        println!(
+        writeln!(
+            out,
             "  group {}: {} ranks, {} baseline / {} window samples",
             g.group, g.ranks, g.baseline_samples, g.window_samples
-        );
+        )?;
     }
     if r.stragglers.is_empty() {
-        println!("stragglers: none");
+        writeln!(out, "stragglers: none")?;
     } else {
         for s in &r.stragglers {
-            println!(
+            writeln!(
+            out,
                 "straggler: group {} rank {}: enters its collectives {:.1} ms after the others (mean over the window)",
                 s.group,
                 s.rank,
                 s.late_us / 1e3
-            );
+            )?;
         }
     }
-    println!("layer: {}", r.layer);
+    writeln!(out, "layer: {}", r.layer)?;
     if r.cpu_diff.is_empty() {
-        println!("CPU waterline: no rank above its group's");
+        writeln!(out, "CPU waterline: no rank above its group's")?;
     } else {
-        println!("CPU waterline (a rank's share above its group's μ + 2σ):");
+        writeln!(
+            out,
+            "CPU waterline (a rank's share above its group's μ + 2σ):"
+        )?;
         for d in &r.cpu_diff {
-            println!(
+            writeln!(
+                out,
                 "  group {} rank {}: {} {:.1} % vs peers {:.1} % (line {:.1} %)\n    {}",
                 d.group,
                 d.rank,
@@ -395,25 +696,45 @@ fn print_table(r: &Report) {
                 100.0 * d.peer_share,
                 100.0 * d.threshold,
                 d.stack
-            );
+            )?;
         }
     }
     if r.regressions.is_empty() {
-        println!("temporal baseline: no function's share rose by more than 0.5 pp");
+        writeln!(
+            out,
+            "temporal baseline: no function's share rose by more than 0.5 pp"
+        )?;
     } else {
-        println!("temporal baseline (share rose by > 0.5 pp since the baseline):");
+        writeln!(
+            out,
+            "temporal baseline (share rose by > 0.5 pp since the baseline):"
+        )?;
         for x in &r.regressions {
-            println!(
+            writeln!(
+                out,
                 "  group {}: {} {:.1} % -> {:.1} %\n    {}",
                 x.group,
                 x.function,
                 100.0 * x.before_share,
                 100.0 * x.after_share,
                 x.stack
-            );
+            )?;
+        }
+    }
+    if r.os_diff.is_empty() {
+        writeln!(out, "OS signals: no late rank stands out from its peers")?;
+    } else {
+        writeln!(out, "OS signals (a late rank's above its peers' μ + 2σ):")?;
+        for d in &r.os_diff {
+            writeln!(
+                out,
+                "  group {} rank {}: {} {:.1} vs peers {:.1}",
+                d.group, d.rank, d.signal, d.straggler, d.peers
+            )?;
         }
     }
     for n in &r.notes {
-        println!("note: {n}");
+        writeln!(out, "note: {n}")?;
     }
+    Ok(())
 }

@@ -19,6 +19,7 @@ use std::io::{self, Write};
 
 use clap::Parser;
 
+mod collectives;
 mod commands;
 mod diagnose;
 mod flows;

@@ -19,6 +19,7 @@
 pub mod collective;
 mod fingerprint;
 pub mod flow;
+pub mod os;
 mod report;
 pub mod rng;
 pub mod stack;

@@ -26,6 +26,7 @@
 //! thousand samples.
 #![deny(missing_docs)]
 
+pub mod layer;
 pub mod stragglers;
 
 use std::collections::{BTreeMap, HashMap};
@@ -284,10 +285,36 @@ pub fn waterline(
             });
         }
     }
-    out.sort_by(|a, b| {
-        (b.share - b.peer_share)
-            .total_cmp(&(a.share - a.peer_share))
+    most_specific_first(&mut out);
+    out
+}
+
+/// Orders flags largest excess first, except that a function is listed
+/// after a flagged callee of it on the same rank that accounts for at least
+/// half its excess: `main` is above the waterline *because of*
+/// `injected_work` under it, and the callee is what a user must read first.
+fn most_specific_first(flags: &mut [WaterlineFlag]) {
+    let excess = |f: &WaterlineFlag| f.share - f.peer_share;
+    let explained: Vec<bool> = flags
+        .iter()
+        .map(|a| {
+            let prefix = format!("{};", a.stack);
+            flags.iter().any(|b| {
+                b.rank == a.rank
+                    && b.group == a.group
+                    && b.stack.starts_with(&prefix)
+                    && excess(b) >= 0.5 * excess(a)
+            })
+        })
+        .collect();
+    let mut keyed: Vec<(bool, WaterlineFlag)> =
+        explained.into_iter().zip(flags.iter().cloned()).collect();
+    keyed.sort_by(|(ea, a), (eb, b)| {
+        ea.cmp(eb)
+            .then_with(|| excess(b).total_cmp(&excess(a)))
             .then_with(|| a.function.cmp(&b.function))
     });
-    out
+    for (slot, (_, f)) in flags.iter_mut().zip(keyed) {
+        *slot = f;
+    }
 }

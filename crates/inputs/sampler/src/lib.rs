@@ -57,6 +57,7 @@ pub mod cpu;
 pub mod cpufreq;
 pub mod gpu;
 pub mod net;
+pub mod os;
 mod write;
 
 use std::collections::BTreeMap;

@@ -9,6 +9,7 @@
 //! characters in the terminal.
 #![deny(missing_docs)]
 
+pub mod diagnose;
 pub mod flows;
 mod format;
 mod html;
@@ -19,7 +20,7 @@ mod table;
 
 pub use format::compact_ranks;
 pub use html::{escape as escape_html, render_html, render_html_with, HtmlOptions};
-pub use lines::{render_lines_page, LineSeries};
+pub use lines::{line_chart_svg, render_lines_page, LineSeries};
 pub use perfetto::render_perfetto;
 pub use source::attach_source_excerpts;
 pub use table::render_table;

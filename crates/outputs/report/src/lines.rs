@@ -25,6 +25,19 @@ pub fn render_lines_page(
     x_label: &str,
     y_label: &str,
 ) -> String {
+    let svg = line_chart_svg(series, x_label, y_label);
+    format!(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{t}</title>\
+         <style>body{{font-family:sans-serif;margin:2em}}pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style>\
+         </head><body><h1>{t}</h1><pre>{s}</pre>{svg}</body></html>\n",
+        t = escape(title),
+        s = escape(summary)
+    )
+}
+
+/// A line chart of `series` as one inline SVG element (flagged series red
+/// and bold, a legend on the right).
+pub fn line_chart_svg(series: &[LineSeries], x_label: &str, y_label: &str) -> String {
     let (w, h, ml, mb, mt, mr) = (860.0, 420.0, 70.0, 50.0, 20.0, 180.0);
     let pts = series.iter().flat_map(|s| s.points.iter());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0f64);
@@ -110,13 +123,7 @@ pub fn render_lines_page(
         );
     }
     svg.push_str("</svg>");
-    format!(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{t}</title>\
-         <style>body{{font-family:sans-serif;margin:2em}}pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style>\
-         </head><body><h1>{t}</h1><pre>{s}</pre>{svg}</body></html>\n",
-        t = escape(title),
-        s = escape(summary)
-    )
+    svg
 }
 
 #[cfg(test)]

@@ -1,0 +1,90 @@
+//! Operating-system signals of a training process (SysOM-AI §3.1, the OS
+//! layer of the differential diagnosis): what the scheduler and the
+//! interrupts of its CPUs did to it over one period. The node agent writes
+//! one [`OsSample`] per process and period (`*.os.jsonl` in its spool);
+//! `whyslow diagnose` compares a late rank's signals with its peers'.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Run-queue delay: ms per second that the process's threads were runnable
+/// but waited for a CPU (`/proc/PID/task/*/schedstat`, field 2).
+pub const RUNQUEUE_DELAY: &str = "runqueue_delay_ms_per_s";
+/// CPU time: ms per second the process's threads ran.
+pub const CPU_TIME: &str = "cpu_ms_per_s";
+/// Involuntary context switches per second (preempted).
+pub const INVOLUNTARY_SWITCHES: &str = "involuntary_switches_per_s";
+/// Voluntary context switches per second (blocked or yielded).
+pub const VOLUNTARY_SWITCHES: &str = "voluntary_switches_per_s";
+/// CPU migrations per second (`se.nr_migrations`).
+pub const MIGRATIONS: &str = "migrations_per_s";
+/// NUMA pages migrated per second (`numa_pages_migrated`; 0 without
+/// automatic NUMA balancing).
+pub const NUMA_PAGES_MIGRATED: &str = "numa_pages_migrated_per_s";
+/// Hardware interrupts per second per CPU the process ran on
+/// (`/proc/interrupts`).
+pub const INTERRUPTS: &str = "interrupts_per_cpu_s";
+/// Prefix of the softirq signals: `softirq_NET_RX_per_cpu_s`, … per second
+/// per CPU the process ran on (`/proc/softirqs`).
+pub const SOFTIRQ_PREFIX: &str = "softirq_";
+
+/// The name of the signal of softirq `kind` (`NET_RX`, `TIMER`, …).
+pub fn softirq_signal(kind: &str) -> String {
+    format!("{SOFTIRQ_PREFIX}{kind}_per_cpu_s")
+}
+
+/// One process's OS signals over one period.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OsSample {
+    /// Job of the process (its registration), empty if unknown.
+    #[serde(default)]
+    pub job: String,
+    /// Host name.
+    #[serde(default)]
+    pub host: String,
+    /// World rank, when the process registered one.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    /// Process id.
+    pub pid: i32,
+    /// Start of the period, ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// Length of the period, ns.
+    pub duration_ns: u64,
+    /// CPUs the process's threads ran on during the period (where each
+    /// thread that used CPU last ran).
+    #[serde(default)]
+    pub cpus: Vec<u32>,
+    /// Signal name (the constants of this module) → value.
+    pub signals: BTreeMap<String, f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_tolerates_missing_optional_fields() {
+        let mut signals = BTreeMap::new();
+        signals.insert(RUNQUEUE_DELAY.to_string(), 12.5);
+        signals.insert(softirq_signal("NET_RX"), 800.0);
+        let s = OsSample {
+            job: "j".into(),
+            host: "h".into(),
+            rank: Some(3),
+            pid: 42,
+            start_unix_ns: 1,
+            duration_ns: 1_000_000_000,
+            cpus: vec![0, 1],
+            signals,
+        };
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(text.contains("softirq_NET_RX_per_cpu_s"));
+        assert_eq!(serde_json::from_str::<OsSample>(&text).unwrap(), s);
+        let bare: OsSample =
+            serde_json::from_str(r#"{"pid":1,"start_unix_ns":5,"duration_ns":9,"signals":{}}"#)
+                .unwrap();
+        assert_eq!((bare.rank, bare.cpus.len()), (None, 0));
+    }
+}
