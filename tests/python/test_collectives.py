@@ -27,6 +27,7 @@ def _bpf_or_skip():
 
 
 def _traced_run(tmp_path, train_args):
+    """Runs examples/train.py on 3 ranks beside a tracing agent."""
     exe = whyslow_bin()
     if exe is None:
         pytest.fail("no whyslow binary (build it: cargo build -p whyslow)")

@@ -306,3 +306,95 @@ fn collective_records_name_the_late_rank_and_bad_input_is_reported() {
         "{err}"
     );
 }
+
+/// Collective records where rank 1 enters 6 ms late, and OS readings of the
+/// four ranks (30 s, one per second); `flood` raises rank 1's NET_RX
+/// softirqs per CPU-second.
+fn late_rank_spool(name: &str, flood: f64) -> PathBuf {
+    let dir = temp_dir(name);
+    fs::create_dir_all(dir.join("h0")).unwrap();
+    let t0: u64 = 1_795_000_000_000_000_000;
+    let mut lines = String::new();
+    for k in 0..300u64 {
+        let t = t0 + k * 100_000_000;
+        for rank in 0..4u64 {
+            let late = if rank == 1 { 6_000_000 } else { 0 };
+            let jitter = (k * 7919 + rank * 104_729) % 200_000;
+            lines.push_str(&format!(
+                "{{\"rank\": {rank}, \"global_rank\": {rank}, \"group\": \"j/gloo4#0\", \"op\": \"allreduce\", \"seq\": {k}, \"entry_ns\": {}, \"exit_ns\": {}, \"source\": \"test\"}}\n",
+                t + late + jitter,
+                t + 9_000_000 + rank * 10_000
+            ));
+        }
+    }
+    fs::write(dir.join("h0").join("job.collectives.jsonl"), lines).unwrap();
+    let mut os = String::new();
+    for s in 0..30u64 {
+        for rank in 0..4u64 {
+            let j = ((s * 31 + rank * 17) % 10) as f64;
+            let net_rx = if rank == 1 { flood } else { 900.0 + 20.0 * j };
+            os.push_str(&format!(
+                "{{\"job\": \"j\", \"host\": \"h0\", \"rank\": {rank}, \"pid\": {}, \"start_unix_ns\": {}, \"duration_ns\": 1000000000, \"cpus\": [{rank}], \"signals\": {{\"cpu_ms_per_s\": {}, \"runqueue_delay_ms_per_s\": {}, \"softirq_NET_RX_per_cpu_s\": {net_rx}, \"softirq_TIMER_per_cpu_s\": {}}}}}\n",
+                100 + rank,
+                t0 + s * 1_000_000_000,
+                600.0 + 5.0 * j,
+                4.0 + j / 5.0,
+                250.0 + j
+            ));
+        }
+    }
+    fs::write(dir.join("h0").join("job.os.jsonl"), os).unwrap();
+    dir
+}
+
+fn diagnose_html(dir: &Path) -> (Value, String) {
+    let html = dir.join("report.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
+        .arg("diagnose")
+        .arg(dir)
+        .args(["--format", "json", "--html"])
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        serde_json::from_slice(&out.stdout).unwrap(),
+        fs::read_to_string(html).unwrap(),
+    )
+}
+
+#[test]
+fn a_late_ranks_softirq_load_is_the_os_layer_and_plain_lateness_is_unexplained() {
+    // NET_RX at 5x to 50x the peers' on the late rank's CPU: layer os, the
+    // softirq named; the page plots the entries with rank 1 flagged.
+    for flood in [5_000.0, 50_000.0] {
+        let dir = late_rank_spool(&format!("softirq-{flood}"), flood);
+        let (report, html) = diagnose_html(&dir);
+        let show = serde_json::to_string_pretty(&report).unwrap();
+        assert_eq!(report["stragglers"][0]["rank"], "1", "{show}");
+        assert_eq!(report["layer"], "os", "{show}");
+        let os = report["os_diff"].as_array().unwrap();
+        assert_eq!(os.len(), 1, "{show}");
+        assert_eq!(os[0]["signal"], "softirq_NET_RX_per_cpu_s", "{show}");
+        assert_eq!(os[0]["rank"], "1", "{show}");
+        assert!(html.contains("rank 1 (flagged)") && html.contains("<polyline"));
+    }
+    // The same lateness with ordinary OS readings: no layer whyslow sees
+    // explains it, and the report says so instead of naming one.
+    let dir = late_rank_spool("no-os-cause", 1_000.0);
+    let (report, _) = diagnose_html(&dir);
+    let show = serde_json::to_string_pretty(&report).unwrap();
+    assert_eq!(report["stragglers"][0]["rank"], "1", "{show}");
+    assert_eq!(report["layer"], "none", "{show}");
+    assert!(report["os_diff"].as_array().unwrap().is_empty(), "{show}");
+    assert!(
+        report["notes"]
+            .to_string()
+            .contains("a layer not seen here"),
+        "{show}"
+    );
+}
