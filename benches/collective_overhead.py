@@ -2,7 +2,7 @@
 """Cost of tracing gloo's collectives with eBPF uprobes (issue 13: overhead
 of collective tracing per collective).
 
-Two gloo ranks (one process each, one thread) all-reduce a small tensor in a
+Gloo ranks (`--ranks`, one process each, one thread) all-reduce a small tensor in a
 loop and print every 0.5 s how many all-reduces they finished. `whyslow
 collectives --pid A --pid B` is attached for `--on` seconds, then not for as
 long, `--pairs` times in ABAB order (drift on a noisy machine cancels).
@@ -29,7 +29,8 @@ import time
 WORKER = r"""
 import os, sys, time, torch, torch.distributed as dist
 torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2)
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]),
+                        world_size=int(sys.argv[4]))
 x = torch.ones(int(sys.argv[3]))
 n, t0 = 0, time.monotonic()
 while True:
@@ -54,10 +55,14 @@ def main():
     ap.add_argument("--on", type=float, default=4.0, help="seconds per phase")
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--elements", type=int, default=1024, help="floats per all-reduce")
+    ap.add_argument("--ranks", type=int, default=2,
+                    help="gloo ranks (1: no network, the probes' cost stands out)")
     args = ap.parse_args()
     url = "tcp://127.0.0.1:%d" % free_port()
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, url, str(r), str(args.elements)],
-                                stdout=subprocess.PIPE, text=True, bufsize=1) for r in range(2)]
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, url, str(r), str(args.elements),
+                                 str(args.ranks)],
+                                stdout=subprocess.PIPE, text=True, bufsize=1)
+               for r in range(args.ranks)]
     log = []  # (time, count) of rank 0
     try:
         first = workers[0].stdout.readline()  # warmed up: gloo connected
@@ -76,12 +81,12 @@ def main():
                 tracer = None
                 if traced:
                     tracer = subprocess.Popen(
-                        [args.whyslow, "collectives", "--duration", str(args.on + 2),
-                         "--pid", str(workers[0].pid), "--pid", str(workers[1].pid), "-o", out],
+                        [args.whyslow, "collectives", "--duration", str(args.on + 2), "-o", out]
+                        + [a for w in workers for a in ("--pid", str(w.pid))],
                         stderr=subprocess.PIPE, text=True)
-                    # Attached when it says so.
-                    tracer.stderr.readline()
-                    tracer.stderr.readline()
+                    # Attached when it says so (a line per process).
+                    for _ in workers:
+                        tracer.stderr.readline()
                 t0, n0 = count_at()
                 deadline = t0 + args.on
                 t1, n1 = t0, n0
@@ -96,7 +101,7 @@ def main():
         on = [us for t, us in phases if t]
         off = [us for t, us in phases if not t]
         diffs = [a - b for a, b in zip(on, off)]
-        print(f"all-reduce of {args.elements} floats, 2 gloo ranks, {args.pairs} ABAB pairs of {args.on:.0f} s")
+        print(f"all-reduce of {args.elements} floats, {args.ranks} gloo rank(s), {args.pairs} ABAB pairs of {args.on:.0f} s")
         print(f"untraced: {statistics.median(off):.1f} us per all-reduce (median of phases; {min(off):.1f}-{max(off):.1f})")
         print(f"traced:   {statistics.median(on):.1f} us per all-reduce (median of phases; {min(on):.1f}-{max(on):.1f})")
         print(f"cost of tracing: {statistics.median(diffs):+.1f} us per all-reduce (median of pair differences; "
