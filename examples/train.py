@@ -11,6 +11,9 @@ Faults start at iteration --fault-at (the job is healthy before):
   slow-data   slow Dataset.__getitem__ on all ranks (injected_slow_data)
   gc-storm    gc.collect() storms on a random rank each iteration (injected_gc_storm)
   heavy-comm  an extra all_reduce of a large tensor (injected_heavy_comm)
+  log-stats   every rank logs statistics of its weights each iteration, in
+              Python (log_tensor_stats): a costly per-iteration call that
+              slows all ranks alike, no rank late
   none        healthy throughout
 
 --sim-compute-ms M stands in for accelerator time on CPU-only machines: the
@@ -98,7 +101,7 @@ def main():
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--fault", default="none",
-                    choices=["none", "slow-rank", "slow-data", "gc-storm", "heavy-comm"])
+                    choices=["none", "slow-rank", "slow-data", "gc-storm", "heavy-comm", "log-stats"])
     ap.add_argument("--fault-at", type=int, default=150, help="first faulty iteration")
     ap.add_argument("--fault-after-s", type=float, default=-1.0,
                     help=">= 0: the fault starts this many seconds after the first iteration "
@@ -178,6 +181,8 @@ def main():
                     injected_gc_storm(a.gc_rounds)
                 elif a.fault == "heavy-comm":
                     injected_heavy_comm(comm)
+                elif a.fault == "log-stats":
+                    log_tensor_stats(model, a.fault_ms)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -205,6 +210,22 @@ def main():
     del model, opt, loader
     gc.collect()
     dist.destroy_process_group()
+
+
+def log_tensor_stats(model, ms):
+    """Verbose logging of the weights' statistics, element by element in
+    Python for about `ms` milliseconds (kept, not printed)."""
+    end = time.perf_counter() + ms / 1e3
+    lines = []
+    while time.perf_counter() < end:
+        for name, p in model.named_parameters():
+            row = p.detach().reshape(-1)[:64].tolist()
+            mean = sum(row) / len(row)
+            var = sum((v - mean) ** 2 for v in row) / len(row)
+            lines.append("%s mean %.6f var %.6f" % (name, mean, var))
+            if time.perf_counter() >= end:
+                break
+    return len(lines)
 
 
 if __name__ == "__main__":

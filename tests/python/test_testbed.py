@@ -14,6 +14,11 @@ the testbed's addresses, whyslow sampling CPU and NIC at 1 kHz.
   capped at its share of this machine's cores); its CPU work must stand out
   with lower CPU availability (μ).
 * none: no finding (or no report at all).
+* --agent (SysOM-AI §3.1): one whyslow agent per host traces the ranks'
+  gloo collectives, profiles them and reads their OS signals; `whyslow
+  diagnose DIR/agent` names no late rank on a healthy run, and when every
+  rank starts a costly per-iteration call (log-stats) it names no late rank
+  but the new call as a regression against the job's own healthy start.
 
 Needs root and network namespaces; skipped otherwise (testbed/run exit 77).
 """
@@ -91,14 +96,14 @@ FAULT_AFTER_S = 4
 
 
 def run_testbed(tmp_path, fault, iters, fault_after=FAULT_AFTER_S, hosts=4, env_extra=None,
-                script_args=()):
+                script_args=(), tb_args=()):
     out = str(tmp_path / "tb")
     env = dict(os.environ)
     env.update(TESTBED_ENV)
     env["WHYSLOW_KEEP_TRACES"] = "1"  # the fingerprints' samples, for a failure's post-mortem
     env.update(env_extra or {})
     cmd = [sys.executable, RUN, "--hosts", str(hosts), "--fault", fault,
-           "--fault-after", str(fault_after), "--out", out, "--timeout", "150",
+           "--fault-after", str(fault_after), "--out", out, "--timeout", "150"] + list(tb_args) + [
            "--", TRAIN, "--iters", str(iters), "--log-every", "50"] + list(script_args)
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -207,3 +212,50 @@ def test_exec_fault_runs_in_the_host_from_training_start_without_the_scripts_hel
     # Killed when the job ended: no sleep of the probe is left.
     left = subprocess.run(["pgrep", "-f", "sleep 600"], stdout=subprocess.PIPE).stdout.split()
     assert not left, left
+
+
+def _diagnose(res):
+    from test_agent import whyslow_bin
+    out = subprocess.run([whyslow_bin(), "diagnose", os.path.join(res.dir, "agent"),
+                          "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr.decode() + res.logs()
+    rep = json.loads(out.stdout)
+    show = json.dumps({k: rep[k] for k in ("stragglers", "layer", "regressions", "os_diff",
+                                            "collective_groups", "groups", "baseline", "window",
+                                            "notes")}, indent=1)[:6000]
+    return rep, show
+
+
+def _agent_args():
+    from test_agent import whyslow_bin
+    exe = whyslow_bin()
+    if exe is None:
+        pytest.fail("no whyslow binary (build it: cargo build -p whyslow)")
+    return ["--agent", "--whyslow", exe]
+
+
+def test_agents_name_the_new_per_iteration_call_and_no_late_rank(tmp_path):
+    # Every rank starts logging its weights' statistics (20 ms of Python per
+    # iteration) 8 s into training: all slow alike. The online package's own
+    # detector is kept out (its profiling window would be a regression of
+    # its own: torch.profiler and whyslow's post-processing rose from 0 to
+    # 18-23 % of the ranks' CPU in a run without this).
+    res = run_testbed(tmp_path, "log-stats:ms=20", iters=600, fault_after=8,
+                      tb_args=_agent_args(), env_extra={"WHYSLOW_THRESHOLD": "100"})
+    rep, show = _diagnose(res)
+    assert {len(g["mean_late_us"]) for g in rep["collective_groups"]} == {4}, show
+    assert rep["stragglers"] == [], show
+    names = [r["function"] for r in rep["regressions"][:5]]
+    assert any("log_tensor_stats" in n for n in names), show
+    assert rep["layer"] == "cpu", show
+
+
+def test_agents_on_a_healthy_run_name_nothing(tmp_path):
+    res = run_testbed(tmp_path, "none", iters=600, tb_args=_agent_args(),
+                      env_extra={"WHYSLOW_THRESHOLD": "100"})
+    rep, show = _diagnose(res)
+    assert {len(g["mean_late_us"]) for g in rep["collective_groups"]} == {4}, show
+    assert rep["stragglers"] == [], show
+    assert rep["regressions"] == [], show
+    assert rep["layer"] == "none", show

@@ -29,11 +29,12 @@ pub struct DiagnoseArgs {
     /// one directory per host or all in one.
     dir: PathBuf,
     /// The healthy period, seconds since the earliest profile in DIR: `A..B`.
-    /// Default: the first third of the data.
+    /// Default: the first third of the training (the span of the collective
+    /// records), or of all the data without them.
     #[arg(long)]
     baseline: Option<String>,
     /// The period to judge, `A..B` seconds since the earliest profile.
-    /// Default: the last third of the data.
+    /// Default: the last third of the training, or of all the data.
     #[arg(long)]
     window: Option<String>,
     /// Output on stdout.
@@ -212,6 +213,24 @@ fn jsonl_records<T: serde::de::DeserializeOwned>(
     Ok(out)
 }
 
+/// Seconds since `t0` (ns, Unix) of the first entry and the last exit of
+/// `records`, when they lie within the profiles' span give or take a minute
+/// (records on another clock, or a few, say nothing of the training).
+fn training_span(records: &[CollectiveRecord], t0: u64, end: u64) -> Option<(f64, f64)> {
+    if t0 == 0 {
+        return None;
+    }
+    let first = records.iter().map(|r| r.entry_ns).min()?;
+    let last = records.iter().map(|r| r.exit_ns).max()?;
+    let minute = 60_000_000_000;
+    let plausible = first + minute >= t0 && last <= end + minute && last > first;
+    let (a, b) = (
+        first.saturating_sub(t0) as f64 / 1e9,
+        last.saturating_sub(t0) as f64 / 1e9,
+    );
+    (plausible && b - a >= 3.0).then_some((a, b))
+}
+
 /// Runs `whyslow diagnose`.
 pub fn run(args: DiagnoseArgs) -> Result<u8> {
     let mut files = Vec::new();
@@ -262,18 +281,28 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     let t0 = starts.clone().map(|x| x.0).min().unwrap_or(0);
     let end = starts.map(|(a, d)| a.saturating_add(d)).max().unwrap_or(t0);
     let span = (end - t0) as f64 / 1e9;
+    // The default thirds are of the training: the span of the collective
+    // records where they are on the same (Unix) clock as the profiles, so
+    // that start-up (imports, rendezvous) is neither the healthy baseline
+    // nor the judged window; else of all the data.
+    let (s0, s1) = training_span(&records, t0, end).unwrap_or((0.0, span));
+    let third = (s1 - s0) / 3.0;
     let baseline = match &args.baseline {
         Some(s) => parse_range(s, "baseline")?,
-        None => (0.0, span / 3.0),
+        None => (s0, s0 + third),
     };
     let window = match &args.window {
         Some(s) => parse_range(s, "window")?,
-        None => (2.0 * span / 3.0, span),
+        None => (s1 - third, s1),
     };
-    let mid = |p: &StackProfile| {
-        (p.start_unix_ns.saturating_sub(t0) as f64 + p.duration_ns as f64 / 2.0) / 1e9
+    // A profile belongs to a range when most of its period lies in it: the
+    // last period of a job, mostly shutdown, is not its training.
+    let within = |p: &StackProfile, r: (f64, f64)| {
+        let a = p.start_unix_ns.saturating_sub(t0) as f64 / 1e9;
+        let b = a + p.duration_ns as f64 / 1e9;
+        let inside = (b.min(r.1) - a.max(r.0)).max(0.0);
+        inside > 0.5 * (b - a) || (b - a <= 0.0 && (r.0..=r.1).contains(&a))
     };
-    let within = |p: &StackProfile, r: (f64, f64)| (r.0..=r.1).contains(&mid(p));
     // Groups: the communication group label when the agent has it, else the job.
     let mut groups: BTreeMap<String, Vec<&StackProfile>> = BTreeMap::new();
     for p in &profiles {

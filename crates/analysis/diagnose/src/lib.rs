@@ -194,15 +194,18 @@ pub fn regressions(group: &str, before: &Shares, after: &Shares, cfg: &Config) -
             })
         })
         .collect();
-    // Largest rise first; of equal rises (a callee holding all its caller's
-    // new time) the caller, where the new path starts.
-    let depth = |r: &Regression| r.stack.matches(';').count();
-    out.sort_by(|x, y| {
-        (y.after_share - y.before_share)
-            .total_cmp(&(x.after_share - x.before_share))
-            .then_with(|| depth(x).cmp(&depth(y)))
-            .then_with(|| x.function.cmp(&y.function))
-    });
+    // Largest rise first, a function that was already there after a callee
+    // that explains at least half its rise (`_start` and `main` rose because
+    // `log_tensor_stats` is new under them); a new function (its share grew
+    // 4-fold or more) stays where its rise puts it, before its own callees
+    // of equal rise: a new Python function spends most of its time in a
+    // native callee (`pow`), and the function is what a user looks for.
+    most_specific_first(
+        &mut out,
+        (0.5, f64::INFINITY),
+        |r| r.after_share >= 4.0 * r.before_share,
+        |r| (&r.group, "", &r.stack, r.after_share - r.before_share),
+    );
     out
 }
 
@@ -285,36 +288,53 @@ pub fn waterline(
             });
         }
     }
-    most_specific_first(&mut out);
+    most_specific_first(
+        &mut out,
+        (0.5, f64::INFINITY),
+        |_| false,
+        |f| (&f.group, &f.rank, &f.stack, f.share - f.peer_share),
+    );
     out
 }
 
-/// Orders flags largest excess first, except that a function is listed
-/// after a flagged callee of it on the same rank that accounts for at least
-/// half its excess: `main` is above the waterline *because of*
-/// `injected_work` under it, and the callee is what a user must read first.
-fn most_specific_first(flags: &mut [WaterlineFlag]) {
-    let excess = |f: &WaterlineFlag| f.share - f.peer_share;
-    let explained: Vec<bool> = flags
+/// Orders items largest excess first, except that a function is listed
+/// after a callee of it in the same list (same group and rank, its stack a
+/// longer path through it) whose excess is at least `lo` and below `hi`
+/// times its own: `main` is above the waterline, or rose since the
+/// baseline, *because of* `injected_work` under it, and the callee is what a
+/// user must read first. Of equal excesses, the caller first. Items for
+/// which `kept` holds are never moved back. `key` gives (group, rank,
+/// stack, excess).
+fn most_specific_first<T: Clone>(
+    items: &mut [T],
+    (lo, hi): (f64, f64),
+    kept: impl Fn(&T) -> bool,
+    key: impl Fn(&T) -> (&str, &str, &str, f64),
+) {
+    let explained: Vec<bool> = items
         .iter()
         .map(|a| {
-            let prefix = format!("{};", a.stack);
-            flags.iter().any(|b| {
-                b.rank == a.rank
-                    && b.group == a.group
-                    && b.stack.starts_with(&prefix)
-                    && excess(b) >= 0.5 * excess(a)
+            if kept(a) {
+                return false;
+            }
+            let (ga, ra, sa, ea) = key(a);
+            let prefix = format!("{sa};");
+            items.iter().any(|b| {
+                let (gb, rb, sb, eb) = key(b);
+                gb == ga && rb == ra && sb.starts_with(&prefix) && eb >= lo * ea && eb < hi * ea
             })
         })
         .collect();
-    let mut keyed: Vec<(bool, WaterlineFlag)> =
-        explained.into_iter().zip(flags.iter().cloned()).collect();
-    keyed.sort_by(|(ea, a), (eb, b)| {
-        ea.cmp(eb)
-            .then_with(|| excess(b).total_cmp(&excess(a)))
-            .then_with(|| a.function.cmp(&b.function))
+    let depth = |s: &str| s.matches(';').count();
+    let mut keyed: Vec<(bool, T)> = explained.into_iter().zip(items.iter().cloned()).collect();
+    keyed.sort_by(|(xa, a), (xb, b)| {
+        let (ka, kb) = (key(a), key(b));
+        xa.cmp(xb)
+            .then_with(|| kb.3.total_cmp(&ka.3))
+            .then_with(|| depth(ka.2).cmp(&depth(kb.2)))
+            .then_with(|| ka.2.cmp(kb.2))
     });
-    for (slot, (_, f)) in flags.iter_mut().zip(keyed) {
-        *slot = f;
+    for (slot, (_, item)) in items.iter_mut().zip(keyed) {
+        *slot = item;
     }
 }
