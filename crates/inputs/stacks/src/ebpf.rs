@@ -369,13 +369,38 @@ where
     V::try_from(m).map_err(|e| EbpfError::Map(name, chain(&e)))
 }
 
-/// The cgroup id the kernel reports for a cgroup directory: its inode number
-/// (cgroup v2, and v1 hierarchies on kernels ≥ 4.18).
+/// The cgroup id the kernel reports for a cgroup directory: its inode
+/// number. Only cgroup v2 directories: `bpf_get_current_cgroup_id` reads the
+/// unified hierarchy, so the id of a v1 directory (`/sys/fs/cgroup/cpu/…`)
+/// never matches and such a filter would keep no sample; that is an error
+/// naming the directory instead.
 pub fn cgroup_id(dir: &std::path::Path) -> Result<u64, EbpfError> {
     use std::os::unix::fs::MetadataExt;
+    let err = |why: String| EbpfError::Setting(format!("cgroup {}: {why}", dir.display()));
+    if !is_cgroup2(dir).map_err(|e| err(e.to_string()))? {
+        return Err(err(
+            "not a cgroup v2 directory (eBPF filters by the unified hierarchy's cgroup ids; \
+             give the process's cgroup under the cgroup2 mount, or --pid)"
+                .into(),
+        ));
+    }
     std::fs::metadata(dir)
         .map(|m| m.ino())
-        .map_err(|e| EbpfError::Setting(format!("cgroup {}: {e}", dir.display())))
+        .map_err(|e| err(e.to_string()))
+}
+
+/// Whether `dir` lies on a cgroup2 file system.
+pub fn is_cgroup2(dir: &std::path::Path) -> std::io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: statfs fills the struct it is given; `path` is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_type as i64 == CGROUP2_SUPER_MAGIC)
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -537,4 +562,29 @@ pub fn profile(
         t0.elapsed().as_nanos() as u64,
     );
     Ok((profile, stats))
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    use super::*;
+
+    #[test]
+    fn only_cgroup2_directories_have_an_id() {
+        // A directory that is no cgroup at all is refused with its name.
+        let e = cgroup_id(std::path::Path::new("/tmp"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/tmp") && e.contains("cgroup v2"), "{e}");
+        assert!(cgroup_id(std::path::Path::new("/no/such/dir")).is_err());
+        // Where this machine mounts cgroup2 (the unified tree), its root has one.
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let v2 = mounts.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_string())
+        });
+        if let Some(root) = v2 {
+            assert!(is_cgroup2(std::path::Path::new(&root)).unwrap());
+            assert!(cgroup_id(std::path::Path::new(&root)).unwrap() > 0);
+        }
+    }
 }
