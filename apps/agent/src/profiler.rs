@@ -196,18 +196,7 @@ fn profile_loop(
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
-                let name = format!(
-                    "{}-rank{}-pid{}-{unix_s}.pb.gz",
-                    file_name_part(if reg.host.is_empty() {
-                        "host"
-                    } else {
-                        &reg.host
-                    }),
-                    reg.rank
-                        .map(|r| r.to_string())
-                        .unwrap_or_else(|| "x".into()),
-                    reg.pid
-                );
+                let name = format!("{}-{unix_s}.pb.gz", file_stem(&reg));
                 let path = dir.join(name);
                 let written = fs::create_dir_all(&dir)
                     .and_then(|_| fs::write(&path, whyslow_stack_output::to_pprof(&profile)));
@@ -447,8 +436,15 @@ fn records_path(
     } else {
         file_name_part(&reg.job)
     };
-    spool.join(job).join(format!(
-        "{}-rank{}-pid{}-{}.{suffix}",
+    spool
+        .join(job)
+        .join(format!("{}-{}.{suffix}", file_stem(reg), unix_secs(start)))
+}
+
+/// `host-rank<r>-pid<p>`: the start of every spool file of a process.
+fn file_stem(reg: &ProcessRegistration) -> String {
+    format!(
+        "{}-rank{}-pid{}",
         file_name_part(if reg.host.is_empty() {
             "host"
         } else {
@@ -457,9 +453,8 @@ fn records_path(
         reg.rank
             .map(|r| r.to_string())
             .unwrap_or_else(|| "x".into()),
-        reg.pid,
-        unix_secs(start)
-    ))
+        reg.pid
+    )
 }
 
 /// Traces the gloo collectives of registered processes (SysOM-AI §3.2) until

@@ -95,14 +95,13 @@ struct Straggler {
     late_us: f64,
 }
 
+/// A late rank's OS signal above its peers' (`os_diff` in the JSON).
 #[derive(Debug, Serialize)]
 struct OsDiff {
     group: String,
     rank: String,
-    signal: String,
-    straggler: f64,
-    peers: f64,
-    threshold: f64,
+    #[serde(flatten)]
+    diff: whyslow_diagnose::layer::OsDiff,
 }
 
 #[derive(Debug, Serialize)]
@@ -315,7 +314,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         groups.entry(g).or_default().push(p);
     }
     let cfg = Config::default();
-    let (mut cpu_diff, mut regs, mut summaries) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut flags, mut regs, mut summaries) = (Vec::new(), Vec::new(), Vec::new());
     for (g, ps) in &groups {
         let before: Vec<&StackProfile> =
             ps.iter().copied().filter(|p| within(p, baseline)).collect();
@@ -347,7 +346,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
                 sb.total, sa.total, cfg.min_samples
             ));
         }
-        cpu_diff.extend(waterline(g, &ranks, &cfg).into_iter().map(CpuDiff::from));
+        flags.extend(waterline(g, &ranks, &cfg));
         regs.extend(regressions(g, &sb, &sa, &cfg));
     }
     // The temporal baseline answers "what changed since the job was
@@ -460,14 +459,11 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         if cpu_ms.is_none() {
             cpu_ms = mine.get(CPU_TIME).map(|&m| (m, peer_cpu));
         }
-        for d in os_diff(mine, &peers, &OsConfig::default()) {
+        for diff in os_diff(mine, &peers, &OsConfig::default()) {
             os_rows.push(OsDiff {
                 group: s.group.clone(),
                 rank: me.to_string(),
-                signal: d.signal,
-                straggler: d.straggler,
-                peers: d.peers,
-                threshold: d.threshold,
+                diff,
             });
         }
     }
@@ -476,28 +472,12 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     }
     notes.push("GPU kernel times are not collected yet: the GPU layer is not judged".into());
     let late_ranks: Vec<&str> = stragglers.iter().map(|s| s.rank.as_str()).collect();
-    let straggler_cpu: Vec<WaterlineFlag> = cpu_diff
+    let straggler_cpu: Vec<WaterlineFlag> = flags
         .iter()
-        .filter(|d| late_ranks.contains(&d.rank.as_str()))
-        .map(|d| WaterlineFlag {
-            group: d.group.clone(),
-            rank: d.rank.clone(),
-            function: d.function.clone(),
-            stack: d.stack.clone(),
-            share: d.straggler_share,
-            peer_share: d.peer_share,
-            threshold: d.threshold,
-        })
+        .filter(|f| late_ranks.contains(&f.rank.as_str()))
+        .cloned()
         .collect();
-    let os_for_verdict: Vec<whyslow_diagnose::layer::OsDiff> = os_rows
-        .iter()
-        .map(|d| whyslow_diagnose::layer::OsDiff {
-            signal: d.signal.clone(),
-            straggler: d.straggler,
-            peers: d.peers,
-            threshold: d.threshold,
-        })
-        .collect();
+    let os_for_verdict: Vec<_> = os_rows.iter().map(|d| d.diff.clone()).collect();
     let layer = verdict(
         !stragglers.is_empty(),
         &straggler_cpu,
@@ -505,7 +485,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         cpu_ms,
         // With collective records and nobody late, a rank above the
         // waterline holds nobody up: only a regression is a cause then.
-        !regs.is_empty() || (records.is_empty() && !cpu_diff.is_empty()),
+        !regs.is_empty() || (records.is_empty() && !flags.is_empty()),
     );
     if !stragglers.is_empty() && layer == whyslow_diagnose::layer::Layer::None {
         notes.push(
@@ -517,7 +497,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     let report = Report {
         stragglers,
         layer: layer.as_str(),
-        cpu_diff,
+        cpu_diff: flags.into_iter().map(CpuDiff::from).collect(),
         os_diff: os_rows,
         regressions: regs,
         baseline,
@@ -758,7 +738,7 @@ fn write_table(out: &mut dyn std::io::Write, r: &Report) -> std::io::Result<()> 
             writeln!(
                 out,
                 "  group {} rank {}: {} {:.1} vs peers {:.1}",
-                d.group, d.rank, d.signal, d.straggler, d.peers
+                d.group, d.rank, d.diff.signal, d.diff.straggler, d.diff.peers
             )?;
         }
     }

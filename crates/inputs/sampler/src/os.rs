@@ -54,25 +54,32 @@ fn cpu_columns(header: &str) -> usize {
     }
 }
 
-/// `/proc/softirqs`: softirq kind → count per CPU.
-pub fn parse_softirqs(text: &str) -> BTreeMap<String, Vec<u64>> {
+/// The CPU count of a per-CPU table (`/proc/softirqs`, `/proc/interrupts`)
+/// and its rows that have one count per CPU: (label, counts).
+fn per_cpu_rows(text: &str) -> (usize, Vec<(&str, Vec<u64>)>) {
     let mut lines = text.lines();
     let ncpu = lines.next().map(cpu_columns).unwrap_or(0);
-    let mut out = BTreeMap::new();
-    for l in lines {
-        let Some((kind, rest)) = l.split_once(':') else {
-            continue;
-        };
-        let counts: Vec<u64> = rest
-            .split_ascii_whitespace()
-            .take(ncpu)
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        if counts.len() == ncpu {
-            out.insert(kind.trim().to_string(), counts);
-        }
-    }
-    out
+    let rows = lines
+        .filter_map(|l| {
+            let (label, rest) = l.split_once(':')?;
+            let counts: Vec<u64> = rest
+                .split_ascii_whitespace()
+                .take(ncpu)
+                .map_while(|w| w.parse().ok())
+                .collect();
+            (ncpu > 0 && counts.len() == ncpu).then(|| (label.trim(), counts))
+        })
+        .collect();
+    (ncpu, rows)
+}
+
+/// `/proc/softirqs`: softirq kind → count per CPU.
+pub fn parse_softirqs(text: &str) -> BTreeMap<String, Vec<u64>> {
+    per_cpu_rows(text)
+        .1
+        .into_iter()
+        .map(|(kind, counts)| (kind.to_string(), counts))
+        .collect()
 }
 
 /// `/proc/interrupts`: hardware interrupts per CPU, summed over every line
@@ -80,25 +87,11 @@ pub fn parse_softirqs(text: &str) -> BTreeMap<String, Vec<u64>> {
 /// local timer, rescheduling and call-function IPIs, …; `ERR`/`MIS` have one
 /// count in all and are left out).
 pub fn parse_interrupts(text: &str) -> Vec<u64> {
-    let mut lines = text.lines();
-    let ncpu = lines.next().map(cpu_columns).unwrap_or(0);
+    let (ncpu, rows) = per_cpu_rows(text);
     let mut sum = vec![0u64; ncpu];
-    if ncpu == 0 {
-        return sum;
-    }
-    for l in lines {
-        let Some((_, rest)) = l.split_once(':') else {
-            continue;
-        };
-        let counts: Vec<u64> = rest
-            .split_ascii_whitespace()
-            .take(ncpu)
-            .map_while(|w| w.parse().ok())
-            .collect();
-        if counts.len() == ncpu {
-            for (s, c) in sum.iter_mut().zip(counts) {
-                *s += c;
-            }
+    for (_, counts) in rows {
+        for (s, c) in sum.iter_mut().zip(counts) {
+            *s += c;
         }
     }
     sum
