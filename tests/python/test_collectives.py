@@ -35,8 +35,10 @@ def _traced_run(tmp_path, train_args):
     d.mkdir()
     log_path = str(tmp_path / "agent.log")
     log = open(log_path, "w")
+    # 2 s periods: diagnose leaves out a period reaching into a rank's
+    # start-up or shutdown, and the jobs here train for 10-15 s.
     agent = subprocess.Popen([exe, "agent", "--samples-dir", str(d), "--profile-spool", str(spool),
-                              "--profile-period", "5", "--trace-collectives",
+                              "--profile-period", "2", "--trace-collectives",
                               "--log-format", "json"],
                              stdout=log, stderr=subprocess.STDOUT)
     try:

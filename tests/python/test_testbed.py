@@ -232,7 +232,9 @@ def _agent_args():
     exe = whyslow_bin()
     if exe is None:
         pytest.fail("no whyslow binary (build it: cargo build -p whyslow)")
-    return ["--agent", "--whyslow", exe]
+    # 2 s periods: a period reaching into start-up or shutdown is left out
+    # by diagnose, and 600 iterations last 10-20 s.
+    return ["--agent", "--agent-period", "2", "--whyslow", exe]
 
 
 def test_agents_name_the_new_per_iteration_call_and_no_late_rank(tmp_path):

@@ -93,6 +93,8 @@ struct Straggler {
     rank: String,
     group: String,
     late_us: f64,
+    /// The paired t statistic of its lateness over its peers'.
+    t: f64,
 }
 
 /// A late rank's OS signal above its peers' (`os_diff` in the JSON).
@@ -143,6 +145,9 @@ struct GroupSummary {
     ranks: usize,
     baseline_samples: u64,
     window_samples: u64,
+    /// Each rank's samples in the window (the waterline judges ranks with
+    /// at least `min_samples`).
+    window_samples_by_rank: BTreeMap<String, u64>,
 }
 
 fn parse_range(s: &str, what: &str) -> Result<(f64, f64)> {
@@ -294,9 +299,41 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         Some(s) => parse_range(s, "window")?,
         None => (s1 - third, s1),
     };
-    // A profile belongs to a range when most of its period lies in it: the
-    // last period of a job, mostly shutdown, is not its training.
+    // Each rank's training on the profiles' clock: from its first
+    // collective entry to its last exit. A profile period reaching outside
+    // it by more than a tenth holds start-up (imports, rendezvous) or
+    // shutdown (the interpreter's final garbage collection: 18 % of a
+    // window's samples in one CI run), which is no training to compare.
+    let mut rank_spans: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    if training_span(&records, t0, end).is_some() {
+        for r in &records {
+            let s = rank_spans
+                .entry(r.global_rank.unwrap_or(r.rank).to_string())
+                .or_insert((r.entry_ns, r.exit_ns));
+            s.0 = s.0.min(r.entry_ns);
+            s.1 = s.1.max(r.exit_ns);
+        }
+    }
+    let in_training = |p: &StackProfile| {
+        let Some(&(first, last)) = p.labels.get("rank").and_then(|r| rank_spans.get(r)) else {
+            return true;
+        };
+        let slack = p.duration_ns / 10;
+        p.start_unix_ns.saturating_add(slack) >= first
+            && p.start_unix_ns.saturating_add(p.duration_ns) <= last.saturating_add(slack)
+    };
+    let outside = profiles.iter().filter(|p| !in_training(p)).count();
+    if outside > 0 {
+        notes.push(format!(
+            "{outside} rank profile period(s) reaching into start-up or shutdown (before the rank's \
+             first collective or after its last) are left out"
+        ));
+    }
+    // A profile belongs to a range when most of its period lies in it.
     let within = |p: &StackProfile, r: (f64, f64)| {
+        if !in_training(p) {
+            return false;
+        }
         let a = p.start_unix_ns.saturating_sub(t0) as f64 / 1e9;
         let b = a + p.duration_ns as f64 / 1e9;
         let inside = (b.min(r.1) - a.max(r.0)).max(0.0);
@@ -339,6 +376,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             ranks: ranks.len(),
             baseline_samples: sb.total,
             window_samples: sa.total,
+            window_samples_by_rank: ranks.iter().map(|(r, s)| (r.clone(), s.total)).collect(),
         });
         if sb.total < cfg.min_samples || sa.total < cfg.min_samples {
             notes.push(format!(
@@ -403,6 +441,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             rank: world(&s.group, s.rank).to_string(),
             group: s.group.clone(),
             late_us: s.late_us - s.peers_late_us,
+            t: s.t,
         })
         .collect();
     // The OS layer: each late rank's signals over the window against the

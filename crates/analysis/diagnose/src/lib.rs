@@ -233,6 +233,12 @@ pub struct WaterlineFlag {
 /// exceeds μ + kσ of the other ranks' shares and μ + δ, clearly beyond
 /// sampling noise against the peers' pooled samples. At least 3 ranks.
 /// Flags come largest excess first.
+///
+/// A rank is judged with at least `min_samples` samples; a peer counts in
+/// μ and σ with a fifth of that, and the peers pooled need `min_samples`:
+/// the peers of a straggler wait for it off the CPU, so in a job whose
+/// ranks mostly wait for an accelerator they are the ranks with the fewest
+/// samples (40 in 4 s on a testbed rank beside a straggler's 192).
 pub fn waterline(
     group: &str,
     ranks: &BTreeMap<String, Shares>,
@@ -240,7 +246,7 @@ pub fn waterline(
 ) -> Vec<WaterlineFlag> {
     let judged: Vec<(&String, &Shares)> = ranks
         .iter()
-        .filter(|(_, s)| s.total >= cfg.min_samples)
+        .filter(|(_, s)| s.total >= (cfg.min_samples / 5).max(1))
         .collect();
     if judged.len() < 3 {
         return Vec::new();
@@ -263,7 +269,7 @@ pub fn waterline(
             let sigma = (others.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / n).sqrt();
             let threshold = mu + cfg.k * sigma;
             let share = shares[i];
-            if share <= threshold || share - mu <= cfg.delta {
+            if s.total < cfg.min_samples || share <= threshold || share - mu <= cfg.delta {
                 continue;
             }
             let (peer_hits, peer_total) = judged
@@ -274,7 +280,7 @@ pub fn waterline(
                     (h + p.samples.get(f).copied().unwrap_or(0), t + p.total)
                 });
             let hits = s.samples.get(f).copied().unwrap_or(0);
-            if z(hits, s.total, peer_hits, peer_total) < cfg.min_z {
+            if peer_total < cfg.min_samples || z(hits, s.total, peer_hits, peer_total) < cfg.min_z {
                 continue;
             }
             out.push(WaterlineFlag {

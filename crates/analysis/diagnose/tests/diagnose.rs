@@ -239,3 +239,49 @@ fn a_healthy_group_is_below_its_waterline() {
     g.retain(|r, _| r == "0" || r == "1");
     assert!(waterline("job", &g, &Config::default()).is_empty());
 }
+
+#[test]
+fn peers_that_mostly_wait_still_draw_the_line() {
+    // A job whose ranks mostly wait for an accelerator: the peers of a
+    // straggler have few samples (they wait for it off the CPU), the
+    // straggler many more. Its extra work is flagged; ranks that all have
+    // few samples are judged by nobody.
+    let extra: &[&str] = &["main", "train_step", "slow_python_work"];
+    for seed in 0..20 {
+        let mut rng = SplitMix64::new(4000 + seed);
+        let mut g: BTreeMap<String, Shares> = BTreeMap::new();
+        for r in 0..4 {
+            let (paths, samples) = if r == 3 {
+                let mut p = HEALTHY.to_vec();
+                p.push((extra, 0.8));
+                (p, 200)
+            } else {
+                (HEALTHY.to_vec(), 15 + rng.below(30))
+            };
+            g.insert(
+                format!("{r}"),
+                Shares::of([&draw(&paths, samples, &mut rng)]),
+            );
+        }
+        let flags = waterline("job", &g, &Config::default());
+        assert!(
+            flags
+                .first()
+                .is_some_and(|f| f.rank == "3" && f.function.starts_with("slow_python_work")),
+            "seed {seed}: {flags:#?}"
+        );
+        assert!(
+            flags.iter().all(|f| f.rank == "3"),
+            "seed {seed}: {flags:#?}"
+        );
+        // Healthy, all of them mostly waiting.
+        let quiet: BTreeMap<String, Shares> = (0..4)
+            .map(|r| {
+                let n = 15 + rng.below(60);
+                (format!("{r}"), Shares::of([&draw(HEALTHY, n, &mut rng)]))
+            })
+            .collect();
+        let flags = waterline("job", &quiet, &Config::default());
+        assert!(flags.is_empty(), "seed {seed}: {flags:#?}");
+    }
+}
