@@ -221,9 +221,11 @@ def _diagnose(res):
                          timeout=120)
     assert out.returncode == 0, out.stderr.decode() + res.logs()
     rep = json.loads(out.stdout)
-    show = json.dumps({k: rep[k] for k in ("stragglers", "layer", "regressions", "os_diff",
-                                            "collective_groups", "groups", "baseline", "window",
-                                            "notes")}, indent=1)[:6000]
+    shown = {k: rep[k] for k in ("stragglers", "layer", "cpu_diff", "regressions", "os_diff",
+                                 "collective_groups", "groups", "baseline", "window", "notes")}
+    shown["cpu_diff"] = shown["cpu_diff"][:6]
+    shown["regressions"] = shown["regressions"][:8]
+    show = json.dumps(shown, indent=1)[:8000]
     return rep, show
 
 
@@ -251,6 +253,24 @@ def test_agents_name_the_new_per_iteration_call_and_no_late_rank(tmp_path):
     names = [r["function"] for r in rep["regressions"][:5]]
     assert any("log_tensor_stats" in n for n in names), show
     assert rep["layer"] == "cpu", show
+
+
+def test_agents_name_the_noisy_neighbour_of_the_late_rank(tmp_path):
+    # Busy loops start in host 2's CPU cgroup (its capacity, half a core
+    # here, is shared with them) 5 s into training: rank 2 waits for a CPU
+    # and enters its collectives late. Its agent profiles the host's cgroup:
+    # the neighbour, a process that never registered, tops the CPU diff.
+    host = 2
+    res = run_testbed(tmp_path, "cpu-hog:host=%d,procs=2" % host, iters=400, fault_after=5,
+                      tb_args=_agent_args(), env_extra={"WHYSLOW_THRESHOLD": "100"})
+    rep, show = _diagnose(res)
+    assert [s["rank"] for s in rep["stragglers"]] == [str(host)], show
+    assert rep["layer"] in ("cpu", "os"), show
+    top = rep["cpu_diff"][0]
+    assert (top["scope"], top["rank"], top["function"]) == ("host", str(host), "sh (process)"), show
+    # The scheduler's side: rank 2 waited for a CPU more than its peers.
+    assert any(d["rank"] == str(host) and d["signal"] == "runqueue_delay_ms_per_s"
+               for d in rep["os_diff"]), show
 
 
 def test_agents_on_a_healthy_run_name_nothing(tmp_path):

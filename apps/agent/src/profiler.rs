@@ -54,9 +54,14 @@ pub struct ProfilerArgs {
     #[arg(long)]
     pub profile_host: bool,
     /// Like --profile-host, limited to the processes of this cgroup directory
-    /// (repeat for several).
+    /// and its descendants (repeat for several): cgroup v2 filtered in the
+    /// kernel, v1 by the directories' member processes.
     #[arg(long, value_name = "DIR")]
     pub profile_cgroup: Vec<PathBuf>,
+    /// This node's name in the host profiles' `host` label (default: the
+    /// kernel's host name), to match the `host` its ranks register with.
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
     /// Percent of the host profiler's ticks that take a stack (1-100).
     #[arg(long, default_value_t = 100.0, value_name = "PCT")]
     pub profile_sampling_rate: f64,
@@ -255,9 +260,11 @@ fn host_loop(
             .emit()
         }
     };
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "host".into());
+    let host = args.node_name.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "host".into())
+    });
     let dir = spool.join("host");
     let period = Duration::from_secs_f64(args.profile_period.max(1.0));
     let drain_every = Duration::from_secs(5).min(period);
@@ -288,6 +295,7 @@ fn host_loop(
         let mut failed = None;
         while t0.elapsed() < period && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
+            sampler.track_cgroups();
             if last.elapsed() >= drain_every {
                 last = std::time::Instant::now();
                 match sampler.drain() {

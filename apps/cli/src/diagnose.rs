@@ -62,11 +62,18 @@ pub enum Format {
     Json,
 }
 
-/// A rank's CPU path above its group's waterline (`cpu_diff` in the JSON).
+/// A CPU path above its group's waterline (`cpu_diff` in the JSON): the
+/// rank's own (`scope` `rank`), or another process's on a late rank's host
+/// against its peers' hosts (`scope` `host`, shares of the host's samples).
 #[derive(Debug, Serialize)]
 struct CpuDiff {
     group: String,
     rank: String,
+    /// `rank` (the rank's profile) or `host` (its host's profile).
+    scope: &'static str,
+    /// The rank's host, for `scope` `host`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host: Option<String>,
     function: String,
     stack: String,
     straggler_share: f64,
@@ -79,6 +86,8 @@ impl From<WaterlineFlag> for CpuDiff {
         CpuDiff {
             group: f.group,
             rank: f.rank,
+            scope: "rank",
+            host: None,
             function: f.function,
             stack: f.stack,
             straggler_share: f.share,
@@ -87,6 +96,21 @@ impl From<WaterlineFlag> for CpuDiff {
         }
     }
 }
+
+/// How a host profile's process label (`comm [pid]`) reads as a function:
+/// a registered rank's process as `rank R (process)`, any other by its
+/// command, `sh (process)`.
+fn process_function(label: &str, rank_of_pid: &BTreeMap<String, String>) -> String {
+    match label.rsplit_once(" [") {
+        Some((comm, pid)) => match rank_of_pid.get(pid.trim_end_matches(']')) {
+            Some(r) => format!("rank {r}{PROCESS_SUFFIX}"),
+            None => format!("{comm}{PROCESS_SUFFIX}"),
+        },
+        None => format!("{label}{PROCESS_SUFFIX}"),
+    }
+}
+
+const PROCESS_SUFFIX: &str = " (process)";
 
 #[derive(Debug, Serialize)]
 struct Straggler {
@@ -235,6 +259,74 @@ fn training_span(records: &[CollectiveRecord], t0: u64, end: u64) -> Option<(f64
     (plausible && b - a >= 3.0).then_some((a, b))
 }
 
+/// What else ran on each late rank's host (SysOM-AI §3.3: interference
+/// often comes from a process that never registered): the host profiles
+/// (`scope` label) `in_window`, the late rank's host against its group's
+/// other hosts with processes counted as functions (the waterline, hosts as
+/// its members; at least 3 hosts). Paths in the late rank's own process are
+/// left to its rank profile; the rest (a neighbour, the kernel's work for
+/// it) are the rows, `scope` `host`.
+fn host_diff(
+    stragglers: &[Straggler],
+    rank_profiles: &[StackProfile],
+    host_profiles: &[StackProfile],
+    records: &[CollectiveRecord],
+    in_window: impl Fn(&StackProfile) -> bool,
+) -> Vec<CpuDiff> {
+    let label = |p: &StackProfile, k: &str| p.labels.get(k).cloned();
+    let host_of: BTreeMap<String, String> = rank_profiles
+        .iter()
+        .filter_map(|p| Some((label(p, "rank")?, label(p, "host")?)))
+        .collect();
+    let rank_of_pid: BTreeMap<String, String> = rank_profiles
+        .iter()
+        .filter_map(|p| Some((label(p, "pid")?, label(p, "rank")?)))
+        .collect();
+    let name = |l: &str| process_function(l, &rank_of_pid);
+    let cfg = Config::default();
+    let mut out = Vec::new();
+    for s in stragglers {
+        let Some(mine) = host_of.get(&s.rank) else {
+            continue;
+        };
+        let mut hosts: Vec<&String> = records
+            .iter()
+            .filter(|r| r.group == s.group)
+            .filter_map(|r| host_of.get(&r.global_rank.unwrap_or(r.rank).to_string()))
+            .collect();
+        hosts.sort();
+        hosts.dedup();
+        let shares: BTreeMap<String, Shares> = hosts
+            .into_iter()
+            .map(|h| {
+                let ps = host_profiles
+                    .iter()
+                    .filter(|p| p.labels.get("host") == Some(h) && in_window(p));
+                (h.clone(), Shares::of_processes(ps, &name))
+            })
+            .filter(|(_, sh)| sh.total > 0)
+            .collect();
+        let own = format!("rank {}{PROCESS_SUFFIX}", s.rank);
+        for f in waterline(&s.group, &shares, &cfg) {
+            if &f.rank != mine || f.function == own || f.stack.starts_with(&format!("{own};")) {
+                continue;
+            }
+            out.push(CpuDiff {
+                group: f.group,
+                rank: s.rank.clone(),
+                scope: "host",
+                host: Some(mine.clone()),
+                function: f.function,
+                stack: f.stack,
+                straggler_share: f.share,
+                peer_share: f.peer_share,
+                threshold: f.threshold,
+            });
+        }
+    }
+    out
+}
+
 /// Runs `whyslow diagnose`.
 pub fn run(args: DiagnoseArgs) -> Result<u8> {
     let mut files = Vec::new();
@@ -253,11 +345,10 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         }
     }
     // Node-wide (host/cgroup) profiles belong to no rank.
-    let host_profiles = profiles
-        .iter()
-        .filter(|p| p.labels.contains_key("scope"))
-        .count();
-    profiles.retain(|p| !p.labels.contains_key("scope") && p.labels.contains_key("rank"));
+    let (host_profiles, mut profiles): (Vec<StackProfile>, Vec<StackProfile>) = profiles
+        .into_iter()
+        .partition(|p| p.labels.contains_key("scope"));
+    profiles.retain(|p| p.labels.contains_key("rank"));
     let records: Vec<CollectiveRecord> =
         jsonl_records(&args.dir, ".collectives.jsonl", &mut notes)?;
     let os_samples: Vec<OsSample> = jsonl_records(&args.dir, ".os.jsonl", &mut notes)?;
@@ -271,11 +362,6 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     }
     if profiles.is_empty() {
         notes.push("no rank profiles: the CPU layer is not judged".into());
-    }
-    if host_profiles > 0 {
-        notes.push(format!(
-            "{host_profiles} node-wide profile(s) (--profile-host) are not compared yet"
-        ));
     }
     // Time 0 is the earliest profile or OS reading (both on the Unix clock).
     let starts = profiles
@@ -510,11 +596,30 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         notes.push("no OS signals (*.os.jsonl; the agent writes them with --profile-spool): the OS layer is not judged".into());
     }
     notes.push("GPU kernel times are not collected yet: the GPU layer is not judged".into());
+    let host_rows = host_diff(&stragglers, &profiles, &host_profiles, &records, |p| {
+        within(p, window)
+    });
+    if host_profiles.is_empty() && !stragglers.is_empty() {
+        notes.push(
+            "no host profiles (the agent's --profile-host or --profile-cgroup): \
+             other processes on a late rank's host are not judged"
+                .into(),
+        );
+    }
     let late_ranks: Vec<&str> = stragglers.iter().map(|s| s.rank.as_str()).collect();
     let straggler_cpu: Vec<WaterlineFlag> = flags
         .iter()
         .filter(|f| late_ranks.contains(&f.rank.as_str()))
         .cloned()
+        .chain(host_rows.iter().map(|d| WaterlineFlag {
+            group: d.group.clone(),
+            rank: d.rank.clone(),
+            function: d.function.clone(),
+            stack: d.stack.clone(),
+            share: d.straggler_share,
+            peer_share: d.peer_share,
+            threshold: d.threshold,
+        }))
         .collect();
     let os_for_verdict: Vec<_> = os_rows.iter().map(|d| d.diff.clone()).collect();
     let layer = verdict(
@@ -536,7 +641,10 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     let report = Report {
         stragglers,
         layer: layer.as_str(),
-        cpu_diff: flags.into_iter().map(CpuDiff::from).collect(),
+        cpu_diff: host_rows
+            .into_iter()
+            .chain(flags.into_iter().map(CpuDiff::from))
+            .collect(),
         os_diff: os_rows,
         regressions: regs,
         baseline,
@@ -734,11 +842,14 @@ fn write_table(out: &mut dyn std::io::Write, r: &Report) -> std::io::Result<()> 
             "CPU waterline (a rank's share above its group's μ + 2σ):"
         )?;
         for d in &r.cpu_diff {
+            let who = match &d.host {
+                Some(h) => format!("rank {}'s host {h} (all its processes)", d.rank),
+                None => format!("rank {}", d.rank),
+            };
             writeln!(
                 out,
-                "  group {} rank {}: {} {:.1} % vs peers {:.1} % (line {:.1} %)\n    {}",
+                "  group {} {who}: {} {:.1} % vs peers {:.1} % (line {:.1} %)\n    {}",
                 d.group,
-                d.rank,
                 d.function,
                 100.0 * d.straggler_share,
                 100.0 * d.peer_share,

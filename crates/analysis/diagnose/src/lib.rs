@@ -71,9 +71,13 @@ pub fn function_of(f: &Frame) -> Option<String> {
             (Some(n), None) => n.clone(),
             (None, _) => "[python]".to_string(),
         }),
-        _ => Some(match &f.name {
-            Some(n) => n.clone(),
-            None => Frame {
+        _ => Some(match (&f.name, &f.module) {
+            (Some(n), _) => n.clone(),
+            // An address in no file (`[stack]`, `[anon]`, `[unknown]`: a
+            // frame-pointer walk gone astray, JIT code) is the same
+            // "function" wherever it lies: its offset differs per process.
+            (None, Some(m)) if m.starts_with('[') && m != "[kernel]" => m.clone(),
+            (None, _) => Frame {
                 line: None,
                 ..f.clone()
             }
@@ -97,15 +101,48 @@ pub struct Shares {
 impl Shares {
     /// Shares of `profiles` together.
     pub fn of<'a>(profiles: impl IntoIterator<Item = &'a StackProfile>) -> Shares {
+        Shares::of_with(profiles, None)
+    }
+
+    /// Shares of node-wide profiles together, where each stack's root label
+    /// (its process, `comm [pid]`) counts as a function too, named by
+    /// `process` from that label: what else ran on a host is first of all
+    /// which process it was.
+    pub fn of_processes<'a>(
+        profiles: impl IntoIterator<Item = &'a StackProfile>,
+        process: &dyn Fn(&str) -> String,
+    ) -> Shares {
+        Shares::of_with(profiles, Some(process))
+    }
+
+    fn of_with<'a>(
+        profiles: impl IntoIterator<Item = &'a StackProfile>,
+        process: Option<&dyn Fn(&str) -> String>,
+    ) -> Shares {
         let mut s = Shares::default();
         for p in profiles {
             let names: Vec<Option<String>> = p.frames.iter().map(function_of).collect();
+            let roots: Vec<Option<String>> = p
+                .frames
+                .iter()
+                .map(|f| match (process, f.kind, &f.name) {
+                    (Some(name), FrameKind::Label, Some(label)) => Some(name(label)),
+                    _ => None,
+                })
+                .collect();
             for st in &p.stacks {
                 s.total += st.count;
-                let path: Vec<&String> = st
+                let root = st
                     .frames
-                    .iter()
-                    .filter_map(|&i| names.get(i as usize).and_then(Option::as_ref))
+                    .first()
+                    .and_then(|&i| roots.get(i as usize).and_then(Option::as_ref));
+                let path: Vec<&String> = root
+                    .into_iter()
+                    .chain(
+                        st.frames
+                            .iter()
+                            .filter_map(|&i| names.get(i as usize).and_then(Option::as_ref)),
+                    )
                     .collect();
                 let mut seen: Vec<&String> = Vec::with_capacity(path.len());
                 for (depth, f) in path.iter().enumerate() {

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use whyslow_diagnose::{regressions, waterline, Config, Shares};
+use whyslow_diagnose::{function_of, regressions, waterline, Config, Shares};
 use whyslow_model::rng::SplitMix64;
 use whyslow_model::stack::{Frame, FrameKind, StackProfile, StackProfileBuilder};
 
@@ -284,4 +284,32 @@ fn peers_that_mostly_wait_still_draw_the_line() {
         let flags = waterline("job", &quiet, &Config::default());
         assert!(flags.is_empty(), "seed {seed}: {flags:#?}");
     }
+}
+
+#[test]
+fn addresses_in_no_file_are_one_function_whatever_the_process() {
+    // A frame-pointer walk that strays into the stack gives `[stack]+0x…`
+    // frames whose offsets differ per process: as functions they are one,
+    // or every rank would have "its own" above the others' zero.
+    let at = |module: &str, offset: u64| Frame {
+        kind: FrameKind::Native,
+        name: None,
+        module: Some(module.into()),
+        build_id: None,
+        offset,
+        line: None,
+    };
+    assert_eq!(
+        function_of(&at("[stack]", 0x1bfbf)),
+        function_of(&at("[stack]", 0x1d0bf))
+    );
+    assert_eq!(
+        function_of(&at("[anon]", 0x18c7)).as_deref(),
+        Some("[anon]")
+    );
+    // A file's offsets stay apart: two places in one stripped library.
+    assert_ne!(
+        function_of(&at("dash", 0xae76)),
+        function_of(&at("dash", 0x9fa2))
+    );
 }

@@ -42,8 +42,12 @@ pub enum Target {
     Host,
     /// These processes (thread group ids); more can be added while running.
     Pids(Vec<u32>),
-    /// Processes in these cgroups (v2 directories, or v1 directories of a
-    /// hierarchy whose ids the kernel reports).
+    /// Processes in these cgroups or their descendants. Cgroup v2
+    /// directories are filtered in the kernel by cgroup id; with any v1
+    /// directory (`/sys/fs/cgroup/cpu/…`, whose ids the kernel's helper
+    /// does not report) the program samples the host and the drain keeps the
+    /// processes listed in the directories' `cgroup.procs` (re-read by
+    /// [`EbpfSampler::track_cgroups`] and at each drain).
     Cgroups(Vec<PathBuf>),
 }
 
@@ -150,6 +154,42 @@ pub struct EbpfSampler {
     ebpf: Ebpf,
     generation: u32,
     stacks: HashMap<u64, Vec<u64>>,
+    /// Cgroup v1 targets, filtered here: the directories and the processes
+    /// seen in them.
+    members: Option<CgroupMembers>,
+}
+
+/// Processes seen in a set of cgroup directories (any version), by their
+/// `cgroup.procs` files, recursively. A process stays a member once seen:
+/// its last samples are drained after it exited.
+#[derive(Debug, Default)]
+struct CgroupMembers {
+    dirs: Vec<PathBuf>,
+    pids: std::collections::HashSet<u32>,
+}
+
+impl CgroupMembers {
+    fn refresh(&mut self) {
+        fn walk(dir: &std::path::Path, out: &mut std::collections::HashSet<u32>, depth: u32) {
+            if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                out.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+            if depth == 0 {
+                return;
+            }
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    walk(&e.path(), out, depth - 1);
+                }
+            }
+        }
+        for d in &self.dirs {
+            walk(d, &mut self.pids, 8);
+        }
+    }
 }
 
 impl EbpfSampler {
@@ -167,9 +207,34 @@ impl EbpfSampler {
                 opts.sampling_rate
             )));
         }
+        // Cgroup v1 directories are filtered in userspace (see `Target`).
+        let members = match &opts.target {
+            Target::Cgroups(dirs) => {
+                let mut v1 = false;
+                for d in dirs {
+                    if !d.join("cgroup.procs").is_file() {
+                        return Err(EbpfError::Setting(format!(
+                            "cgroup {}: not a cgroup directory (no cgroup.procs)",
+                            d.display()
+                        )));
+                    }
+                    v1 |= !is_cgroup2(d).unwrap_or(false);
+                }
+                v1.then(|| {
+                    let mut m = CgroupMembers {
+                        dirs: dirs.clone(),
+                        ..CgroupMembers::default()
+                    };
+                    m.refresh();
+                    m
+                })
+            }
+            _ => None,
+        };
         let filter: u32 = match opts.target {
             Target::Host => 0,
             Target::Pids(_) => 1,
+            Target::Cgroups(_) if members.is_some() => 0,
             Target::Cgroups(_) => 2,
         };
         let rate = ((opts.sampling_rate * 1000.0).round() as u32).clamp(1, 1000);
@@ -185,6 +250,7 @@ impl EbpfSampler {
                     add_pid(&mut ebpf, p)?;
                 }
             }
+            Target::Cgroups(_) if members.is_some() => {}
             Target::Cgroups(dirs) => {
                 let mut map: BpfHashMap<&mut MapData, u64, u8> = map_mut(&mut ebpf, "cgroups")?;
                 for d in dirs {
@@ -216,7 +282,17 @@ impl EbpfSampler {
             ebpf,
             generation: 0,
             stacks: HashMap::new(),
+            members,
         })
+    }
+
+    /// Re-reads the cgroup v1 targets' member processes (nothing for other
+    /// targets): call it now and then between drains, so that a process
+    /// that lived only between two drains is kept too.
+    pub fn track_cgroups(&mut self) {
+        if let Some(m) = &mut self.members {
+            m.refresh();
+        }
     }
 
     /// Adds a process to a [`Target::Pids`] sampler.
@@ -255,6 +331,10 @@ impl EbpfSampler {
         }
         for (k, _) in &taken {
             let _ = counts.remove(k);
+        }
+        if let Some(m) = &mut self.members {
+            m.refresh();
+            taken.retain(|(k, _)| m.pids.contains(&k.tgid));
         }
         // The copy of stacks stays bounded: cleared before a drain, never in
         // the middle of one (a count may name a stack only the copy holds).
@@ -372,8 +452,8 @@ where
 /// The cgroup id the kernel reports for a cgroup directory: its inode
 /// number. Only cgroup v2 directories: `bpf_get_current_cgroup_id` reads the
 /// unified hierarchy, so the id of a v1 directory (`/sys/fs/cgroup/cpu/…`)
-/// never matches and such a filter would keep no sample; that is an error
-/// naming the directory instead.
+/// never matches (that is an error naming the directory; [`Target::Cgroups`]
+/// filters v1 directories in userspace instead).
 pub fn cgroup_id(dir: &std::path::Path) -> Result<u64, EbpfError> {
     use std::os::unix::fs::MetadataExt;
     let err = |why: String| EbpfError::Setting(format!("cgroup {}: {why}", dir.display()));
@@ -544,6 +624,7 @@ pub fn profile(
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
+        sampler.track_cgroups();
     }
     // One more drain after the flip: increments that raced the last one.
     let counted = sampler.drain()?;

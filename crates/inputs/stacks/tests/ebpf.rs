@@ -252,3 +252,84 @@ fn bad_settings_are_refused_with_the_reason() {
     let e = ebpf::cgroup_id(std::path::Path::new("/nonexistent/cgroup")).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/cgroup"), "{e}");
 }
+
+/// A fresh cgroup with the CPU controller, v2's unified tree where it has
+/// one, else v1's cpu hierarchy (these VMs); removed on drop, its processes
+/// moved back to the root first.
+struct TempCgroup(std::path::PathBuf);
+
+impl TempCgroup {
+    fn new() -> Option<TempCgroup> {
+        let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/cpu"]
+            .into_iter()
+            .map(std::path::PathBuf::from)
+            .find(|d| {
+                std::fs::read_to_string(d.join("cgroup.controllers"))
+                    .map(|c| c.split_whitespace().any(|x| x == "cpu"))
+                    .unwrap_or_else(|_| d.join("cpu.cfs_quota_us").exists())
+            })?;
+        let d = root.join(format!("whyslow-ebpf-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).ok()?;
+        Some(TempCgroup(d))
+    }
+
+    fn enter(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).expect("moving into cgroup");
+    }
+}
+
+impl Drop for TempCgroup {
+    fn drop(&mut self) {
+        let root = self.0.parent().expect("parent").join("cgroup.procs");
+        if let Ok(pids) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
+            for p in pids.split_whitespace() {
+                let _ = std::fs::write(&root, p);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_cgroup_target_keeps_only_its_processes_on_either_cgroup_version() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let Some(cg) = TempCgroup::new() else {
+        eprintln!("skipped: no writable cgroup with the CPU controller here");
+        return;
+    };
+    let inside = busy_loop();
+    let outside = busy_loop();
+    cg.enter(inside.0.id());
+    let (p, st) = run(Target::Cgroups(vec![cg.0.clone()]), 1.0, 2.0, 50);
+    let by_process = |pid: u32| -> u64 {
+        stacks(&p)
+            .iter()
+            .filter(|(f, _)| {
+                f.first()
+                    .and_then(|f| f.name.as_deref())
+                    .is_some_and(|n| n.ends_with(&format!("[{pid}]")))
+            })
+            .map(|(_, c)| c)
+            .sum()
+    };
+    let total: u64 = p.stacks.iter().map(|s| s.count).sum();
+    assert!(
+        by_process(inside.0.id()) >= 20,
+        "the cgroup's busy loop: {} of {total} ({st:?}, {})",
+        by_process(inside.0.id()),
+        cg.0.display()
+    );
+    assert_eq!(
+        by_process(outside.0.id()),
+        0,
+        "the other busy loop was kept"
+    );
+    assert_eq!(
+        by_process(inside.0.id()),
+        total,
+        "only the cgroup's process"
+    );
+}
