@@ -273,6 +273,58 @@ def test_agents_name_the_noisy_neighbour_of_the_late_rank(tmp_path):
                for d in rep["os_diff"]), show
 
 
+def test_agents_name_the_kernel_path_of_a_file_lookup_storm(tmp_path):
+    # A neighbour on host 2 stats and opens files at the end of a deep path
+    # from 4 threads (tests/python/stat_storm.py: its time is in the kernel's
+    # path walk) 5 s into training, in host 2's CPU cgroup: rank 2 is late,
+    # and the host's diff shows the kernel path, not only a process name.
+    host = 2
+    storm = tmp_path / "storm.sh"
+    storm.write_text("#!/bin/sh\nexec %s %s 4\n" % (sys.executable,
+                                                     os.path.join(os.path.dirname(__file__), "stat_storm.py")))
+    storm.chmod(0o755)
+    res = run_testbed(tmp_path, "exec:host=%d,cmd=%s" % (host, storm), iters=400, fault_after=5,
+                      tb_args=_agent_args(), env_extra={"WHYSLOW_THRESHOLD": "100"})
+    rep, show = _diagnose(res)
+    assert [s["rank"] for s in rep["stragglers"]] == [str(host)], show
+    assert rep["layer"] in ("cpu", "os"), show
+    on_host = [d for d in rep["cpu_diff"] if d["scope"] == "host"]
+    assert on_host and on_host[0]["rank"] == str(host), show
+    lookup = ("path_lookupat", "filename_lookup", "link_path_walk", "walk_component",
+              "path_openat", "do_filp_open", "vfs_statx", "lookup_fast", "d_alloc_parallel")
+    kernel = [d for d in on_host[:12] if any(k in d["function"] for k in lookup)]
+    assert kernel, show
+    assert kernel[0]["stack"].split(";")[0].endswith("(process)"), show
+
+
+def test_agents_name_a_softirq_storm_on_the_late_ranks_core(tmp_path):
+    # 3 hosts on 2 cores: hosts 0 and 2 share core 0, host 1 has core 1 to
+    # itself, so a softirq storm on host 1's core is on no peer's. A UDP
+    # flood (tests/python/udp_flood.py: loopback delivery runs NET_RX in the
+    # sender's softirq on its core) starts on host 1, in its cgroup and on
+    # its core, 5 s into training: rank 1 is late, the OS layer names NET_RX
+    # on its CPUs, and the host's diff shows the receive path.
+    host = 1
+    flood = tmp_path / "flood.sh"
+    flood.write_text("#!/bin/sh\nexec %s %s 2\n" % (sys.executable,
+                                                    os.path.join(os.path.dirname(__file__),
+                                                                 "udp_flood.py")))
+    flood.chmod(0o755)
+    res = run_testbed(tmp_path, "exec:host=%d,cmd=%s" % (host, flood), iters=400, fault_after=5,
+                      hosts=3, tb_args=_agent_args(), env_extra={"WHYSLOW_THRESHOLD": "100"})
+    rep, show = _diagnose(res)
+    assert [s["rank"] for s in rep["stragglers"]] == [str(host)], show
+    assert rep["layer"] == "os", show
+    net_rx = [d for d in rep["os_diff"]
+              if d["rank"] == str(host) and d["signal"] == "softirq_NET_RX_per_cpu_s"]
+    assert net_rx, show
+    # The evidence in the kernel stacks: the softirq's handler on host 1,
+    # under the process that raised it (the flood).
+    assert net_rx[0].get("handler_scope") == "host", show
+    assert net_rx[0]["handler_stack"].endswith("net_rx_action"), show
+    assert net_rx[0]["handler_stack"].split(";")[0] == "python (process)", show
+
+
 def test_agents_on_a_healthy_run_name_nothing(tmp_path):
     res = run_testbed(tmp_path, "none", iters=600, tb_args=_agent_args(),
                       env_extra={"WHYSLOW_THRESHOLD": "100"})

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use whyslow_diagnose::layer::{mean_signals, os_diff, verdict, OsConfig};
+use whyslow_diagnose::layer::{handler_functions, mean_signals, os_diff, verdict, OsConfig};
 use whyslow_diagnose::stragglers::{instance_periods, lateness, slow_ranks, StragglerConfig};
 use whyslow_diagnose::{regressions, waterline, Config, Regression, Shares, WaterlineFlag};
 use whyslow_model::collective::CollectiveRecord;
@@ -128,6 +128,18 @@ struct OsDiff {
     rank: String,
     #[serde(flatten)]
     diff: whyslow_diagnose::layer::OsDiff,
+    /// For an interrupt or softirq signal, the heaviest CPU path through
+    /// its kernel handler (`net_rx_action` for NET_RX …): on the rank's
+    /// host (all its processes) where the agent profiled it, else in the
+    /// rank's own profile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    handler_stack: Option<String>,
+    /// That path's share of the samples it was found in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    handler_share: Option<f64>,
+    /// `host` or `rank`: which profile the path is from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    handler_scope: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -259,20 +271,25 @@ fn training_span(records: &[CollectiveRecord], t0: u64, end: u64) -> Option<(f64
     (plausible && b - a >= 3.0).then_some((a, b))
 }
 
-/// What else ran on each late rank's host (SysOM-AI §3.3: interference
-/// often comes from a process that never registered): the host profiles
-/// (`scope` label) `in_window`, the late rank's host against its group's
-/// other hosts with processes counted as functions (the waterline, hosts as
-/// its members; at least 3 hosts). Paths in the late rank's own process are
-/// left to its rank profile; the rest (a neighbour, the kernel's work for
-/// it) are the rows, `scope` `host`.
-fn host_diff(
-    stragglers: &[Straggler],
+/// A late rank's host beside its group's other hosts: each host's shares
+/// over the window with processes counted as functions (SysOM-AI §3.3:
+/// interference often comes from a process that never registered).
+struct HostView {
+    /// The late rank's host.
+    host: String,
+    /// Host → its shares, for the hosts of the rank's group with samples.
+    shares: BTreeMap<String, Shares>,
+}
+
+/// The [`HostView`] of a late rank, from the host profiles (`scope` label)
+/// `in_window`; `None` without a host profile of its host.
+fn host_view(
+    s: &Straggler,
     rank_profiles: &[StackProfile],
     host_profiles: &[StackProfile],
     records: &[CollectiveRecord],
-    in_window: impl Fn(&StackProfile) -> bool,
-) -> Vec<CpuDiff> {
+    in_window: &dyn Fn(&StackProfile) -> bool,
+) -> Option<HostView> {
     let label = |p: &StackProfile, k: &str| p.labels.get(k).cloned();
     let host_of: BTreeMap<String, String> = rank_profiles
         .iter()
@@ -283,48 +300,63 @@ fn host_diff(
         .filter_map(|p| Some((label(p, "pid")?, label(p, "rank")?)))
         .collect();
     let name = |l: &str| process_function(l, &rank_of_pid);
-    let cfg = Config::default();
-    let mut out = Vec::new();
-    for s in stragglers {
-        let Some(mine) = host_of.get(&s.rank) else {
-            continue;
-        };
-        let mut hosts: Vec<&String> = records
-            .iter()
-            .filter(|r| r.group == s.group)
-            .filter_map(|r| host_of.get(&r.global_rank.unwrap_or(r.rank).to_string()))
-            .collect();
-        hosts.sort();
-        hosts.dedup();
-        let shares: BTreeMap<String, Shares> = hosts
-            .into_iter()
-            .map(|h| {
-                let ps = host_profiles
-                    .iter()
-                    .filter(|p| p.labels.get("host") == Some(h) && in_window(p));
-                (h.clone(), Shares::of_processes(ps, &name))
-            })
-            .filter(|(_, sh)| sh.total > 0)
-            .collect();
-        let own = format!("rank {}{PROCESS_SUFFIX}", s.rank);
-        for f in waterline(&s.group, &shares, &cfg) {
-            if &f.rank != mine || f.function == own || f.stack.starts_with(&format!("{own};")) {
-                continue;
-            }
-            out.push(CpuDiff {
-                group: f.group,
-                rank: s.rank.clone(),
-                scope: "host",
-                host: Some(mine.clone()),
-                function: f.function,
-                stack: f.stack,
-                straggler_share: f.share,
-                peer_share: f.peer_share,
-                threshold: f.threshold,
-            });
-        }
-    }
-    out
+    let mine = host_of.get(&s.rank)?.clone();
+    let mut hosts: Vec<&String> = records
+        .iter()
+        .filter(|r| r.group == s.group)
+        .filter_map(|r| host_of.get(&r.global_rank.unwrap_or(r.rank).to_string()))
+        .collect();
+    hosts.sort();
+    hosts.dedup();
+    let shares: BTreeMap<String, Shares> = hosts
+        .into_iter()
+        .map(|h| {
+            let ps = host_profiles
+                .iter()
+                .filter(|p| p.labels.get("host") == Some(h) && in_window(p));
+            (h.clone(), Shares::of_processes(ps, &name))
+        })
+        .filter(|(_, sh)| sh.total > 0)
+        .collect();
+    shares
+        .contains_key(&mine)
+        .then_some(HostView { host: mine, shares })
+}
+
+/// The late rank's host against its group's other hosts (the waterline,
+/// hosts as its members; at least 3 hosts). Paths in the late rank's own
+/// process are left to its rank profile; the rest (a neighbour, the
+/// kernel's work for it) are the rows, `scope` `host`.
+fn host_diff(s: &Straggler, view: &HostView) -> Vec<CpuDiff> {
+    let own = format!("rank {}{PROCESS_SUFFIX}", s.rank);
+    waterline(&s.group, &view.shares, &Config::default())
+        .into_iter()
+        .filter(|f| {
+            f.rank == view.host && f.function != own && !f.stack.starts_with(&format!("{own};"))
+        })
+        .map(|f| CpuDiff {
+            group: f.group,
+            rank: s.rank.clone(),
+            scope: "host",
+            host: Some(view.host.clone()),
+            function: f.function,
+            stack: f.stack,
+            straggler_share: f.share,
+            peer_share: f.peer_share,
+            threshold: f.threshold,
+        })
+        .collect()
+}
+
+/// The evidence of an interrupt signal in CPU stacks: the heaviest path
+/// through the kernel function that does its work (`handler_functions`)
+/// in `shares`, with its share; `None` when no sample went through one.
+fn handler_path(signal: &str, shares: &Shares) -> Option<(String, f64)> {
+    handler_functions(signal)
+        .iter()
+        .filter_map(|f| Some((shares.samples.get(*f).copied()?, shares.hottest.get(*f)?)))
+        .max_by_key(|(n, _)| *n)
+        .map(|(n, (path, _))| (path.join(";"), n as f64 / shares.total.max(1) as f64))
 }
 
 /// Runs `whyslow diagnose`.
@@ -530,6 +562,14 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             t: s.t,
         })
         .collect();
+    let host_views: Vec<Option<HostView>> = stragglers
+        .iter()
+        .map(|s| {
+            host_view(s, &profiles, &host_profiles, &records, &|p| {
+                within(p, window)
+            })
+        })
+        .collect();
     // The OS layer: each late rank's signals over the window against the
     // other ranks of its group.
     let os_window: Vec<&OsSample> = os_samples
@@ -584,10 +624,26 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         if cpu_ms.is_none() {
             cpu_ms = mine.get(CPU_TIME).map(|&m| (m, peer_cpu));
         }
+        let view = stragglers
+            .iter()
+            .zip(&host_views)
+            .find(|(x, _)| x.group == s.group && x.rank == me.to_string())
+            .and_then(|(_, v)| v.as_ref());
+        let own = Shares::of(profiles.iter().filter(|p| {
+            p.labels.get("rank").map(String::as_str) == Some(me.to_string().as_str())
+                && within(p, window)
+        }));
         for diff in os_diff(mine, &peers, &OsConfig::default()) {
+            let on_host = view
+                .and_then(|v| handler_path(&diff.signal, &v.shares[&v.host]))
+                .map(|p| (p, "host"));
+            let path = on_host.or_else(|| handler_path(&diff.signal, &own).map(|p| (p, "rank")));
             os_rows.push(OsDiff {
                 group: s.group.clone(),
                 rank: me.to_string(),
+                handler_stack: path.as_ref().map(|((st, _), _)| st.clone()),
+                handler_share: path.as_ref().map(|((_, sh), _)| *sh),
+                handler_scope: path.as_ref().map(|(_, scope)| *scope),
                 diff,
             });
         }
@@ -596,9 +652,12 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         notes.push("no OS signals (*.os.jsonl; the agent writes them with --profile-spool): the OS layer is not judged".into());
     }
     notes.push("GPU kernel times are not collected yet: the GPU layer is not judged".into());
-    let host_rows = host_diff(&stragglers, &profiles, &host_profiles, &records, |p| {
-        within(p, window)
-    });
+    let host_rows: Vec<CpuDiff> = stragglers
+        .iter()
+        .zip(&host_views)
+        .filter_map(|(s, v)| Some(host_diff(s, v.as_ref()?)))
+        .flatten()
+        .collect();
     if host_profiles.is_empty() && !stragglers.is_empty() {
         notes.push(
             "no host profiles (the agent's --profile-host or --profile-cgroup): \
@@ -890,6 +949,16 @@ fn write_table(out: &mut dyn std::io::Write, r: &Report) -> std::io::Result<()> 
                 "  group {} rank {}: {} {:.1} vs peers {:.1}",
                 d.group, d.rank, d.diff.signal, d.diff.straggler, d.diff.peers
             )?;
+            if let (Some(st), Some(sh), Some(scope)) =
+                (&d.handler_stack, d.handler_share, d.handler_scope)
+            {
+                writeln!(
+                    out,
+                    "    its kernel handler in {:.1} % of the {} profile's samples:\n    {st}",
+                    100.0 * sh,
+                    if scope == "host" { "host" } else { "rank" }
+                )?;
+            }
         }
     }
     for n in &r.notes {

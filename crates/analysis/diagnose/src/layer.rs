@@ -57,6 +57,36 @@ pub fn floor(signal: &str) -> Option<f64> {
     }
 }
 
+/// The kernel functions that do the work an interrupt signal counts: the
+/// softirq handlers by kind (their names across kernels 5.x-6.x), the
+/// hardware interrupt entry for `interrupts_per_cpu_s`; empty for other
+/// signals. The stacks through them are the OS diff's evidence in the CPU
+/// profiles (SysOM-AI §3.1: "the softirq path in the kernel stacks").
+pub fn handler_functions(signal: &str) -> &'static [&'static str] {
+    if signal == INTERRUPTS {
+        return &["__common_interrupt", "common_interrupt", "handle_irq_event"];
+    }
+    let Some(kind) = signal
+        .strip_prefix(SOFTIRQ_PREFIX)
+        .and_then(|s| s.strip_suffix("_per_cpu_s"))
+    else {
+        return &[];
+    };
+    match kind {
+        "HI" => &["tasklet_hi_action"],
+        "TIMER" => &["run_timer_softirq"],
+        "NET_TX" => &["net_tx_action"],
+        "NET_RX" => &["net_rx_action"],
+        "BLOCK" => &["blk_done_softirq", "blk_complete_reqs"],
+        "IRQ_POLL" => &["irq_poll_softirq"],
+        "TASKLET" => &["tasklet_action"],
+        "SCHED" => &["run_rebalance_domains", "sched_balance_softirq"],
+        "HRTIMER" => &["hrtimer_run_softirq"],
+        "RCU" => &["rcu_core_si", "rcu_core"],
+        _ => &[],
+    }
+}
+
 /// One OS signal on which the straggler stands out (`os_diff` of the JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OsDiff {
@@ -224,6 +254,17 @@ mod tests {
             (&softirq_signal("NET_RX"), 40.0 + 10.0 * j),
             (&softirq_signal("TIMER"), 250.0 + 10.0 * j),
         ])
+    }
+
+    #[test]
+    fn interrupt_signals_name_their_handlers() {
+        assert_eq!(
+            handler_functions(&softirq_signal("NET_RX")),
+            &["net_rx_action"]
+        );
+        assert!(handler_functions(INTERRUPTS).contains(&"handle_irq_event"));
+        assert!(handler_functions(RUNQUEUE_DELAY).is_empty());
+        assert!(handler_functions(&softirq_signal("NO_SUCH")).is_empty());
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub fn function_of(f: &Frame) -> Option<String> {
             // frame-pointer walk gone astray, JIT code) is the same
             // "function" wherever it lies: its offset differs per process.
             (None, Some(m)) if m.starts_with('[') && m != "[kernel]" => m.clone(),
+            (None, None) if f.kind != FrameKind::Kernel => "[unknown]".to_string(),
             (None, _) => Frame {
                 line: None,
                 ..f.clone()
