@@ -9,6 +9,8 @@ nccl when available (one GPU per local rank, round robin).
 Faults start at iteration --fault-at (the job is healthy before):
   slow-rank   extra Python work on one rank (injected_slow_rank_work)
   slow-data   slow Dataset.__getitem__ on all ranks (injected_slow_data)
+  slow-read   one rank reads each batch from slow storage: it blocks in
+              read(2) (injected_slow_read), off the CPU, for --fault-ms
   gc-storm    gc.collect() storms on a random rank each iteration (injected_gc_storm)
   heavy-comm  an extra all_reduce of a large tensor (injected_heavy_comm)
   log-stats   every rank logs statistics of its weights each iteration, in
@@ -56,6 +58,39 @@ def injected_slow_data(ms):
     time.sleep(ms / 1e3)
 
 
+class SlowStorage:
+    """Storage that answers a read `ms` milliseconds after it was asked:
+    a thread sleeps, then writes the bytes into a pipe the reader blocks
+    on."""
+
+    def __init__(self):
+        import threading
+        self.requests, self.ask = os.pipe()
+        self.data, self.answer = os.pipe()
+
+        def serve():
+            while True:
+                ms = os.read(self.requests, 8)
+                if not ms:
+                    return
+                time.sleep(int.from_bytes(ms, "little") / 1e3)
+                os.write(self.answer, b"b")
+
+        threading.Thread(target=serve, daemon=True).start()
+
+
+_STORAGE = None
+
+
+def injected_slow_read(ms):
+    """A batch read from slow storage: blocked in read(2) for `ms` ms."""
+    global _STORAGE
+    if _STORAGE is None:
+        _STORAGE = SlowStorage()
+    os.write(_STORAGE.ask, int(ms).to_bytes(8, "little"))
+    os.read(_STORAGE.data, 1)
+
+
 def injected_gc_storm(n):
     """Creates cyclic garbage and collects it `n` times."""
     for _ in range(n):
@@ -101,7 +136,8 @@ def main():
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--fault", default="none",
-                    choices=["none", "slow-rank", "slow-data", "gc-storm", "heavy-comm", "log-stats"])
+                    choices=["none", "slow-rank", "slow-data", "slow-read", "gc-storm", "heavy-comm",
+                             "log-stats"])
     ap.add_argument("--fault-at", type=int, default=150, help="first faulty iteration")
     ap.add_argument("--fault-after-s", type=float, default=-1.0,
                     help=">= 0: the fault starts this many seconds after the first iteration "
@@ -163,7 +199,7 @@ def main():
                 FAULT_ACTIVE = a.fault != "none" and time.perf_counter() - t_first >= a.fault_after_s
             else:
                 FAULT_ACTIVE = a.fault != "none" and it >= a.fault_at
-            if FAULT_ACTIVE and not fault_onset_logged and (rank == 0 or (a.fault == "slow-rank" and rank == a.fault_rank)):
+            if FAULT_ACTIVE and not fault_onset_logged and (rank == 0 or (a.fault in ("slow-rank", "slow-read") and rank == a.fault_rank)):
                 fault_onset_logged = True
                 print("fault %s onset at iteration %d, time %.3f (rank %d)" % (a.fault, it, time.time(), rank),
                       flush=True)
@@ -177,6 +213,8 @@ def main():
             if FAULT_ACTIVE:
                 if a.fault == "slow-rank" and rank == a.fault_rank:
                     injected_slow_rank_work(a.fault_ms)
+                elif a.fault == "slow-read" and rank == a.fault_rank:
+                    injected_slow_read(a.fault_ms)
                 elif a.fault == "gc-storm" and rng.randrange(world) == rank:
                     injected_gc_storm(a.gc_rounds)
                 elif a.fault == "heavy-comm":

@@ -38,7 +38,7 @@ def _traced_run(tmp_path, train_args):
     # 2 s periods: diagnose leaves out a period reaching into a rank's
     # start-up or shutdown, and the jobs here train for 10-15 s.
     agent = subprocess.Popen([exe, "agent", "--samples-dir", str(d), "--profile-spool", str(spool),
-                              "--profile-period", "2", "--trace-collectives",
+                              "--profile-period", "2", "--trace-collectives", "--profile-offcpu",
                               "--log-format", "json"],
                              stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -107,6 +107,24 @@ def test_the_late_rank_is_named_from_its_gloo_collectives(tmp_path):
     # The page: the entry-time plot with rank 2 flagged, the flame graphs.
     assert "rank 2 (flagged)" in report["html"]
     assert "late rank 2 against rank" in report["html"]
+
+
+def test_a_rank_blocked_on_slow_reads_is_seen_off_the_cpu(tmp_path):
+    _bpf_or_skip()
+    # Rank 2 reads each batch from slow storage from iteration 20: blocked
+    # in read(2) for 25 ms (train.py's injected_slow_read: a pipe a storage
+    # thread answers late). It uses no more CPU than its peers; its CPU
+    # profile cannot show the wait, its off-CPU profile does.
+    records, report, alog = _traced_run(
+        tmp_path, ["--iters", "200", "--fault", "slow-read", "--fault-rank", "2",
+                   "--fault-at", "20", "--fault-ms", "25", "--log-every", "0",
+                   "--sim-compute-ms", "30"])
+    show = json.dumps({k: v for k, v in report.items() if k != "html"}, indent=1)[:5000]
+    assert [s["rank"] for s in report["stragglers"]] == ["2"], show
+    blocked = report["offcpu_diff"]
+    assert blocked and all(d["rank"] == "2" for d in blocked), show
+    assert any("pipe_read" in d["stack"] for d in blocked[:8]), show
+    assert report["layer"] in ("os", "cpu"), show
 
 
 def test_a_healthy_gloo_job_has_no_late_rank(tmp_path):

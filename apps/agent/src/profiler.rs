@@ -65,6 +65,12 @@ pub struct ProfilerArgs {
     /// Percent of the host profiler's ticks that take a stack (1-100).
     #[arg(long, default_value_t = 100.0, value_name = "PCT")]
     pub profile_sampling_rate: f64,
+    /// Also profile the registered processes' off-CPU time (eBPF on
+    /// sched_switch: the µs each thread spent blocked — reads, locks,
+    /// sleeps — under the kernel and user stacks it blocked with), into the
+    /// spool as `*-offcpu-<t>.pb.gz` (label `kind=offcpu`, counts in µs).
+    #[arg(long)]
+    pub profile_offcpu: bool,
     /// Also trace the gloo collectives of registered processes (eBPF
     /// uprobes), into the spool as `*.collectives.jsonl`: the input of
     /// `whyslow diagnose`'s slow-rank detection.
@@ -249,6 +255,7 @@ fn host_loop(
         sampling_rate: rate,
         target,
         measure: false,
+        off_cpu: false,
     };
     let mut sampler = match ebpf::EbpfSampler::open(&opts) {
         Ok(s) => s,
@@ -348,6 +355,135 @@ fn host_loop(
     }
 }
 
+/// Off-CPU profiles of the registered processes (beyond SysOM-AI, which
+/// lists blocked time as a limitation of CPU sampling), period after period
+/// until `stop`: one eBPF program on sched_switch for all of them, one
+/// profile per process and period, labelled like its CPU profiles plus
+/// `kind=offcpu`. A thread's blocked interval is counted when it runs
+/// again, in the period that sees it wake.
+fn offcpu_loop(
+    dir: PathBuf,
+    args: ProfilerArgs,
+    spool: PathBuf,
+    stop: Arc<AtomicBool>,
+    shared: whyslow_stacks::Shared,
+) {
+    use whyslow_stacks::ebpf;
+    let opts = ebpf::EbpfOptions {
+        hz: 99,
+        sampling_rate: 1.0,
+        target: ebpf::Target::Pids(Vec::new()),
+        measure: false,
+        off_cpu: true,
+    };
+    let mut sampler = match ebpf::EbpfSampler::open(&opts) {
+        Ok(s) => s,
+        Err(e) => {
+            return AgentEvent::ProfileFailed {
+                pid: 0,
+                reason: format!("off-CPU profile (eBPF) not started: {e}"),
+            }
+            .emit()
+        }
+    };
+    let period = Duration::from_secs_f64(args.profile_period.max(1.0));
+    let mut symbols = ebpf::Symbolizer::new(shared, false);
+    let mut traced: HashMap<u32, ProcessRegistration> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let start = SystemTime::now();
+        let start_unix_ns = start
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let t0 = std::time::Instant::now();
+        let mut builders: HashMap<u32, whyslow_model::stack::StackProfileBuilder> = HashMap::new();
+        while t0.elapsed() < period && !stop.load(Ordering::Relaxed) {
+            for reg in registrations(&dir) {
+                let pid = reg.pid as u32;
+                if reg.pid > 0 && !traced.contains_key(&pid) && alive(&reg) {
+                    if let Err(e) = sampler.add_pid(pid) {
+                        return AgentEvent::ProfileFailed {
+                            pid: reg.pid,
+                            reason: format!("off-CPU profile: {e}"),
+                        }
+                        .emit();
+                    }
+                    traced.insert(pid, reg);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let counted = match sampler.drain() {
+            Ok(c) => c,
+            Err(e) => {
+                return AgentEvent::ProfileFailed {
+                    pid: 0,
+                    reason: format!("off-CPU profile (eBPF) stopped: {e}"),
+                }
+                .emit()
+            }
+        };
+        let mut by_pid: HashMap<u32, Vec<ebpf::CountedStack>> = HashMap::new();
+        for c in counted {
+            by_pid.entry(c.pid).or_default().push(c);
+        }
+        for (pid, stacks) in by_pid {
+            let b = builders.entry(pid).or_default();
+            symbols.add(&stacks, b);
+        }
+        symbols.refresh();
+        let elapsed = t0.elapsed().as_nanos() as u64;
+        for (pid, b) in builders {
+            let Some(reg) = traced.get(&pid) else {
+                continue;
+            };
+            let mut profile = b.finish(1e6, start_unix_ns, elapsed);
+            for (k, v) in reg.labels() {
+                profile.labels.insert(k, v);
+            }
+            profile.labels.insert("kind".into(), "offcpu".into());
+            let job = if reg.job.is_empty() {
+                "unknown-job".to_string()
+            } else {
+                file_name_part(&reg.job)
+            };
+            let out = spool.join(job);
+            let path = out.join(format!(
+                "{}-offcpu-{}.pb.gz",
+                file_stem(reg),
+                unix_secs(start)
+            ));
+            let written = fs::create_dir_all(&out)
+                .and_then(|_| fs::write(&path, whyslow_stack_output::to_pprof(&profile)));
+            match written {
+                Ok(()) => AgentEvent::ProfileWritten {
+                    pid: reg.pid,
+                    rank: reg.rank,
+                    samples: profile.total(),
+                    path: &path,
+                }
+                .emit(),
+                Err(e) => AgentEvent::ProfileFailed {
+                    pid: reg.pid,
+                    reason: format!("writing {}: {e}", path.display()),
+                }
+                .emit(),
+            }
+        }
+        enforce_cap(&spool, args.profile_spool_mib.saturating_mul(1 << 20));
+        // Processes that exited leave the filter.
+        let gone: Vec<u32> = traced
+            .iter()
+            .filter(|(_, r)| !alive(r))
+            .map(|(&p, _)| p)
+            .collect();
+        for pid in gone {
+            let _ = sampler.remove_pid(pid);
+            traced.remove(&pid);
+        }
+    }
+}
+
 /// Watches `dir` for registrations and runs one profiling thread per live
 /// registered process (at most `max_processes`), until `stop`; with
 /// `--profile-host`/`--profile-cgroup`, one more thread for the host.
@@ -362,6 +498,16 @@ pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<Jo
         let collectives = args.trace_collectives.then(|| {
             let (d, a, s, st) = (dir.clone(), args.clone(), spool.clone(), stop.clone());
             std::thread::spawn(move || collectives_loop(d, a, s, st))
+        });
+        let offcpu = args.profile_offcpu.then(|| {
+            let (d, a, s, st, sh) = (
+                dir.clone(),
+                args.clone(),
+                spool.clone(),
+                stop.clone(),
+                shared.clone(),
+            );
+            std::thread::spawn(move || offcpu_loop(d, a, s, st, sh))
         });
         let os = (args.os_interval > 0.0).then(|| {
             let (d, a, s, st) = (dir.clone(), args.clone(), spool.clone(), stop.clone());
@@ -413,6 +559,9 @@ pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<Jo
             let _ = h.join();
         }
         if let Some(h) = os {
+            let _ = h.join();
+        }
+        if let Some(h) = offcpu {
             let _ = h.join();
         }
     }))

@@ -149,6 +149,10 @@ struct Report {
     /// `gpu|cpu|os|network|none`.
     layer: &'static str,
     cpu_diff: Vec<CpuDiff>,
+    /// A late rank's blocked time (off the CPU: reads, locks, sleeps) by
+    /// path, above its group's waterline of blocked-time shares; needs the
+    /// agent's --profile-offcpu.
+    offcpu_diff: Vec<CpuDiff>,
     os_diff: Vec<OsDiff>,
     regressions: Vec<Regression>,
     /// Seconds since the earliest profile.
@@ -359,6 +363,51 @@ fn handler_path(signal: &str, shares: &Shares) -> Option<(String, f64)> {
         .map(|(n, (path, _))| (path.join(";"), n as f64 / shares.total.max(1) as f64))
 }
 
+/// The late ranks' off-CPU paths above their groups' waterline of
+/// blocked-time shares (`offcpu` profiles `in_window`, per group label, a
+/// rank's periods together; the waterline's rules with δ = 5 pp).
+fn offcpu_diff(
+    stragglers: &[Straggler],
+    offcpu: &[StackProfile],
+    in_window: impl Fn(&StackProfile) -> bool,
+) -> Vec<CpuDiff> {
+    let mut by_group: BTreeMap<String, BTreeMap<String, Vec<&StackProfile>>> = BTreeMap::new();
+    for p in offcpu.iter().filter(|p| in_window(p)) {
+        let (Some(g), Some(r)) = (
+            p.labels.get("group").or_else(|| p.labels.get("job")),
+            p.labels.get("rank"),
+        ) else {
+            continue;
+        };
+        by_group
+            .entry(g.clone())
+            .or_default()
+            .entry(r.clone())
+            .or_default()
+            .push(p);
+    }
+    let late: Vec<&str> = stragglers.iter().map(|s| s.rank.as_str()).collect();
+    let mut out = Vec::new();
+    for (g, ranks) in by_group {
+        let shares: BTreeMap<String, Shares> = ranks
+            .into_iter()
+            .map(|(r, ps)| (r, Shares::of(ps)))
+            .collect();
+        // Counts are µs, not independent samples: the z guard says little,
+        // so the least excess is 5 pp of the blocked time, not 0.5.
+        let cfg = Config {
+            delta: 0.05,
+            ..Config::default()
+        };
+        for f in waterline(&g, &shares, &cfg) {
+            if late.contains(&f.rank.as_str()) {
+                out.push(CpuDiff::from(f));
+            }
+        }
+    }
+    out
+}
+
 /// Runs `whyslow diagnose`.
 pub fn run(args: DiagnoseArgs) -> Result<u8> {
     let mut files = Vec::new();
@@ -381,6 +430,11 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         .into_iter()
         .partition(|p| p.labels.contains_key("scope"));
     profiles.retain(|p| p.labels.contains_key("rank"));
+    // Off-CPU profiles (the agent's --profile-offcpu; counts are µs blocked)
+    // are judged apart from the CPU samples.
+    let (offcpu_profiles, profiles): (Vec<StackProfile>, Vec<StackProfile>) = profiles
+        .into_iter()
+        .partition(|p| p.labels.get("kind").map(String::as_str) == Some("offcpu"));
     let records: Vec<CollectiveRecord> =
         jsonl_records(&args.dir, ".collectives.jsonl", &mut notes)?;
     let os_samples: Vec<OsSample> = jsonl_records(&args.dir, ".os.jsonl", &mut notes)?;
@@ -681,7 +735,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         }))
         .collect();
     let os_for_verdict: Vec<_> = os_rows.iter().map(|d| d.diff.clone()).collect();
-    let layer = verdict(
+    let mut layer = verdict(
         !stragglers.is_empty(),
         &straggler_cpu,
         &os_for_verdict,
@@ -690,6 +744,19 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         // waterline holds nobody up: only a regression is a cause then.
         !regs.is_empty() || (records.is_empty() && !flags.is_empty()),
     );
+    // Off the CPU: a late rank that blocks where its peers do not (a slow
+    // read, a lock), each group's blocked-time shares over the window.
+    let offcpu_rows = offcpu_diff(&stragglers, &offcpu_profiles, |p| within(p, window));
+    if !offcpu_rows.is_empty() && layer == whyslow_diagnose::layer::Layer::None {
+        // Waiting in the kernel for I/O or a lock is the OS layer's to own.
+        layer = whyslow_diagnose::layer::Layer::Os;
+    }
+    if offcpu_profiles.is_empty() && !stragglers.is_empty() {
+        notes.push(
+            "no off-CPU profiles (the agent's --profile-offcpu): time a late rank spent blocked is not judged"
+                .into(),
+        );
+    }
     if !stragglers.is_empty() && layer == whyslow_diagnose::layer::Layer::None {
         notes.push(
             "a rank is late but neither its CPU profile nor its OS signals differ from its peers': \
@@ -704,6 +771,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             .into_iter()
             .chain(flags.into_iter().map(CpuDiff::from))
             .collect(),
+        offcpu_diff: offcpu_rows,
         os_diff: os_rows,
         regressions: regs,
         baseline,
@@ -913,6 +981,24 @@ fn write_table(out: &mut dyn std::io::Write, r: &Report) -> std::io::Result<()> 
                 100.0 * d.straggler_share,
                 100.0 * d.peer_share,
                 100.0 * d.threshold,
+                d.stack
+            )?;
+        }
+    }
+    if !r.offcpu_diff.is_empty() {
+        writeln!(
+            out,
+            "off the CPU (a late rank's share of blocked time above its group's μ + 2σ):"
+        )?;
+        for d in &r.offcpu_diff {
+            writeln!(
+                out,
+                "  group {} rank {}: {} {:.1} % vs peers {:.1} %\n    {}",
+                d.group,
+                d.rank,
+                d.function,
+                100.0 * d.straggler_share,
+                100.0 * d.peer_share,
                 d.stack
             )?;
         }

@@ -259,6 +259,7 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
         sampling_rate: args.sampling_rate / 100.0,
         target,
         measure: args.bpf_stats,
+        off_cpu: false,
     };
     let (profile, stats) = ebpf::profile(
         &opts,

@@ -33,6 +33,12 @@ use aya::{Ebpf, EbpfLoader, Pod};
 /// 8-byte aligned as the ELF parser needs.
 pub static PROFILE_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/profile.bpf.o");
 
+/// The off-CPU program (`bpf/offcpu.bpf.c`): a raw tracepoint on
+/// `sched_switch` that counts the microseconds a target thread spent
+/// blocked under the stacks it blocked with (same maps and drain as the
+/// sampler's; the counts are µs, not samples).
+pub static OFFCPU_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/offcpu.bpf.o");
+
 const MAX_DEPTH: usize = 127;
 
 /// What the program samples.
@@ -64,6 +70,11 @@ pub struct EbpfOptions {
     pub sampling_rate: f64,
     /// What to sample.
     pub target: Target,
+    /// Off-CPU instead of on-CPU: count the time target threads spend
+    /// blocked (reads, locks, sleeps; not preemption), in µs, under the
+    /// stacks they blocked with (`bpf/offcpu.bpf.c`, Linux 5.18+). `hz` and
+    /// `sampling_rate` do not apply.
+    pub off_cpu: bool,
 }
 
 /// Why the eBPF sampler could not start or read.
@@ -241,7 +252,11 @@ impl EbpfSampler {
         let mut ebpf = EbpfLoader::new()
             .set_global("FILTER", &filter, true)
             .set_global("RATE_PER_MILLE", &rate, true)
-            .load(PROFILE_OBJECT)
+            .load(if opts.off_cpu {
+                OFFCPU_OBJECT
+            } else {
+                PROFILE_OBJECT
+            })
             .map_err(|e| EbpfError::Load(chain(&e)))?;
         match &opts.target {
             Target::Host => {}
@@ -260,23 +275,35 @@ impl EbpfSampler {
                 }
             }
         }
-        let prog: &mut PerfEvent = ebpf
-            .program_mut("on_cpu_clock")
-            .ok_or_else(|| EbpfError::Load("no program on_cpu_clock in the object".into()))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| EbpfError::Load(chain(&e)))?;
-        prog.load().map_err(|e| EbpfError::Load(chain(&e)))?;
-        let cpus = aya::util::online_cpus()
-            .map_err(|(what, e)| EbpfError::Load(format!("{what}: {e}")))?;
-        for cpu in cpus {
-            prog.attach(
-                PerfTypeId::Software,
-                PERF_COUNT_SW_CPU_CLOCK as u64,
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Frequency(opts.hz),
-                false,
-            )
-            .map_err(|e| EbpfError::Attach(cpu, chain(&e)))?;
+        if opts.off_cpu {
+            let prog: &mut aya::programs::RawTracePoint = ebpf
+                .program_mut("on_sched_switch")
+                .ok_or_else(|| EbpfError::Load("no program on_sched_switch in the object".into()))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| EbpfError::Load(chain(&e)))?;
+            prog.load().map_err(|e| EbpfError::Load(chain(&e)))?;
+            prog.attach("sched_switch").map_err(|e| {
+                EbpfError::Load(format!("attaching to sched_switch: {}", chain(&e)))
+            })?;
+        } else {
+            let prog: &mut PerfEvent = ebpf
+                .program_mut("on_cpu_clock")
+                .ok_or_else(|| EbpfError::Load("no program on_cpu_clock in the object".into()))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| EbpfError::Load(chain(&e)))?;
+            prog.load().map_err(|e| EbpfError::Load(chain(&e)))?;
+            let cpus = aya::util::online_cpus()
+                .map_err(|(what, e)| EbpfError::Load(format!("{what}: {e}")))?;
+            for cpu in cpus {
+                prog.attach(
+                    PerfTypeId::Software,
+                    PERF_COUNT_SW_CPU_CLOCK as u64,
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(opts.hz),
+                    false,
+                )
+                .map_err(|e| EbpfError::Attach(cpu, chain(&e)))?;
+            }
         }
         Ok(EbpfSampler {
             ebpf,
@@ -637,11 +664,14 @@ pub fn profile(
         }
     }
     drop(measuring);
-    let profile = builder.finish(
-        opts.hz as f64 * opts.sampling_rate,
-        start_unix_ns,
-        t0.elapsed().as_nanos() as u64,
-    );
+    // Off-CPU counts are µs: "samples" at 1 MHz, so a count × 10⁹/hz is
+    // the nanoseconds spent blocked.
+    let hz = if opts.off_cpu {
+        1e6
+    } else {
+        opts.hz as f64 * opts.sampling_rate
+    };
+    let profile = builder.finish(hz, start_unix_ns, t0.elapsed().as_nanos() as u64);
     Ok((profile, stats))
 }
 

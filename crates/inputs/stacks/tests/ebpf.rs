@@ -58,6 +58,7 @@ fn skip_reason() -> Option<String> {
         sampling_rate: 1.0,
         target: Target::Pids(vec![]),
         measure: false,
+        off_cpu: false,
     };
     match EbpfSampler::open(&opts) {
         Ok(_) => None,
@@ -92,6 +93,7 @@ fn run(target: Target, rate: f64, secs: f64, ticks: u64) -> (StackProfile, ebpf:
             sampling_rate: rate,
             target: target.clone(),
             measure: true,
+            off_cpu: false,
         };
         let got = ebpf::profile(
             &opts,
@@ -245,6 +247,7 @@ fn bad_settings_are_refused_with_the_reason() {
             sampling_rate: rate,
             target: Target::Host,
             measure: false,
+            off_cpu: false,
         };
         let e = EbpfSampler::open(&opts).err().expect("refused");
         assert!(matches!(e, ebpf::EbpfError::Setting(_)), "{e}");
@@ -332,4 +335,83 @@ fn a_cgroup_target_keeps_only_its_processes_on_either_cgroup_version() {
         total,
         "only the cgroup's process"
     );
+}
+
+#[test]
+fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // A reader blocked on a pipe that gets a byte every 50 ms: its thread
+    // is off the CPU nearly all the time, in the kernel's pipe_read. The
+    // busy loop beside it never blocks.
+    use std::io::Write;
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut reader = Kill(
+        Command::new(python)
+            .arg("-c")
+            .arg("import sys\nwhile sys.stdin.buffer.read(1): pass\n")
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("python3 runs"),
+    );
+    let pid = reader.0.id();
+    let mut feed = reader.0.stdin.take().expect("stdin");
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let feeder = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                if feed.write_all(b"x").and_then(|_| feed.flush()).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let _busy = busy_loop();
+    std::thread::sleep(Duration::from_millis(300));
+    let opts = EbpfOptions {
+        hz: 99,
+        sampling_rate: 1.0,
+        target: Target::Pids(vec![pid]),
+        measure: false,
+        off_cpu: true,
+    };
+    let (p, st) = ebpf::profile(
+        &opts,
+        Duration::from_secs(2),
+        Duration::from_secs(1),
+        &AtomicBool::new(false),
+    )
+    .expect("off-CPU profile");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = feeder.join();
+    let total_us: u64 = p.stacks.iter().map(|s| s.count).sum();
+    assert_eq!(p.hz, 1e6, "counts are microseconds");
+    // Nearly 2 s blocked (the last wait ends after the profile).
+    assert!(
+        (1_500_000..2_600_000).contains(&total_us),
+        "{total_us} µs off the CPU in 2 s: {st:?}"
+    );
+    let in_pipe_read: u64 = stacks(&p)
+        .iter()
+        .filter(|(f, _)| {
+            f.iter().any(|f| {
+                f.kind == FrameKind::Kernel
+                    && f.name.as_deref().is_some_and(|n| n.contains("pipe_read"))
+            })
+        })
+        .map(|(_, c)| c)
+        .sum();
+    assert!(
+        in_pipe_read * 10 > total_us * 9,
+        "pipe_read in {in_pipe_read} of {total_us} µs"
+    );
+    assert!(
+        st.filtered > 0,
+        "the busy loop and the rest were filtered: {st:?}"
+    );
+    drop(reader);
 }
