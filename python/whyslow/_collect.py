@@ -136,12 +136,73 @@ def collect_and_localize(cfg: Config, store: JobStore, s: Dict[str, Any], sdir: 
     with open(os.path.join(sdir, "session.json"), "w") as f:
         json.dump(dict(s, collected=sorted(fps), missing=missing,
                        collect_s=time.monotonic() - t_start), f, indent=1)
+    cross = cross_layer(cfg, sdir)
     log.warning(
-        "whyslow: report for session %d (%s) in %s%s\n%s",
+        "whyslow: report for session %d (%s) in %s%s\n%s%s",
         s["session"],
         s["reason"],
         sdir,
         "; missing ranks %s" % missing if missing else "",
         table,
+        "\n" + cross if cross else "",
     )
     return missing
+
+
+def cross_layer(cfg: Config, sdir: str) -> Optional[str]:
+    """With an agent (``WHYSLOW_AGENT_DIR``) that names its profile spool in
+    ``agent.json``: the cross-layer diagnosis (SysOM-AI §3.1: late ranks, the
+    layer, CPU/off-CPU/OS diffs, the temporal baseline) over the spool as it
+    stands, written as ``diagnose.json`` and ``diagnose.html`` in ``sdir``
+    and added to ``report.json`` as ``cross_layer`` (with a link in
+    ``report.html``). Returns a one-paragraph summary for the log, or None;
+    never raises: the report stands without it."""
+    if not cfg.agent_dir:
+        return None
+    try:
+        with open(os.path.join(cfg.agent_dir, "agent.json")) as f:
+            info = json.loads(_whyslow.parse_wire("agent", f.read()))
+    except (OSError, ValueError) as e:
+        log.info("whyslow: no cross-layer diagnosis: the agent's agent.json: %s", e)
+        return None
+    spool = info.get("spool")
+    if not spool or not os.path.isdir(spool):
+        return None
+    out_json = os.path.join(sdir, "diagnose.json")
+    out_html = os.path.join(sdir, "diagnose.html")
+    try:
+        rc = _whyslow.cli_main(["diagnose", spool, "--format", "json", "--output", out_json,
+                                "--html", out_html])
+        if rc != 0:
+            log.info("whyslow: no cross-layer diagnosis (whyslow diagnose %s exited %d)", spool, rc)
+            return None
+        with open(out_json) as f:
+            diag = json.load(f)
+        rpath = os.path.join(sdir, "report.json")
+        with open(rpath) as f:
+            report = json.load(f)
+        report["cross_layer"] = diag
+        with open(rpath + ".tmp", "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(rpath + ".tmp", rpath)
+        hpath = os.path.join(sdir, "report.html")
+        if os.path.exists(hpath):
+            with open(hpath) as f:
+                page = f.read()
+            link = ('<section id="cross-layer"><h2>Cross-layer diagnosis</h2><p>Late ranks, the '
+                    'layer and the differential flame graphs from the node agents: '
+                    '<a href="diagnose.html">diagnose.html</a>.</p></section>')
+            page = page.replace("</body>", link + "</body>") if "</body>" in page else page + link
+            with open(hpath, "w") as f:
+                f.write(page)
+    except Exception as e:  # the report stands without it
+        log.info("whyslow: no cross-layer diagnosis: %s", e)
+        return None
+    late = ["rank %s of %s (%.1f ms late)" % (x["rank"], x["group"], x["late_us"] / 1e3)
+            for x in diag.get("stragglers", [])]
+    top = (diag.get("cpu_diff") or diag.get("offcpu_diff") or diag.get("regressions") or [{}])[0]
+    return "cross-layer (the node agents): %s; layer %s%s (%s)" % (
+        ", ".join(late) if late else "no late rank",
+        diag.get("layer"),
+        "; first: %s" % top["function"] if top.get("function") else "",
+        out_html)

@@ -26,7 +26,7 @@ def _bpf_or_skip():
         pytest.skip("eBPF uprobes need root")
 
 
-def _traced_run(tmp_path, train_args):
+def _traced_run(tmp_path, train_args, env=None):
     """Runs examples/train.py on 3 ranks beside a tracing agent."""
     exe = whyslow_bin()
     if exe is None:
@@ -43,7 +43,7 @@ def _traced_run(tmp_path, train_args):
                              stdout=log, stderr=subprocess.STDOUT)
     try:
         run = torchrun(tmp_path, train_args, nproc=3, timeout=300,
-                       env={"WHYSLOW_AGENT_DIR": str(d)})
+                       env=dict({"WHYSLOW_AGENT_DIR": str(d)}, **(env or {})))
     finally:
         agent.send_signal(signal.SIGTERM)
         try:
@@ -66,6 +66,7 @@ def _traced_run(tmp_path, train_args):
     assert out.returncode == 0, out.stderr.decode()
     report = json.loads(out.stdout)
     report["html"] = html.read_text()
+    report["online_reports"] = run.reports()
     return records, report, alog
 
 
@@ -73,13 +74,16 @@ def test_the_late_rank_is_named_from_its_gloo_collectives(tmp_path):
     _bpf_or_skip()
     # Each iteration waits 30 ms as for an accelerator (a GPU job's ranks do
     # not compete for CPU; here 3 ranks share 2 cores). Rank 2 does 25 ms of
-    # extra Python work before each backward pass from iteration 20: its DDP
+    # extra Python work before each backward pass from iteration 80: its DDP
     # buckets reach gloo late, every iteration.
+    # The online detector (30 % slower) sees it too: after 80 healthy
+    # iterations, its report carries the agent's cross-layer diagnosis.
     records, report, alog = _traced_run(
-        tmp_path, ["--iters", "200", "--fault", "slow-rank", "--fault-rank", "2",
-                   "--fault-at", "20", "--fault-ms", "25", "--log-every", "0",
-                   "--sim-compute-ms", "30"])
-    show = json.dumps({k: v for k, v in report.items() if k != "html"}, indent=1)[:4000]
+        tmp_path, ["--iters", "250", "--fault", "slow-rank", "--fault-rank", "2",
+                   "--fault-at", "80", "--fault-ms", "25", "--log-every", "0",
+                   "--sim-compute-ms", "30"], env={"WHYSLOW_THRESHOLD": "0.3"})
+    show = json.dumps({k: v for k, v in report.items() if k not in ("html", "online_reports")},
+                      indent=1)[:4000]
     # Every rank's all-reduces, with their sizes, in one group named alike.
     ranks = {r["rank"] for r in records if r["op"] == "allreduce"}
     assert ranks == {0, 1, 2}, alog[-3000:]
@@ -107,6 +111,16 @@ def test_the_late_rank_is_named_from_its_gloo_collectives(tmp_path):
     # The page: the entry-time plot with rank 2 flagged, the flame graphs.
     assert "rank 2 (flagged)" in report["html"]
     assert "late rank 2 against rank" in report["html"]
+    # The online package's report (the detector saw iterations slow down)
+    # carries the cross-layer sections over the agent's spool as it stood
+    # then, with a link to its page.
+    online = report["online_reports"]
+    assert online, "no online report: " + show
+    sdir, first = online[0]
+    cross = first.get("cross_layer")
+    assert cross is not None and {"stragglers", "layer", "cpu_diff", "os_diff", "regressions"} <= set(cross), sorted(first)
+    assert os.path.exists(os.path.join(sdir, "diagnose.html"))
+    assert 'href="diagnose.html"' in open(os.path.join(sdir, "report.html")).read()
 
 
 def test_a_rank_blocked_on_slow_reads_is_seen_off_the_cpu(tmp_path):
@@ -119,7 +133,8 @@ def test_a_rank_blocked_on_slow_reads_is_seen_off_the_cpu(tmp_path):
         tmp_path, ["--iters", "200", "--fault", "slow-read", "--fault-rank", "2",
                    "--fault-at", "20", "--fault-ms", "25", "--log-every", "0",
                    "--sim-compute-ms", "30"])
-    show = json.dumps({k: v for k, v in report.items() if k != "html"}, indent=1)[:5000]
+    show = json.dumps({k: v for k, v in report.items() if k not in ("html", "online_reports")},
+                      indent=1)[:5000]
     assert [s["rank"] for s in report["stragglers"]] == ["2"], show
     blocked = report["offcpu_diff"]
     assert blocked and all(d["rank"] == "2" for d in blocked), show
@@ -133,7 +148,8 @@ def test_a_healthy_gloo_job_has_no_late_rank(tmp_path):
     records, report, alog = _traced_run(tmp_path, ["--iters", "200", "--log-every", "0",
                                                    "--sim-compute-ms", "30"])
     assert {r["rank"] for r in records} == {0, 1, 2}, alog[-3000:]
-    show = json.dumps({k: v for k, v in report.items() if k != "html"}, indent=1)[:4000]
+    show = json.dumps({k: v for k, v in report.items() if k not in ("html", "online_reports")},
+                      indent=1)[:4000]
     assert report["stragglers"] == [], show
     assert report["layer"] == "none", show
     assert report["os_samples"] > 0, show

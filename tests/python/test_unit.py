@@ -166,3 +166,37 @@ def test_agent_registration_round_trips_and_is_removed_at_exit(tmp_path):
         _agent.register(str(tmp_path), rank=0, local_rank=0, world_size=1, job="../x", host="h")
     _agent.unregister(path)
     assert not os.path.exists(path)
+
+
+def test_the_agent_names_its_spool_for_rank_0(tmp_path):
+    """`whyslow agent --profile-spool S` writes agent.json
+    (whyslow_model::wire::AgentInfo) in its registration directory: what the
+    agent writes, the package reads (collect's cross_layer); a bad one is
+    refused with the field."""
+    import json
+    import signal
+    import subprocess
+    import time
+    from test_agent import whyslow_bin
+    from whyslow import _whyslow
+    exe = whyslow_bin()
+    if exe is None:
+        pytest.fail("no whyslow binary (build it: cargo build -p whyslow)")
+    reg, spool = tmp_path / "reg", tmp_path / "spool"
+    reg.mkdir()
+    agent = subprocess.Popen([exe, "agent", "--samples-dir", str(reg), "--profile-spool", str(spool),
+                              "--os-interval", "0"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        path = reg / "agent.json"
+        for _ in range(100):
+            if path.exists():
+                break
+            time.sleep(0.1)
+        info = json.loads(_whyslow.parse_wire("agent", path.read_text()))
+        assert info == {"pid": agent.pid, "spool": str(spool)}
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(30)
+    with pytest.raises(ValueError, match="pid"):
+        _whyslow.parse_wire("agent", '{"pid": "x"}')

@@ -489,6 +489,18 @@ fn offcpu_loop(
 /// `--profile-host`/`--profile-cgroup`, one more thread for the host.
 pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<JoinHandle<()>> {
     let spool = args.profile_spool.clone()?;
+    // Where the spool is, for rank 0's report (written atomically).
+    let info = whyslow_model::wire::AgentInfo {
+        pid: std::process::id(),
+        spool: std::path::absolute(&spool)
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned()),
+    };
+    if let Ok(text) = serde_json::to_string(&info) {
+        let tmp = dir.join(format!(".{}.tmp", whyslow_model::wire::AgentInfo::FILE));
+        let _ = fs::write(&tmp, text)
+            .and_then(|_| fs::rename(&tmp, dir.join(whyslow_model::wire::AgentInfo::FILE)));
+    }
     Some(std::thread::spawn(move || {
         let shared = whyslow_stacks::Shared::new();
         let host = (args.profile_host || !args.profile_cgroup.is_empty()).then(|| {

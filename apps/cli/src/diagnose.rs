@@ -37,9 +37,18 @@ pub struct DiagnoseArgs {
     /// Default: the last third of the training, or of all the data.
     #[arg(long)]
     window: Option<String>,
+    /// Judge only what the agents had written by UNTIL seconds since the
+    /// earliest profile or OS reading (profiles and readings whose period
+    /// ended by then, collectives that had returned): the verdict as it
+    /// stood at that moment (for replaying how soon a fault was named).
+    #[arg(long, value_name = "SECONDS")]
+    until: Option<f64>,
     /// Output on stdout.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
+    /// Write the output (in `--format`) to FILE instead of stdout.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
     /// Also write the differential flame graph of the window against the
     /// baseline (SVG) of the first group with a regression, else of the
     /// first group.
@@ -156,6 +165,9 @@ struct Report {
     os_diff: Vec<OsDiff>,
     regressions: Vec<Regression>,
     /// Seconds since the earliest profile.
+    /// Time 0 of `baseline`, `window` (and `--until`): the earliest profile
+    /// or OS reading, Unix ns.
+    origin_unix_ns: u64,
     baseline: (f64, f64),
     window: (f64, f64),
     profiles: usize,
@@ -455,7 +467,35 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         .map(|p| (p.start_unix_ns, p.duration_ns))
         .chain(os_samples.iter().map(|s| (s.start_unix_ns, s.duration_ns)));
     let t0 = starts.clone().map(|x| x.0).min().unwrap_or(0);
-    let end = starts.map(|(a, d)| a.saturating_add(d)).max().unwrap_or(t0);
+    let mut end = starts.map(|(a, d)| a.saturating_add(d)).max().unwrap_or(t0);
+    let (profiles, offcpu_profiles, host_profiles, records, os_samples) = match args.until {
+        None => (
+            profiles,
+            offcpu_profiles,
+            host_profiles,
+            records,
+            os_samples,
+        ),
+        Some(u) => {
+            let cut = t0.saturating_add((u.max(0.0) * 1e9) as u64);
+            end = end.min(cut);
+            let done = |p: &StackProfile| p.start_unix_ns.saturating_add(p.duration_ns) <= cut;
+            let keep = |v: Vec<StackProfile>| v.into_iter().filter(done).collect::<Vec<_>>();
+            (
+                keep(profiles),
+                keep(offcpu_profiles),
+                keep(host_profiles),
+                records
+                    .into_iter()
+                    .filter(|r| r.exit_ns <= cut)
+                    .collect::<Vec<_>>(),
+                os_samples
+                    .into_iter()
+                    .filter(|o| o.start_unix_ns.saturating_add(o.duration_ns) <= cut)
+                    .collect::<Vec<_>>(),
+            )
+        }
+    };
     let span = (end - t0) as f64 / 1e9;
     // The default thirds are of the training: the span of the collective
     // records where they are on the same (Unix) clock as the profiles, so
@@ -774,6 +814,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         offcpu_diff: offcpu_rows,
         os_diff: os_rows,
         regressions: regs,
+        origin_unix_ns: t0,
         baseline,
         window,
         profiles: profiles.len(),
@@ -897,9 +938,19 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("whyslow: wrote the HTML report {}", path.display());
     }
+    let mut text: Vec<u8> = Vec::new();
     match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Format::Table => write_table(&mut std::io::stdout().lock(), &report)?,
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut text, &report)?;
+            text.push(b'\n');
+        }
+        Format::Table => write_table(&mut text, &report)?,
+    }
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => std::io::Write::write_all(&mut std::io::stdout().lock(), &text)?,
     }
     Ok(0)
 }

@@ -573,13 +573,16 @@ fn cli_main(py: Python<'_>, args: Vec<String>) -> i32 {
 /// it what it writes and reads.
 #[pyfunction]
 fn parse_wire(kind: &str, text: &str) -> PyResult<String> {
-    use whyslow_model::wire::{AgentDone, AgentRequest, ProcessRegistration, SessionRecord};
+    use whyslow_model::wire::{
+        AgentDone, AgentInfo, AgentRequest, ProcessRegistration, SessionRecord,
+    };
     let bad = |e: whyslow_model::wire::WireError| PyValueError::new_err(e.to_string());
     let out = match kind {
         "request" => serde_json::to_string(&AgentRequest::from_json(text).map_err(bad)?),
         "done" => serde_json::to_string(&AgentDone::from_json(text).map_err(bad)?),
         "session" => serde_json::to_string(&SessionRecord::from_json(text).map_err(bad)?),
         "register" => serde_json::to_string(&ProcessRegistration::from_json(text).map_err(bad)?),
+        "agent" => serde_json::to_string(&AgentInfo::from_json(text).map_err(bad)?),
         other => {
             return Err(PyValueError::new_err(format!(
                 "unknown wire kind {other:?}"

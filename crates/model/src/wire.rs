@@ -149,6 +149,28 @@ impl AgentDone {
     }
 }
 
+/// What an agent says of itself in its registration directory
+/// (`agent.json`, written when it starts): where its spool is, so that rank
+/// 0 of a job can run the cross-layer diagnosis over it for its report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// The agent's process id.
+    pub pid: u32,
+    /// Its profile spool (`--profile-spool`), absolute; none without one.
+    #[serde(default)]
+    pub spool: Option<String>,
+}
+
+impl AgentInfo {
+    /// The file name in the registration directory.
+    pub const FILE: &'static str = "agent.json";
+
+    /// Parses an agent's `agent.json`.
+    pub fn from_json(text: &str) -> Result<Self, WireError> {
+        parse(text)
+    }
+}
+
 /// A profiling session the ranks agree on (the job's `torch.distributed`
 /// store, key `…/s<N>/session`; written as `session.json` next to the
 /// report with what was collected): the first proposal for session N wins
