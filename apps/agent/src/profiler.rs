@@ -626,8 +626,9 @@ fn file_stem(reg: &ProcessRegistration) -> String {
     )
 }
 
-/// Traces the gloo collectives of registered processes (SysOM-AI §3.2) until
-/// `stop`: one records file per process and profile period in the spool.
+/// Traces the gloo collectives of registered processes (SysOM-AI §3.2), and
+/// NCCL's calls of those that map libnccl, until `stop`: one records file
+/// per process and profile period in the spool.
 /// A process that has not loaded gloo yet is tried again at each scan.
 fn collectives_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<AtomicBool>) {
     use whyslow_collectives::{gloo_library, GlooTracer, Sequencer};
@@ -649,6 +650,14 @@ fn collectives_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<
     );
     let mut last_scan = std::time::Instant::now() - Duration::from_secs(10);
     let mut pending: Vec<whyslow_collectives::GlooEvent> = Vec::new();
+    // NCCL's calls (GPU jobs), traced once a process maps libnccl: the host
+    // side, for when NCCL does not load whyslow's profiler plugin.
+    let mut nccl: Option<whyslow_collectives::nccl::NcclTracer> = None;
+    let mut nccl_done: BTreeMap<u32, ()> = BTreeMap::new();
+    let mut nccl_sequencer = whyslow_collectives::nccl::NcclSequencer::with_clock_offset(
+        whyslow_sampler::clock::realtime_ns() - whyslow_sampler::clock::monotonic_ns(),
+    );
+    let mut pending_nccl: Vec<whyslow_collectives::nccl::NcclEvent> = Vec::new();
     loop {
         // On stop, one last round writes everything still pending.
         let stopping = stop.load(Ordering::Relaxed);
@@ -704,6 +713,43 @@ fn collectives_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<
                     }
                 }
             }
+            for (&pid, t) in &traced {
+                if nccl_done.contains_key(&pid) {
+                    continue;
+                }
+                let Some(lib) = whyslow_collectives::nccl::nccl_library(pid) else {
+                    continue;
+                };
+                nccl_done.insert(pid, ());
+                if nccl.is_none() {
+                    match whyslow_collectives::nccl::NcclTracer::open() {
+                        Ok(n) => nccl = Some(n),
+                        Err(e) => {
+                            AgentEvent::CollectivesFailed {
+                                pid: t.reg.pid,
+                                reason: format!("NCCL tracer: {e}"),
+                            }
+                            .emit();
+                            continue;
+                        }
+                    }
+                }
+                let Some(n) = nccl.as_mut() else { continue };
+                match n.attach(pid, &lib) {
+                    Ok(k) => AgentEvent::CollectivesTraced {
+                        pid: t.reg.pid,
+                        rank: t.reg.rank,
+                        functions: k,
+                        library: &lib,
+                    }
+                    .emit(),
+                    Err(e) => AgentEvent::CollectivesFailed {
+                        pid: t.reg.pid,
+                        reason: e.to_string(),
+                    }
+                    .emit(),
+                }
+            }
             let gone: Vec<u32> = traced
                 .iter()
                 .filter(|(_, t)| !alive(&t.reg))
@@ -712,6 +758,9 @@ fn collectives_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<
             for pid in gone {
                 tracer.detach(pid);
                 sequencer.forget(pid);
+                if let Some(n) = nccl.as_mut() {
+                    n.detach(pid);
+                }
                 traced.remove(&pid);
             }
         }
@@ -726,7 +775,27 @@ fn collectives_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<
             .drain(..)
             .partition(|e| stopping || now_ns.saturating_sub(e.exit_ns) > 1_000_000_000);
         pending = young;
+        if let Some(n) = nccl.as_mut() {
+            pending_nccl.extend(n.poll(Duration::ZERO));
+        }
+        pending_nccl.sort_by_key(|e| (e.pid, e.entry_ns));
+        let (ready_nccl, young_nccl): (Vec<_>, Vec<_>) = pending_nccl
+            .drain(..)
+            .partition(|e| stopping || now_ns.saturating_sub(e.exit_ns) > 1_000_000_000);
+        pending_nccl = young_nccl;
         let mut lines: HashMap<u32, String> = HashMap::new();
+        for e in &ready_nccl {
+            let Some(t) = traced.get(&e.pid) else {
+                continue;
+            };
+            if let Some(r) = nccl_sequencer.record(e, &t.reg.job, t.reg.rank) {
+                if let Ok(j) = serde_json::to_string(&r) {
+                    let l = lines.entry(e.pid).or_default();
+                    l.push_str(&j);
+                    l.push('\n');
+                }
+            }
+        }
         for e in &ready {
             let Some(t) = traced.get(&e.pid) else {
                 continue;

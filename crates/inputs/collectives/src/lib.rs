@@ -15,11 +15,13 @@
 //! What the probes see is gloo's own execution on ProcessGroupGloo's worker
 //! thread: for an asynchronous collective (DDP's gradient buckets) entry is
 //! when the work started, not when Python asked for it, which is what a late
-//! rank delays. Point-to-point send/recv (pipeline stages) and NCCL are not
-//! traced here.
+//! rank delays. Point-to-point send/recv (pipeline stages) of gloo are not
+//! traced. [`nccl`] traces NCCL's exported calls the same way (the host
+//! side; the GPU side comes from the NCCL profiler plugin).
 
 #![deny(missing_docs)]
 
+pub mod nccl;
 mod sequence;
 mod symbols;
 mod tracer;

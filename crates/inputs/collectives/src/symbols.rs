@@ -83,12 +83,7 @@ pub fn gloo_functions(path: &Path) -> Result<Vec<GlooFunction>, TraceError> {
     }
     let mut out = Vec::new();
     for (op, (symbol, addr)) in found {
-        let offset = obj.segments().find_map(|s| {
-            let (start, size) = (s.address(), s.size());
-            let (file_off, _) = s.file_range();
-            (addr >= start && addr < start + size).then(|| addr - start + file_off)
-        });
-        if let Some(file_offset) = offset {
+        if let Some(file_offset) = file_offset(&obj, addr) {
             out.push(GlooFunction {
                 op,
                 symbol,
@@ -97,4 +92,14 @@ pub fn gloo_functions(path: &Path) -> Result<Vec<GlooFunction>, TraceError> {
         }
     }
     Ok(out)
+}
+
+/// The file offset of virtual address `addr` of `obj`, through its loadable
+/// segments (what a uprobe attaches to).
+pub(crate) fn file_offset(obj: &object::File<'_>, addr: u64) -> Option<u64> {
+    obj.segments().find_map(|s| {
+        let (start, size) = (s.address(), s.size());
+        let (file_off, _) = s.file_range();
+        (addr >= start && addr < start + size).then(|| addr - start + file_off)
+    })
 }
