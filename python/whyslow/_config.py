@@ -23,6 +23,7 @@ class Config:
     job_id                        WHYSLOW_JOB_ID               TORCHELASTIC_RUN_ID, else "local"
     window_s                      WHYSLOW_WINDOW_S             20 (profiling window, seconds)
     window_iters                  WHYSLOW_WINDOW_ITERS         0 (>0: window in iterations instead)
+    window_max_mb                 WHYSLOW_WINDOW_MAX_MB        1024 (the window ends early when the rank's memory grew by this much; 0: no limit)
     m                             WHYSLOW_M                    10 (§4.1 M)
     n                             WHYSLOW_N                    50 (§4.1 N)
     threshold                     WHYSLOW_THRESHOLD            0.05 (§4.1: 5 %)
@@ -93,6 +94,7 @@ class Config:
     job_id: str = ""
     window_s: float = 20.0
     window_iters: int = 0
+    window_max_mb: float = 1024.0
     m: int = 10
     n: int = 50
     threshold: float = 0.05

@@ -24,6 +24,15 @@ def _record_always(step: int) -> "Any":
     return ProfilerAction.RECORD
 
 
+def _rss_mb() -> float:
+    """This process's resident memory, MB (0 where /proc cannot tell)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class ProfileWindow:
     """The window of session record ``session`` on ``rank``, from iteration
     ``start_step`` at ``t0`` (ns)."""
@@ -38,6 +47,11 @@ class ProfileWindow:
         self.prof: Any = None
         self.sampler: Any = None
         self._sys_profile_before = sys.getprofile()
+        # torch.profiler keeps every event of the window, with its stack, in
+        # memory: a long window of a slowed job once grew a rank to 5.7 GB
+        # (OOM-killed). The window ends early past WHYSLOW_WINDOW_MAX_MB.
+        self.rss0_mb = _rss_mb()
+        self.ended_for_memory: Optional[float] = None
 
     def start(self) -> None:
         """Starts the profiler (raises on failure, nothing left running) and
@@ -69,6 +83,15 @@ class ProfileWindow:
         limit_ns = s["window_s"] * 1e9 if s.get("window_s") else float("inf")
         if steps - self.start_step >= s["iters"] or (t - self.t0) >= limit_ns:
             return True
+        cap = self.cfg.window_max_mb
+        if cap and cap > 0 and (steps - self.start_step) % 4 == 0:
+            grown = _rss_mb() - self.rss0_mb
+            if grown > cap:
+                self.ended_for_memory = grown
+                log.warning("whyslow: rank %d: profiling window ended after %d iterations: memory "
+                            "grew by %.0f MB (WHYSLOW_WINDOW_MAX_MB=%g)", self.rank,
+                            steps - self.start_step, grown, cap)
+                return True
         self.prof.step()
         return False
 

@@ -200,3 +200,22 @@ def test_the_agent_names_its_spool_for_rank_0(tmp_path):
         agent.wait(30)
     with pytest.raises(ValueError, match="pid"):
         _whyslow.parse_wire("agent", '{"pid": "x"}')
+
+
+def test_a_profiling_window_ends_when_memory_grows_past_the_cap(monkeypatch):
+    """torch.profiler keeps the window's events in memory: past
+    WHYSLOW_WINDOW_MAX_MB of growth the window ends early (a 696-iteration
+    window once grew a rank to 5.7 GB and got it OOM-killed); 0 turns the
+    cap off."""
+    from whyslow import _window
+    rss = {"mb": 500.0}
+    monkeypatch.setattr(_window, "_rss_mb", lambda: rss["mb"])
+    session = {"iters": 1000, "window_s": 0.0}
+    for cap, ends in ((256.0, True), (0.0, False)):
+        rss["mb"] = 500.0
+        w = _window.ProfileWindow(Config(window_max_mb=cap), session, rank=0, start_step=0, t0=0)
+        w.prof = type("P", (), {"step": lambda self: None})()
+        assert not w.tick(4, 1)
+        rss["mb"] = 900.0  # +400 MB
+        assert w.tick(8, 2) is ends
+        assert (w.ended_for_memory is not None) is ends
