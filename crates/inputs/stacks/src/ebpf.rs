@@ -621,6 +621,9 @@ pub fn profile(
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
+    // The period starts before the program is attached (not after loading
+    // kernel symbols, which can take a while): it covers all it counts.
+    let t0 = Instant::now();
     let measuring = if opts.measure {
         Some(enable_run_time_stats()?)
     } else {
@@ -637,7 +640,6 @@ pub fn profile(
             builder.label("pid", pid.to_string());
         }
     }
-    let t0 = Instant::now();
     let mut last = t0;
     loop {
         let done = t0.elapsed() >= duration || stop.load(Ordering::Relaxed);

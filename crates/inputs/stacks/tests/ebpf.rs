@@ -390,10 +390,13 @@ fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
     let _ = feeder.join();
     let total_us: u64 = p.stacks.iter().map(|s| s.count).sum();
     assert_eq!(p.hz, 1e6, "counts are microseconds");
-    // Nearly 2 s blocked (the last wait ends after the profile).
+    // Blocked nearly all the time the program was attached: the profile's
+    // span (2 s, more on a loaded machine: the drains symbolize), less the
+    // wait still open at the last drain and the reader's few ms on the CPU.
+    let span_us = p.duration_ns / 1_000;
     assert!(
-        (1_500_000..2_600_000).contains(&total_us),
-        "{total_us} µs off the CPU in 2 s: {st:?}"
+        total_us <= span_us + 50_000 && total_us * 4 >= span_us.saturating_sub(100_000) * 3,
+        "{total_us} µs off the CPU in a {span_us} µs profile: {st:?}"
     );
     let in_pipe_read: u64 = stacks(&p)
         .iter()
