@@ -876,34 +876,39 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             .map(|g| entry_plot(&g, &found))
             .collect::<Vec<_>>();
         let mut flames = Vec::new();
-        for s in report.stragglers.iter().take(4) {
-            let peers: Vec<&StackProfile> = profiles
+        for (i, s) in report.stragglers.iter().enumerate().take(4) {
+            let in_window: Vec<&StackProfile> =
+                profiles.iter().filter(|p| within(p, window)).collect();
+            flames.extend(peer_flame(&in_window, "rank", &s.rank, |peer| {
+                format!("late rank {} against rank {peer}", s.rank)
+            }));
+            let blocked: Vec<&StackProfile> = offcpu_profiles
                 .iter()
-                .filter(|p| within(p, window) && p.labels.get("rank") != Some(&s.rank))
+                .filter(|p| within(p, window))
                 .collect();
-            let mine: Vec<&StackProfile> = profiles
-                .iter()
-                .filter(|p| within(p, window) && p.labels.get("rank") == Some(&s.rank))
-                .collect();
-            if mine.is_empty() || peers.is_empty() {
-                continue;
+            flames.extend(peer_flame(&blocked, "rank", &s.rank, |peer| {
+                format!(
+                    "late rank {} against rank {peer}: time blocked off the CPU",
+                    s.rank
+                )
+            }));
+            if let Some(view) = host_views.get(i).and_then(Option::as_ref) {
+                let hosts: Vec<&StackProfile> = host_profiles
+                    .iter()
+                    .filter(|p| {
+                        within(p, window)
+                            && p.labels
+                                .get("host")
+                                .is_some_and(|h| view.shares.contains_key(h))
+                    })
+                    .collect();
+                flames.extend(peer_flame(&hosts, "host", &view.host, |peer| {
+                    format!(
+                        "late rank {}'s host {} against host {peer}: all their processes",
+                        s.rank, view.host
+                    )
+                }));
             }
-            // The peer: the first other rank with profiles in the window.
-            let peer_rank = peers[0].labels.get("rank").cloned().unwrap_or_default();
-            let peer: Vec<&StackProfile> = peers
-                .into_iter()
-                .filter(|p| p.labels.get("rank") == Some(&peer_rank))
-                .collect();
-            let title = format!("late rank {} against rank {peer_rank}", s.rank);
-            let svg = whyslow_stack_output::to_diff_flamegraph_svg(
-                &crate::profile::merge(peer),
-                &crate::profile::merge(mine),
-                &whyslow_stack_output::FlameOptions {
-                    title: title.clone(),
-                    ..Default::default()
-                },
-            );
-            flames.push(whyslow_report::diagnose::FlameGraph { title, svg });
         }
         for g in report.groups.iter().take(4) {
             let ps = &groups[&g.group];
@@ -953,6 +958,42 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         None => std::io::Write::write_all(&mut std::io::stdout().lock(), &text)?,
     }
     Ok(0)
+}
+
+/// A differential flame graph of the profiles whose `key` label is `me`
+/// against those of the first other value (the peer), titled by `title`
+/// from the peer's value; `None` when either side has none.
+fn peer_flame(
+    profiles: &[&StackProfile],
+    key: &str,
+    me: &str,
+    title: impl Fn(&str) -> String,
+) -> Option<whyslow_report::diagnose::FlameGraph> {
+    let value = |p: &StackProfile| p.labels.get(key).cloned();
+    let mine: Vec<&StackProfile> = profiles
+        .iter()
+        .copied()
+        .filter(|p| value(p).as_deref() == Some(me))
+        .collect();
+    let peer_value = profiles.iter().filter_map(|p| value(p)).find(|v| v != me)?;
+    let peer: Vec<&StackProfile> = profiles
+        .iter()
+        .copied()
+        .filter(|p| value(p).as_ref() == Some(&peer_value))
+        .collect();
+    if mine.is_empty() {
+        return None;
+    }
+    let title = title(&peer_value);
+    let svg = whyslow_stack_output::to_diff_flamegraph_svg(
+        &crate::profile::merge(peer),
+        &crate::profile::merge(mine),
+        &whyslow_stack_output::FlameOptions {
+            title: title.clone(),
+            ..Default::default()
+        },
+    );
+    Some(whyslow_report::diagnose::FlameGraph { title, svg })
 }
 
 /// The per-rank entry-time plot of one group (SysOM-AI Fig. 5).
