@@ -210,7 +210,7 @@ impl AgentEvent<'_> {
                 rank = rank.map(i64::from).unwrap_or(-1),
                 functions,
                 library = %library.display(),
-                "pid {pid}: tracing {functions} gloo collectives in {}",
+                "pid {pid}: tracing {functions} collective functions in {}",
                 library.display()
             ),
             AgentEvent::CollectivesFailed { pid, reason } => {
