@@ -21,16 +21,13 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::uprobe::UProbeLinkId;
-use aya::programs::UProbe;
-use aya::{Ebpf, EbpfLoader};
 use object::{Object, ObjectSymbol};
 use whyslow_model::collective::CollectiveRecord;
 
-use crate::{chain, symbols::file_offset, TraceError, TracerStats};
+use crate::tracer::Uprobes;
+use crate::{symbols::file_offset, TraceError, TracerStats};
 
 /// The compiled program (`bpf/nccl.bpf.c`, built by `scripts/build-bpf`).
 pub static NCCL_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/nccl.bpf.o");
@@ -158,138 +155,45 @@ pub fn nccl_functions(path: &Path) -> Result<Vec<(usize, u64)>, TraceError> {
 
 /// NCCL's calls of chosen processes, traced with uprobes.
 pub struct NcclTracer {
-    ebpf: Ebpf,
-    events: RingBuf<MapData>,
-    attached: HashMap<u32, Vec<(String, UProbeLinkId)>>,
+    probes: Uprobes,
 }
 
 impl NcclTracer {
     /// Loads the program (no probe attached yet).
     pub fn open() -> Result<Self, TraceError> {
-        let mut ebpf = EbpfLoader::new()
-            .load(NCCL_OBJECT)
-            .map_err(|e| TraceError::Load(chain(&e)))?;
-        for (symbol, _) in NCCL_OPS {
-            for kind in ["enter", "exit"] {
-                let name = format!("{kind}_{symbol}");
-                let prog: &mut UProbe = ebpf
-                    .program_mut(&name)
-                    .ok_or_else(|| TraceError::Load(format!("no program {name} in the object")))?
-                    .try_into()
-                    .map_err(|e: aya::programs::ProgramError| TraceError::Load(chain(&e)))?;
-                prog.load().map_err(|e| TraceError::Load(chain(&e)))?;
-            }
-        }
-        let events = ebpf
-            .take_map("events")
-            .ok_or_else(|| TraceError::Map("events", "not in the object".into()))?;
-        let events = RingBuf::try_from(events).map_err(|e| TraceError::Map("events", chain(&e)))?;
+        let names: Vec<&str> = NCCL_OPS.iter().map(|(symbol, _)| *symbol).collect();
         Ok(NcclTracer {
-            ebpf,
-            events,
-            attached: HashMap::new(),
+            probes: Uprobes::open(NCCL_OBJECT, &names)?,
         })
     }
 
     /// Traces `pid`'s calls into `library` (its libnccl:
     /// [`nccl_library`]). Returns how many entry points were found there.
     pub fn attach(&mut self, pid: u32, library: &Path) -> Result<usize, TraceError> {
-        if let Some(links) = self.attached.get(&pid) {
-            return Ok(links.len() / 2);
+        if let Some(n) = self.probes.attached(pid) {
+            return Ok(n);
         }
-        let functions = nccl_functions(library)?;
-        {
-            let mut targets: BpfHashMap<&mut MapData, u32, u8> = self
-                .ebpf
-                .map_mut("targets")
-                .ok_or_else(|| TraceError::Map("targets", "not in the object".into()))?
-                .try_into()
-                .map_err(|e: aya::maps::MapError| TraceError::Map("targets", chain(&e)))?;
-            targets
-                .insert(pid, 1, 0)
-                .map_err(|e| TraceError::Map("targets", chain(&e)))?;
-        }
-        let mut links = Vec::new();
-        for &(op, offset) in &functions {
-            for kind in ["enter", "exit"] {
-                let name = format!("{kind}_{}", NCCL_OPS[op].0);
-                let prog: &mut UProbe = self
-                    .ebpf
-                    .program_mut(&name)
-                    .expect("loaded in open")
-                    .try_into()
-                    .expect("a uprobe");
-                match prog.attach(None, offset, library, Some(pid as i32)) {
-                    Ok(id) => links.push((name, id)),
-                    Err(e) => {
-                        self.attached.insert(pid, links);
-                        self.detach(pid);
-                        return Err(TraceError::Attach {
-                            function: NCCL_OPS[op].0.to_string(),
-                            path: library.display().to_string(),
-                            reason: chain(&e),
-                        });
-                    }
-                }
-            }
-        }
-        self.attached.insert(pid, links);
-        Ok(functions.len())
+        let functions: Vec<(&str, String, u64)> = nccl_functions(library)?
+            .into_iter()
+            .map(|(op, offset)| (NCCL_OPS[op].0, NCCL_OPS[op].0.to_string(), offset))
+            .collect();
+        self.probes.attach(pid, library, &functions)
     }
 
     /// Stops tracing `pid`.
     pub fn detach(&mut self, pid: u32) {
-        for (name, id) in self.attached.remove(&pid).unwrap_or_default() {
-            if let Some(p) = self.ebpf.program_mut(&name) {
-                let prog: Result<&mut UProbe, _> = p.try_into();
-                if let Ok(prog) = prog {
-                    let _ = prog.detach(id);
-                }
-            }
-        }
-        if let Some(m) = self.ebpf.map_mut("targets") {
-            let targets: Result<BpfHashMap<&mut MapData, u32, u8>, _> = m.try_into();
-            if let Ok(mut t) = targets {
-                let _ = t.remove(&pid);
-            }
-        }
+        self.probes.detach(pid)
     }
 
     /// The events written so far, waiting up to `timeout` for the first.
     pub fn poll(&mut self, timeout: Duration) -> Vec<NcclEvent> {
-        let until = Instant::now() + timeout;
-        let mut out = Vec::new();
-        loop {
-            while let Some(item) = self.events.next() {
-                if let Some(e) = NcclEvent::parse(&item) {
-                    out.push(e);
-                }
-            }
-            if !out.is_empty() || Instant::now() >= until {
-                return out;
-            }
-            std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
-        }
+        self.probes.poll(timeout, NcclEvent::parse)
     }
 
     /// The program's counters (`read_errors`: ncclReduce communicators
     /// that could not be read from the stack).
     pub fn stats(&self) -> Result<TracerStats, TraceError> {
-        let m = self
-            .ebpf
-            .map("stats")
-            .ok_or_else(|| TraceError::Map("stats", "not in the object".into()))?;
-        let arr: PerCpuArray<&MapData, u64> = m
-            .try_into()
-            .map_err(|e: aya::maps::MapError| TraceError::Map("stats", chain(&e)))?;
-        let get = |i: u32| -> u64 { arr.get(&i, 0).map(|v| v.iter().sum::<u64>()).unwrap_or(0) };
-        Ok(TracerStats {
-            entries: get(0),
-            events: get(1),
-            no_entry: get(2),
-            ring_full: get(3),
-            read_errors: get(4),
-        })
+        self.probes.stats()
     }
 }
 

@@ -124,25 +124,30 @@ pub struct TracerStats {
     pub read_errors: u64,
 }
 
-/// gloo's collectives of chosen processes, traced with uprobes.
-pub struct GlooTracer {
+/// Entry and return uprobes of one BPF object (`enter_<name>` and
+/// `exit_<name>` programs, a `targets` pid filter, an `events` ring buffer,
+/// a per-CPU `stats` array), attached per process: what the gloo and the
+/// NCCL tracers share.
+pub(crate) struct Uprobes {
     ebpf: Ebpf,
     events: RingBuf<MapData>,
     attached: HashMap<u32, Vec<(String, UProbeLinkId)>>,
 }
 
-impl GlooTracer {
-    /// Loads the program (no probe attached yet).
-    pub fn open() -> Result<Self, TraceError> {
+impl Uprobes {
+    /// Loads `object` and its `enter_`/`exit_` programs for each of `names`.
+    pub(crate) fn open(object: &[u8], names: &[&str]) -> Result<Self, TraceError> {
         let mut ebpf = EbpfLoader::new()
-            .load(GLOO_OBJECT)
+            .load(object)
             .map_err(|e| TraceError::Load(chain(&e)))?;
-        for op in OPS {
+        for name in names {
             for kind in ["enter", "exit"] {
-                let name = format!("{kind}_{op}");
+                let prog_name = format!("{kind}_{name}");
                 let prog: &mut UProbe = ebpf
-                    .program_mut(&name)
-                    .ok_or_else(|| TraceError::Load(format!("no program {name} in the object")))?
+                    .program_mut(&prog_name)
+                    .ok_or_else(|| {
+                        TraceError::Load(format!("no program {prog_name} in the object"))
+                    })?
                     .try_into()
                     .map_err(|e: aya::programs::ProgramError| TraceError::Load(chain(&e)))?;
                 prog.load().map_err(|e| TraceError::Load(chain(&e)))?;
@@ -152,21 +157,26 @@ impl GlooTracer {
             .take_map("events")
             .ok_or_else(|| TraceError::Map("events", "not in the object".into()))?;
         let events = RingBuf::try_from(events).map_err(|e| TraceError::Map("events", chain(&e)))?;
-        Ok(GlooTracer {
+        Ok(Uprobes {
             ebpf,
             events,
             attached: HashMap::new(),
         })
     }
 
-    /// Traces `pid`'s calls into the gloo functions of `library` (a file the
-    /// process mapped: [`crate::gloo_library`]). Returns how many operations
-    /// were found there; 0 means the library holds no gloo.
-    pub fn attach(&mut self, pid: u32, library: &Path) -> Result<usize, TraceError> {
-        if self.attached.contains_key(&pid) {
-            return Ok(self.attached[&pid].len() / 2);
-        }
-        let functions = gloo_functions(library)?;
+    /// How many functions `pid` is traced in, if it is.
+    pub(crate) fn attached(&self, pid: u32) -> Option<usize> {
+        self.attached.get(&pid).map(|links| links.len() / 2)
+    }
+
+    /// Puts the probes of each (program name, symbol, file offset) of
+    /// `functions` on `pid`'s `library`; on a failure none stays.
+    pub(crate) fn attach(
+        &mut self,
+        pid: u32,
+        library: &Path,
+        functions: &[(&str, String, u64)],
+    ) -> Result<usize, TraceError> {
         {
             let mut targets: BpfHashMap<&mut MapData, u32, u8> = self
                 .ebpf
@@ -179,22 +189,22 @@ impl GlooTracer {
                 .map_err(|e| TraceError::Map("targets", chain(&e)))?;
         }
         let mut links = Vec::new();
-        for f in &functions {
+        for (name, symbol, offset) in functions {
             for kind in ["enter", "exit"] {
-                let name = format!("{kind}_{}", OPS[f.op]);
+                let prog_name = format!("{kind}_{name}");
                 let prog: &mut UProbe = self
                     .ebpf
-                    .program_mut(&name)
+                    .program_mut(&prog_name)
                     .expect("loaded in open")
                     .try_into()
                     .expect("a uprobe");
-                match prog.attach(None, f.file_offset, library, Some(pid as i32)) {
-                    Ok(id) => links.push((name, id)),
+                match prog.attach(None, *offset, library, Some(pid as i32)) {
+                    Ok(id) => links.push((prog_name, id)),
                     Err(e) => {
                         self.attached.insert(pid, links);
                         self.detach(pid);
                         return Err(TraceError::Attach {
-                            function: f.symbol.clone(),
+                            function: symbol.clone(),
                             path: library.display().to_string(),
                             reason: chain(&e),
                         });
@@ -206,8 +216,8 @@ impl GlooTracer {
         Ok(functions.len())
     }
 
-    /// Stops tracing `pid` (its probes removed; nothing if it had none).
-    pub fn detach(&mut self, pid: u32) {
+    /// Removes `pid`'s probes and filter entry (nothing if it had none).
+    pub(crate) fn detach(&mut self, pid: u32) {
         for (name, id) in self.attached.remove(&pid).unwrap_or_default() {
             if let Some(p) = self.ebpf.program_mut(&name) {
                 let prog: Result<&mut UProbe, _> = p.try_into();
@@ -225,19 +235,24 @@ impl GlooTracer {
     }
 
     /// The processes traced now.
-    pub fn pids(&self) -> Vec<u32> {
+    pub(crate) fn pids(&self) -> Vec<u32> {
         let mut p: Vec<u32> = self.attached.keys().copied().collect();
         p.sort();
         p
     }
 
-    /// The events written so far, waiting up to `timeout` for the first.
-    pub fn poll(&mut self, timeout: Duration) -> Vec<GlooEvent> {
+    /// The ring buffer's records so far decoded by `parse`, waiting up to
+    /// `timeout` for the first.
+    pub(crate) fn poll<T>(
+        &mut self,
+        timeout: Duration,
+        parse: impl Fn(&[u8]) -> Option<T>,
+    ) -> Vec<T> {
         let until = Instant::now() + timeout;
         let mut out = Vec::new();
         loop {
             while let Some(item) = self.events.next() {
-                if let Some(e) = GlooEvent::parse(&item) {
+                if let Some(e) = parse(&item) {
                     out.push(e);
                 }
             }
@@ -249,7 +264,7 @@ impl GlooTracer {
     }
 
     /// The program's counters.
-    pub fn stats(&self) -> Result<TracerStats, TraceError> {
+    pub(crate) fn stats(&self) -> Result<TracerStats, TraceError> {
         let m = self
             .ebpf
             .map("stats")
@@ -265,5 +280,53 @@ impl GlooTracer {
             ring_full: get(3),
             read_errors: get(4),
         })
+    }
+}
+
+/// gloo's collectives of chosen processes, traced with uprobes.
+pub struct GlooTracer {
+    probes: Uprobes,
+}
+
+impl GlooTracer {
+    /// Loads the program (no probe attached yet).
+    pub fn open() -> Result<Self, TraceError> {
+        Ok(GlooTracer {
+            probes: Uprobes::open(GLOO_OBJECT, &OPS)?,
+        })
+    }
+
+    /// Traces `pid`'s calls into the gloo functions of `library` (a file the
+    /// process mapped: [`crate::gloo_library`]). Returns how many operations
+    /// were found there; 0 means the library holds no gloo.
+    pub fn attach(&mut self, pid: u32, library: &Path) -> Result<usize, TraceError> {
+        if let Some(n) = self.probes.attached(pid) {
+            return Ok(n);
+        }
+        let functions: Vec<(&str, String, u64)> = gloo_functions(library)?
+            .into_iter()
+            .map(|f| (OPS[f.op], f.symbol, f.file_offset))
+            .collect();
+        self.probes.attach(pid, library, &functions)
+    }
+
+    /// Stops tracing `pid` (its probes removed; nothing if it had none).
+    pub fn detach(&mut self, pid: u32) {
+        self.probes.detach(pid)
+    }
+
+    /// The processes traced now.
+    pub fn pids(&self) -> Vec<u32> {
+        self.probes.pids()
+    }
+
+    /// The events written so far, waiting up to `timeout` for the first.
+    pub fn poll(&mut self, timeout: Duration) -> Vec<GlooEvent> {
+        self.probes.poll(timeout, GlooEvent::parse)
+    }
+
+    /// The program's counters.
+    pub fn stats(&self) -> Result<TracerStats, TraceError> {
+        self.probes.stats()
     }
 }
