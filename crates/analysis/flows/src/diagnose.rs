@@ -468,6 +468,9 @@ pub fn diagnose(
         if let Some(thr) = t {
             let s = compared[si];
             let others: f64 = (bw.iter().sum::<f64>() - bw[si]) / (bw.len() - 1) as f64;
+            if bw[si] > (1.0 - cfg.min_switch_drop) * others {
+                continue;
+            }
             findings.push(FlowFinding {
                 level: FindingLevel::Switch,
                 subject: format!("{} {}", if s.link { "link" } else { "switch" }, s.name),
