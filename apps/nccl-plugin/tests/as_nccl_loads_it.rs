@@ -21,11 +21,17 @@ const KERNEL_CH_STOP: c_int = 22;
 const GPU_BEHIND: u64 = 1_700_000_000_000_000_000;
 
 fn library() -> std::path::PathBuf {
-    // target/<profile>/deps/<this test> → target/<profile>/libwhyslow_nccl.so
+    // `cargo test` builds the cdylib beside this test, in target/<profile>/deps
+    // (it is copied up to target/<profile> only by `cargo build`, which may
+    // be stale or absent): the one in deps is this build's.
     let exe = std::env::current_exe().expect("test path");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let lib = dir.join("libwhyslow_nccl.so");
-    assert!(lib.exists(), "{} was not built", lib.display());
+    let deps = exe.parent().expect("deps dir");
+    let lib = deps.join("libwhyslow_nccl.so");
+    assert!(
+        lib.exists(),
+        "{} was not built (crate-type cdylib)",
+        lib.display()
+    );
     lib
 }
 
