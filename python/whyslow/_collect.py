@@ -153,7 +153,8 @@ def cross_layer(cfg: Config, sdir: str) -> Optional[str]:
     """With an agent (``WHYSLOW_AGENT_DIR``) that names its profile spool in
     ``agent.json``: the cross-layer diagnosis (SysOM-AI §3.1: late ranks, the
     layer, CPU/off-CPU/OS diffs, the temporal baseline) over the spool as it
-    stands, written as ``diagnose.json`` and ``diagnose.html`` in ``sdir``
+    stands, with the session's fingerprints for the GPU layer, written as
+    ``diagnose.json`` and ``diagnose.html`` in ``sdir``
     and added to ``report.json`` as ``cross_layer`` (with a link in
     ``report.html``). Returns a one-paragraph summary for the log, or None;
     never raises: the report stands without it."""
@@ -171,8 +172,11 @@ def cross_layer(cfg: Config, sdir: str) -> Optional[str]:
     out_json = os.path.join(sdir, "diagnose.json")
     out_html = os.path.join(sdir, "diagnose.html")
     try:
-        rc = _whyslow.cli_main(["diagnose", spool, "--format", "json", "--output", out_json,
-                                "--html", out_html])
+        argv = ["diagnose", spool, "--format", "json", "--output", out_json, "--html", out_html]
+        fps = os.path.join(sdir, "fingerprints")
+        if os.path.isdir(fps):  # GPU kernel times per rank: the GPU layer
+            argv += ["--fingerprints", fps]
+        rc = _whyslow.cli_main(argv)
         if rc != 0:
             log.info("whyslow: no cross-layer diagnosis (whyslow diagnose %s exited %d)", spool, rc)
             return None

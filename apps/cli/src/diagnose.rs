@@ -5,8 +5,11 @@
 //! `whyslow_model::collective::CollectiveRecord` per line) give the slow
 //! ranks (`whyslow agent --trace-collectives` writes them); OS signals
 //! (`*.os.jsonl`, `whyslow_model::os::OsSample`) give the OS layer of a late
-//! rank against its peers. GPU kernel times are not collected yet: the
-//! report says so instead of claiming none.
+//! rank against its peers; GPU kernel times per rank (`--fingerprints`:
+//! fingerprints or PyTorch profiler traces) give the GPU layer: a late
+//! rank's kernels uniformly slower (hardware) or specific kernels slower
+//! (software). A layer without its data is not judged, and the report says
+//! so instead of claiming nothing there.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,12 +18,14 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
+use whyslow_diagnose::gpu::{gpu_diff, GpuConfig, GpuFinding, GpuPattern, KernelTime};
 use whyslow_diagnose::layer::{handler_functions, mean_signals, os_diff, verdict, OsConfig};
 use whyslow_diagnose::stragglers::{instance_periods, lateness, slow_ranks, StragglerConfig};
 use whyslow_diagnose::{regressions, waterline, Config, Regression, Shares, WaterlineFlag};
 use whyslow_model::collective::CollectiveRecord;
 use whyslow_model::os::{OsSample, CPU_TIME};
 use whyslow_model::stack::StackProfile;
+use whyslow_model::FunctionKind;
 
 /// `whyslow diagnose`.
 #[derive(Args, Debug)]
@@ -43,6 +48,12 @@ pub struct DiagnoseArgs {
     /// stood at that moment (for replaying how soon a fault was named).
     #[arg(long, value_name = "SECONDS")]
     until: Option<f64>,
+    /// GPU kernel times per rank, for the GPU layer: fingerprints (what
+    /// `whyslow summarize` writes; the online package's `fingerprints/`
+    /// folder) or PyTorch profiler traces, files or folders. A
+    /// fingerprint's worker is its world rank.
+    #[arg(long, value_name = "PATH", num_args = 1..)]
+    fingerprints: Vec<PathBuf>,
     /// Output on stdout.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -121,6 +132,67 @@ fn process_function(label: &str, rank_of_pid: &BTreeMap<String, String>) -> Stri
 
 const PROCESS_SUFFIX: &str = " (process)";
 
+/// A late rank's GPU kernels slower than its peers' (`gpu_diff` in the JSON).
+#[derive(Debug, Serialize)]
+struct GpuDiff {
+    group: String,
+    rank: String,
+    /// Peers compared with (those with kernel times).
+    peers: usize,
+    #[serde(flatten)]
+    finding: GpuFinding,
+}
+
+/// Each world rank's GPU kernel times from fingerprints or traces under
+/// `paths` (several files of one rank add up); unreadable files are skipped
+/// with a note.
+fn gpu_kernel_times(
+    paths: &[PathBuf],
+    notes: &mut Vec<String>,
+) -> Result<BTreeMap<u32, Vec<KernelTime>>> {
+    use whyslow_ingest::InputFile;
+    let mut out: BTreeMap<u32, Vec<KernelTime>> = BTreeMap::new();
+    if paths.is_empty() {
+        return Ok(out);
+    }
+    for file in whyslow_ingest::discover(paths)? {
+        let fp = match &file {
+            InputFile::Fingerprint(p) => {
+                whyslow_ingest::read_fingerprint(p).map_err(|e| e.to_string())
+            }
+            InputFile::Kineto(p) => whyslow_ingest::read_worker_trace(p)
+                .map(|t| {
+                    whyslow_summarize::summarize(
+                        &t,
+                        &Default::default(),
+                        &whyslow_summarize::SummarizeOptions::default(),
+                    )
+                })
+                .map_err(|e| e.to_string()),
+            _ => continue,
+        };
+        let fp = match fp {
+            Ok(fp) => fp,
+            Err(e) => {
+                notes.push(format!("skipped {}: {e}", file.path().display()));
+                continue;
+            }
+        };
+        out.entry(fp.worker).or_default().extend(
+            fp.functions
+                .iter()
+                .filter(|f| f.kind == FunctionKind::GpuKernel)
+                .map(|f| KernelTime {
+                    name: f.name.clone(),
+                    calls: f.calls,
+                    total_us: f.total_us,
+                }),
+        );
+    }
+    out.retain(|_, v| !v.is_empty());
+    Ok(out)
+}
+
 #[derive(Debug, Serialize)]
 struct Straggler {
     rank: String,
@@ -163,6 +235,8 @@ struct Report {
     /// agent's --profile-offcpu.
     offcpu_diff: Vec<CpuDiff>,
     os_diff: Vec<OsDiff>,
+    /// A late rank's GPU kernels against its peers' (needs --fingerprints).
+    gpu_diff: Vec<GpuDiff>,
     regressions: Vec<Regression>,
     /// Seconds since the earliest profile.
     /// Time 0 of `baseline`, `window` (and `--until`): the earliest profile
@@ -745,7 +819,50 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     if os_samples.is_empty() {
         notes.push("no OS signals (*.os.jsonl; the agent writes them with --profile-spool): the OS layer is not judged".into());
     }
-    notes.push("GPU kernel times are not collected yet: the GPU layer is not judged".into());
+    // The GPU layer: each late rank's kernel times against its group's.
+    let kernels = gpu_kernel_times(&args.fingerprints, &mut notes)?;
+    let mut gpu_rows = Vec::new();
+    if kernels.is_empty() {
+        notes.push(if args.fingerprints.is_empty() {
+            "no GPU kernel times (--fingerprints: fingerprints or profiler traces per rank): the GPU layer is not judged".into()
+        } else {
+            "no GPU kernels in the --fingerprints files: the GPU layer is not judged".into()
+        });
+    } else {
+        for s in &found {
+            let me = world(&s.group, s.rank);
+            let peers: Vec<Vec<KernelTime>> = records
+                .iter()
+                .filter(|r| r.group == s.group && r.rank != s.rank)
+                .map(|r| r.global_rank.unwrap_or(r.rank))
+                .collect::<std::collections::BTreeSet<u32>>()
+                .iter()
+                .filter_map(|r| kernels.get(r).cloned())
+                .collect();
+            let Some(mine) = kernels.get(&me) else {
+                notes.push(format!(
+                    "group {} rank {me}: no GPU kernel times: the GPU layer is not judged",
+                    s.group
+                ));
+                continue;
+            };
+            if peers.is_empty() {
+                notes.push(format!(
+                    "group {}: no peer of rank {me} has GPU kernel times: the GPU layer is not judged",
+                    s.group
+                ));
+                continue;
+            }
+            if let Some(finding) = gpu_diff(mine, &peers, &GpuConfig::default()) {
+                gpu_rows.push(GpuDiff {
+                    group: s.group.clone(),
+                    rank: me.to_string(),
+                    peers: peers.len(),
+                    finding,
+                });
+            }
+        }
+    }
     let host_rows: Vec<CpuDiff> = stragglers
         .iter()
         .zip(&host_views)
@@ -777,6 +894,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     let os_for_verdict: Vec<_> = os_rows.iter().map(|d| d.diff.clone()).collect();
     let mut layer = verdict(
         !stragglers.is_empty(),
+        !gpu_rows.is_empty(),
         &straggler_cpu,
         &os_for_verdict,
         cpu_ms,
@@ -800,7 +918,8 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     if !stragglers.is_empty() && layer == whyslow_diagnose::layer::Layer::None {
         notes.push(
             "a rank is late but neither its CPU profile nor its OS signals differ from its peers': \
-             the cause is in a layer not seen here (GPU, network, or before the window)"
+             the cause is in a layer not seen here (the network, the GPU where its kernel times \
+             were not given, or before the window)"
                 .into(),
         );
     }
@@ -813,6 +932,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             .collect(),
         offcpu_diff: offcpu_rows,
         os_diff: os_rows,
+        gpu_diff: gpu_rows,
         regressions: regs,
         origin_unix_ns: t0,
         baseline,
@@ -851,23 +971,34 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             .map(|r| r.group.clone())
             .or_else(|| groups.keys().next().cloned())
             .unwrap_or_default();
-        let ps = &groups[&g];
-        let merge =
-            |r: (f64, f64)| crate::profile::merge(ps.iter().copied().filter(|p| within(p, r)));
-        let opts = whyslow_stack_output::FlameOptions {
-            title: format!(
-                "group {g}: {:.0}..{:.0} s against {:.0}..{:.0} s",
-                window.0, window.1, baseline.0, baseline.1
+        match groups.get(&g) {
+            None => eprintln!(
+                "whyslow: --diff-svg {}: not written: no rank profiles to draw a flame graph from",
+                svg.display()
             ),
-            ..Default::default()
-        };
-        let out =
-            whyslow_stack_output::to_diff_flamegraph_svg(&merge(baseline), &merge(window), &opts);
-        std::fs::write(svg, out).with_context(|| format!("writing {}", svg.display()))?;
-        eprintln!(
-            "whyslow: wrote the differential flame graph {}",
-            svg.display()
-        );
+            Some(ps) => {
+                let merge = |r: (f64, f64)| {
+                    crate::profile::merge(ps.iter().copied().filter(|p| within(p, r)))
+                };
+                let opts = whyslow_stack_output::FlameOptions {
+                    title: format!(
+                        "group {g}: {:.0}..{:.0} s against {:.0}..{:.0} s",
+                        window.0, window.1, baseline.0, baseline.1
+                    ),
+                    ..Default::default()
+                };
+                let out = whyslow_stack_output::to_diff_flamegraph_svg(
+                    &merge(baseline),
+                    &merge(window),
+                    &opts,
+                );
+                std::fs::write(svg, out).with_context(|| format!("writing {}", svg.display()))?;
+                eprintln!(
+                    "whyslow: wrote the differential flame graph {}",
+                    svg.display()
+                );
+            }
+        }
     }
     if let Some(path) = &args.html {
         let plots = lateness(&records, &scfg)
@@ -1114,6 +1245,28 @@ fn write_table(out: &mut dyn std::io::Write, r: &Report) -> std::io::Result<()> 
                 100.0 * x.before_share,
                 100.0 * x.after_share,
                 x.stack
+            )?;
+        }
+    }
+    for g in &r.gpu_diff {
+        let what = match g.finding.pattern {
+            GpuPattern::Uniform => "uniformly slower: the hardware (clocks held down by power or temperature, a degraded part; nvidia-smi -q -d PERFORMANCE,CLOCK)",
+            GpuPattern::Specific => "specific kernels slower, the rest at their peers' pace: software (shapes, algorithm choice, data)",
+        };
+        writeln!(
+            out,
+            "GPU kernels: group {} rank {}: {:.2}x its {} peers' kernel time, {what}",
+            g.group, g.rank, g.finding.overall_ratio, g.peers
+        )?;
+        for k in g.finding.kernels.iter().take(8) {
+            writeln!(
+                out,
+                "  {} {:.1} µs vs {:.1} µs per call ({:.2}x, +{:.1} % of its GPU time)",
+                k.kernel,
+                k.straggler_us,
+                k.peers_us,
+                k.ratio,
+                100.0 * k.excess_share
             )?;
         }
     }

@@ -205,8 +205,8 @@ pub fn run_profile(args: ProfileArgs) -> Result<u8> {
     }
     if let Some(py) = &stats.python {
         eprintln!(
-            "whyslow: {py}: Python frames stitched into {} samples ({} kept the interpreter's frames: the Python stack had moved on)",
-            stats.python_stitched, stats.python_mismatched
+            "whyslow: {py}: Python frames stitched into {} samples ({} kept the interpreter's frames: the Python stack had moved on; {} read more than 2 ms after their tick)",
+            stats.python_stitched, stats.python_mismatched, stats.python_stale
         );
     }
     if stats.kernel_symbols == 0 {

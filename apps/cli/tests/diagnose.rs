@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+
 const RANK: &str = r#"
 import os, sys, time
 rank, seconds, regress_at = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
@@ -396,5 +398,122 @@ fn a_late_ranks_softirq_load_is_the_os_layer_and_plain_lateness_is_unexplained()
             .to_string()
             .contains("a layer not seen here"),
         "{show}"
+    );
+}
+
+/// Fingerprints of ranks 0-3 from a real GPU trace (`kineto/single/NAME`),
+/// each with ±3 % noise of its own; `slow(rank, i)` gives the extra time
+/// (a fraction of the execution's duration) of a rank's executions of the
+/// i-th heaviest GPU kernel.
+fn gpu_fingerprints(dir: &Path, name: &str, slow: impl Fn(u32, usize) -> f64) {
+    use whyslow_model::FunctionKind;
+    use whyslow_replay::{function_ids, replica, Noise, NoiseMode};
+    let base =
+        whyslow_ingest::read_kineto(&common::fixtures().unwrap().join("kineto/single").join(name))
+            .expect("fixture trace loads");
+    // Kernels heaviest first (by device time in the trace).
+    let mut kernels = function_ids(&base, FunctionKind::GpuKernel);
+    assert!(kernels.len() > 3, "{name}: too few GPU kernels to judge");
+    let time = |k: &whyslow_model::FunctionId| -> i64 {
+        base.executions
+            .iter()
+            .filter(|e| e.function == *k)
+            .map(|e| e.dur_ns())
+            .sum()
+    };
+    kernels.sort_by_key(|k| std::cmp::Reverse(time(k)));
+    fs::create_dir_all(dir).unwrap();
+    for rank in 0..4u32 {
+        let noise = Noise {
+            amount: 0.03,
+            mode: NoiseMode::Shift,
+            seed: 7,
+        };
+        let mut t = replica(&base, rank, &noise);
+        // Device time stretched in place: a slower kernel ends later on
+        // its stream; what the host did does not move.
+        for e in t.executions.iter_mut() {
+            if let Some(i) = kernels.iter().position(|k| *k == e.function) {
+                e.end_ns += (e.dur_ns() as f64 * slow(rank, i)) as i64;
+            }
+        }
+        let fp = whyslow_summarize::summarize(&t, &Default::default(), &Default::default());
+        whyslow_ingest::write_fingerprint(&dir.join(format!("rank-{rank}.json")), &fp).unwrap();
+    }
+}
+
+fn diagnose_with(spool: &Path, fingerprints: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
+        .arg("diagnose")
+        .arg(spool)
+        .args(["--format", "json", "--fingerprints"])
+        .arg(fingerprints)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_late_ranks_slower_gpu_kernels_are_the_gpu_layer_uniform_or_specific() {
+    // Real traces of three GPUs; rank 1 enters its collectives 6 ms late.
+    for trace in [
+        "a100-nccl-rank0of2.json.gz",
+        "h100-qwen-0.5b.json.gz",
+        "b200-eager-rank0of8.json.gz",
+    ] {
+        let dir = late_rank_spool(&format!("gpu-{trace}"), 1_000.0);
+        // Every kernel of rank 1 1.3x-1.6x slower (clocks held down): uniform.
+        for x in [0.3, 0.6] {
+            let fps = dir.join(format!("uniform-{x}"));
+            gpu_fingerprints(&fps, trace, |r, _| if r == 1 { x } else { 0.0 });
+            let report = diagnose_with(&dir, &fps);
+            let show = serde_json::to_string_pretty(&report).unwrap();
+            assert_eq!(report["layer"], "gpu", "{trace} x{x}: {show}");
+            let g = &report["gpu_diff"][0];
+            assert_eq!(g["rank"], "1", "{show}");
+            assert_eq!(g["pattern"], "uniform", "{show}");
+            let ratio = g["overall_ratio"].as_f64().unwrap();
+            assert!((ratio - (1.0 + x)).abs() < 0.15, "{show}");
+            assert_eq!(report["gpu_diff"].as_array().unwrap().len(), 1, "{show}");
+        }
+        // The second-heaviest kernel 3x slower on rank 1, the rest at their
+        // pace: specific, that kernel named.
+        let fps = dir.join("specific");
+        gpu_fingerprints(&fps, trace, |r, i| if r == 1 && i == 1 { 2.0 } else { 0.0 });
+        let report = diagnose_with(&dir, &fps);
+        let show = serde_json::to_string_pretty(&report).unwrap();
+        let g = &report["gpu_diff"];
+        assert_eq!(report["layer"], "gpu", "{trace}: {show}");
+        assert_eq!(g[0]["pattern"], "specific", "{trace}: {show}");
+        assert_eq!(g[0]["kernels"].as_array().unwrap().len(), 1, "{show}");
+        let r = g[0]["kernels"][0]["ratio"].as_f64().unwrap();
+        assert!((2.6..3.4).contains(&r), "{show}");
+        // Healthy kernels everywhere: the GPU layer names nothing and the
+        // lateness stays unexplained.
+        let fps = dir.join("healthy");
+        gpu_fingerprints(&fps, trace, |_, _| 0.0);
+        let report = diagnose_with(&dir, &fps);
+        let show = serde_json::to_string_pretty(&report).unwrap();
+        assert!(
+            report["gpu_diff"].as_array().unwrap().is_empty(),
+            "{trace}: {show}"
+        );
+        assert_eq!(report["layer"], "none", "{trace}: {show}");
+    }
+    // Without kernel times the report says the GPU layer was not judged.
+    // (--diff-svg without rank profiles: the SVG is skipped with a line,
+    // the report still comes.)
+    let dir = late_rank_spool("gpu-none", 1_000.0);
+    let report = diagnose(&dir);
+    assert!(
+        report["notes"]
+            .to_string()
+            .contains("the GPU layer is not judged"),
+        "{report}"
     );
 }

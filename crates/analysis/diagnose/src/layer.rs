@@ -159,7 +159,8 @@ pub fn os_diff(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Layer {
-    /// Accelerator kernels (not collected yet).
+    /// Accelerator kernels: the late rank's GPU kernels run slower than
+    /// its peers' ([`crate::gpu`]).
     Gpu,
     /// The straggler's own code, or a function every rank now spends more in.
     Cpu,
@@ -192,6 +193,8 @@ fn is_interrupt(signal: &str) -> bool {
 
 /// The verdict across layers, in the paper's order of evidence:
 ///
+/// * a late rank whose GPU kernels run slower than its peers' (device
+///   time, which host contention does not stretch): **gpu**;
 /// * a late rank whose CPUs serve more interrupts or softirqs than its
 ///   peers', or that waits longer for a CPU without using more of it (the
 ///   scheduler gave its time to someone else): **os**;
@@ -202,17 +205,22 @@ fn is_interrupt(signal: &str) -> bool {
 /// * no late rank, but functions above the waterline or risen since the
 ///   baseline: **cpu**;
 /// * otherwise **none** (a late rank unexplained by the layers seen here:
-///   GPU kernel times and the network are the candidates left).
+///   the network, or the GPU where its kernel times were not given).
 ///
-/// `straggler_cpu` are the waterline flags of the late ranks only.
+/// `straggler_cpu` are the waterline flags of the late ranks only;
+/// `straggler_gpu` whether the GPU diff found a late rank's kernels slower.
 pub fn verdict(
     late: bool,
+    straggler_gpu: bool,
     straggler_cpu: &[WaterlineFlag],
     os: &[OsDiff],
     straggler_cpu_ms: Option<(f64, f64)>,
     any_cpu_finding: bool,
 ) -> Layer {
     if late {
+        if straggler_gpu {
+            return Layer::Gpu;
+        }
         let interrupts = os.iter().any(|d| is_interrupt(&d.signal));
         let starved = os.iter().any(|d| d.signal == RUNQUEUE_DELAY)
             && straggler_cpu_ms.is_none_or(|(me, peers)| me <= peers * 1.1);
@@ -278,7 +286,7 @@ mod tests {
                 assert_eq!(d.len(), 1, "{d:?}");
                 assert_eq!(d[0].signal, "softirq_NET_RX_per_cpu_s");
                 assert_eq!(
-                    verdict(true, &[], &d, Some((600.0, 610.0)), false),
+                    verdict(true, false, &[], &d, Some((600.0, 610.0)), false),
                     Layer::Os
                 );
             }
@@ -308,7 +316,7 @@ mod tests {
         let d = os_diff(&starved, &peers, &OsConfig::default());
         assert_eq!(d[0].signal, RUNQUEUE_DELAY);
         assert_eq!(
-            verdict(true, &[], &d, Some((500.0, 620.0)), true),
+            verdict(true, false, &[], &d, Some((500.0, 620.0)), true),
             Layer::Os
         );
         // It waited more because it wanted much more CPU than its peers:
@@ -325,6 +333,7 @@ mod tests {
         assert_eq!(
             verdict(
                 true,
+                false,
                 std::slice::from_ref(&flag),
                 &d,
                 Some((950.0, 600.0)),
@@ -332,10 +341,18 @@ mod tests {
             ),
             Layer::Cpu
         );
-        assert_eq!(verdict(true, &[flag], &[], None, true), Layer::Cpu);
-        assert_eq!(verdict(true, &[], &[], None, true), Layer::None);
-        assert_eq!(verdict(false, &[], &[], None, true), Layer::Cpu);
-        assert_eq!(verdict(false, &[], &[], None, false), Layer::None);
+        assert_eq!(verdict(true, false, &[flag], &[], None, true), Layer::Cpu);
+        assert_eq!(verdict(true, false, &[], &[], None, true), Layer::None);
+        assert_eq!(verdict(false, false, &[], &[], None, true), Layer::Cpu);
+        assert_eq!(verdict(false, false, &[], &[], None, false), Layer::None);
+        // Slower GPU kernels on the late rank come first: device time is
+        // not stretched by the host, whatever the OS diff says.
+        assert_eq!(
+            verdict(true, true, &[], &d, Some((500.0, 620.0)), true),
+            Layer::Gpu
+        );
+        // Without a late rank a GPU finding names no layer.
+        assert_eq!(verdict(false, true, &[], &[], None, false), Layer::None);
     }
 
     #[test]

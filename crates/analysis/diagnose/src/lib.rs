@@ -26,6 +26,7 @@
 //! thousand samples.
 #![deny(missing_docs)]
 
+pub mod gpu;
 pub mod layer;
 pub mod stragglers;
 

@@ -90,6 +90,9 @@ pub struct ProfileStats {
     /// Samples of Python threads left with the interpreter's frames (the
     /// Python stack read after the sample no longer matched it).
     pub python_mismatched: u64,
+    /// Samples of Python threads left with the interpreter's frames because
+    /// the reader came to them too late (more than 2 ms after the tick).
+    pub python_stale: u64,
 }
 
 /// Samples every thread of `pid` for `opts.duration` (or until `stop` is
@@ -186,9 +189,11 @@ impl ProcessProfiler {
         let mut samples = 0u64;
         let lost_before = self.sampler.lost;
         let mut stitched = (0u64, 0u64); // (stitched, interpreter frames kept)
+        let mut stale = 0u64;
         loop {
             let done = t0.elapsed() >= duration || stop.load(Ordering::Relaxed);
             self.sampler.drain(&mut batch);
+            let read_at = perf::monotonic_ns();
             let py_stacks = match (&mut self.python, batch.is_empty()) {
                 (Some(r), false) => r.stacks(),
                 _ => HashMap::new(),
@@ -203,7 +208,15 @@ impl ProcessProfiler {
                 let mut ids = vec![builder.frame(Frame::label(name.clone()))];
                 let user = self.walker.user_addresses(&s);
                 let walker = &mut self.walker;
-                match py_stacks.get(&s.tid) {
+                // The Python stack is read now, not at the tick: a sample
+                // older than MAX_PYTHON_LAG may have run another function
+                // (a loaded host delays the reader), so its interpreter
+                // frames stay unstitched rather than named wrongly.
+                let fresh = read_at.saturating_sub(s.time) <= MAX_PYTHON_LAG_NS;
+                if !fresh && py_stacks.contains_key(&s.tid) {
+                    stale += 1;
+                }
+                match py_stacks.get(&s.tid).filter(|_| fresh) {
                     Some(py) => {
                         let native: Vec<Frame> =
                             user.iter().rev().map(|&a| walker.native_frame(a)).collect();
@@ -238,7 +251,7 @@ impl ProcessProfiler {
                     native_ids.clear();
                 }
             }
-            std::thread::sleep(Duration::from_millis(20));
+            self.sampler.wait(Duration::from_millis(20));
         }
         let stats = ProfileStats {
             samples,
@@ -257,6 +270,7 @@ impl ProcessProfiler {
                 .map(|p| format!("CPython 3.{}", p.minor())),
             python_stitched: stitched.0,
             python_mismatched: stitched.1,
+            python_stale: stale,
         };
         let profile = builder.finish(
             self.hz as f64,
@@ -266,6 +280,11 @@ impl ProcessProfiler {
         Ok((profile, stats))
     }
 }
+
+/// The oldest a sample may be when the Python stacks are read for its
+/// frames to be stitched in: Python functions of a few milliseconds are
+/// common in training loops.
+const MAX_PYTHON_LAG_NS: u64 = 2_000_000;
 
 /// The interpreter's evaluation function: one native frame per C-level call
 /// into the bytecode loop.

@@ -25,7 +25,7 @@ const PERF_CONTEXT_MAX: u64 = u64::MAX - 4094;
 pub struct RawSample {
     /// Thread id.
     pub tid: u32,
-    /// perf clock, ns.
+    /// CLOCK_MONOTONIC, ns (as [`monotonic_ns`]).
     pub time: u64,
     /// Kernel frames, leaf first (empty when the tick hit user code).
     pub kernel: Vec<u64>,
@@ -64,6 +64,17 @@ pub struct PerfSampler {
     pub lost: u64,
     /// Threads perf refused (exited in between, permissions).
     pub refused: u64,
+}
+
+/// CLOCK_MONOTONIC now, ns: the clock of [`RawSample::time`].
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn page_size() -> usize {
@@ -166,6 +177,13 @@ impl PerfSampler {
         attr.sample_stack_user = self.stack_bytes;
         attr.set_exclude_callchain_user(1);
         attr.set_exclude_hv(1);
+        // Sample times on CLOCK_MONOTONIC, so the reader can tell how old
+        // a sample is when it reads what the kernel cannot (Python frames).
+        attr.set_use_clockid(1);
+        attr.clockid = libc::CLOCK_MONOTONIC;
+        // Wake a poller at every sample: what is read from the process
+        // beside the sample is read as close to its tick as the reader runs.
+        attr.__bindgen_anon_2.wakeup_events = 1;
         attr.set_disabled(0);
         // SAFETY: attr is a valid perf_event_attr; pid=tid, cpu=-1 samples
         // that thread on any CPU.
@@ -205,6 +223,32 @@ impl PerfSampler {
             map_len,
         });
         Ok(())
+    }
+
+    /// Blocks until a sample is waiting in some thread's ring or `timeout`
+    /// passed (or a signal came).
+    pub fn wait(&self, timeout: std::time::Duration) {
+        let mut fds: Vec<libc::pollfd> = self
+            .events
+            .iter()
+            .map(|e| libc::pollfd {
+                fd: e.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        if fds.is_empty() {
+            std::thread::sleep(timeout);
+            return;
+        }
+        // SAFETY: fds is a valid array of fds.len() pollfd structs.
+        unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                timeout.as_millis().min(i32::MAX as u128) as i32,
+            )
+        };
     }
 
     /// Moves every delivered sample into `out`.
