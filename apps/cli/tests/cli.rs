@@ -78,7 +78,7 @@ fn analyze_names_the_injected_function_on_the_slow_rank() {
 }
 
 /// The report shows when the job slowed down: the demo's window starts at
-/// step 132 and rank 2's extra work at step 150 (`--fault-at 150`).
+/// step 135 and rank 2's extra work at step 150 (`--fault-at 150`).
 #[test]
 fn iteration_times_show_the_onset_of_the_fault() {
     let report = json(&whyslow(&[
