@@ -23,11 +23,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use object::{Object, ObjectSymbol};
 use whyslow_model::collective::CollectiveRecord;
 
 use crate::tracer::Uprobes;
-use crate::{symbols::file_offset, TraceError, TracerStats};
+use crate::{symbols::defined_functions, TraceError, TracerStats};
 
 /// The compiled program (`bpf/nccl.bpf.c`, built by `scripts/build-bpf`).
 pub static NCCL_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/nccl.bpf.o");
@@ -125,32 +124,10 @@ pub fn nccl_library(pid: u32) -> Option<PathBuf> {
 
 /// The traced entry points `path` exports: (operation index, file offset).
 pub fn nccl_functions(path: &Path) -> Result<Vec<(usize, u64)>, TraceError> {
-    let err = |reason: String| TraceError::Library {
-        path: path.display().to_string(),
-        reason,
-    };
-    let file = fs::File::open(path).map_err(|e| err(e.to_string()))?;
-    // SAFETY: read-only map of a library (see symbols.rs).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(e.to_string()))?;
-    let obj = object::File::parse(&*map).map_err(|e| err(format!("not ELF: {e}")))?;
-    let mut out = Vec::new();
-    for sym in obj.dynamic_symbols() {
-        if !sym.is_definition() || sym.address() == 0 {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        let Some(op) = NCCL_OPS.iter().position(|(s, _)| *s == name) else {
-            continue;
-        };
-        if out.iter().any(|(o, _)| *o == op) {
-            continue;
-        }
-        if let Some(off) = file_offset(&obj, sym.address()) {
-            out.push((op, off));
-        }
-    }
-    out.sort_unstable();
-    Ok(out)
+    let found = defined_functions(path, false, |name| {
+        NCCL_OPS.iter().position(|(s, _)| *s == name)
+    })?;
+    Ok(found.into_iter().map(|(op, _, off)| (op, off)).collect())
 }
 
 /// NCCL's calls of chosen processes, traced with uprobes.

@@ -49,6 +49,37 @@ pub fn gloo_library(pid: u32) -> Option<PathBuf> {
 /// the dynamic symbol table (then the full one), mapped from address to file
 /// offset through the loadable segments.
 pub fn gloo_functions(path: &Path) -> Result<Vec<GlooFunction>, TraceError> {
+    let prefixes: Vec<String> = OPS
+        .iter()
+        .map(|op| format!("_ZN4gloo{}{}E", op.len(), op))
+        .collect();
+    let found = defined_functions(path, true, |name| {
+        // `_ZN4gloo9allreduceE` + parameters: a free function of namespace
+        // gloo with that name (a method would be `_ZN4gloo...` nested).
+        prefixes.iter().position(|p| {
+            name.strip_prefix(p.as_str())
+                .is_some_and(|rest| rest.starts_with('R'))
+        })
+    })?;
+    Ok(found
+        .into_iter()
+        .map(|(op, symbol, file_offset)| GlooFunction {
+            op,
+            symbol,
+            file_offset,
+        })
+        .collect())
+}
+
+/// The functions of the ELF file at `path` that `pick` recognizes (its
+/// index for a symbol name), the first definition of each index, as
+/// (index, symbol, file offset), by index: from the dynamic symbol table,
+/// and the full one when `all_symbols`.
+pub(crate) fn defined_functions(
+    path: &Path,
+    all_symbols: bool,
+    mut pick: impl FnMut(&str) -> Option<usize>,
+) -> Result<Vec<(usize, String, u64)>, TraceError> {
     let err = |reason: String| TraceError::Library {
         path: path.display().to_string(),
         reason,
@@ -58,40 +89,22 @@ pub fn gloo_functions(path: &Path) -> Result<Vec<GlooFunction>, TraceError> {
     // fault, which is the same risk every symbolizer of mapped code takes.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(e.to_string()))?;
     let obj = object::File::parse(&*map).map_err(|e| err(format!("not ELF: {e}")))?;
-    let prefixes: Vec<String> = OPS
-        .iter()
-        .map(|op| format!("_ZN4gloo{}{}E", op.len(), op))
-        .collect();
     let mut found: BTreeMap<usize, (String, u64)> = BTreeMap::new();
-    let symbols = obj.dynamic_symbols().chain(obj.symbols());
-    for sym in symbols {
+    let full = all_symbols.then(|| obj.symbols()).into_iter().flatten();
+    for sym in obj.dynamic_symbols().chain(full) {
         if !sym.is_definition() || sym.address() == 0 {
             continue;
         }
         let Ok(name) = sym.name() else { continue };
-        // `_ZN4gloo9allreduceE` + parameters: a free function of namespace
-        // gloo with that name (a method would be `_ZN4gloo...` nested).
-        let Some(op) = prefixes.iter().position(|p| {
-            name.strip_prefix(p.as_str())
-                .is_some_and(|rest| rest.starts_with('R'))
-        }) else {
-            continue;
-        };
+        let Some(i) = pick(name) else { continue };
         found
-            .entry(op)
+            .entry(i)
             .or_insert_with(|| (name.to_string(), sym.address()));
     }
-    let mut out = Vec::new();
-    for (op, (symbol, addr)) in found {
-        if let Some(file_offset) = file_offset(&obj, addr) {
-            out.push(GlooFunction {
-                op,
-                symbol,
-                file_offset,
-            });
-        }
-    }
-    Ok(out)
+    Ok(found
+        .into_iter()
+        .filter_map(|(i, (symbol, addr))| Some((i, symbol, file_offset(&obj, addr)?)))
+        .collect())
 }
 
 /// The file offset of virtual address `addr` of `obj`, through its loadable
