@@ -7,24 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn chromium() -> Option<PathBuf> {
-    let candidates = ["chromium", "chromium-browser", "google-chrome", "chrome"];
-    let found = candidates.iter().find_map(|name| {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("WHYSLOW_REQUIRE_BROWSER").is_none(),
-            "WHYSLOW_REQUIRE_BROWSER is set but no chromium is on PATH"
-        );
-        eprintln!("skipped: no chromium on PATH (apt-get install chromium)");
-    }
-    found
-}
+mod common;
+use common::chromium;
 
 /// (DOM after parsing and layout, browser log).
 fn render(browser: &Path, page: &Path) -> (String, String) {

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+mod common;
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/testbed")
 }
@@ -62,14 +64,26 @@ impl Server {
 
     /// One HTTP/1.1 request; (status, body).
     fn request(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, String) {
-        let mut s = TcpStream::connect(&self.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let auth = token
             .map(|t| format!("Authorization: Bearer {t}\r\n"))
             .unwrap_or_default();
+        let (status, _, body) = self.raw(
+            method,
+            path,
+            &format!("{auth}Content-Type: application/json\r\n"),
+            body,
+        );
+        (status, body)
+    }
+
+    /// One HTTP/1.1 request with `headers` (each ending in CRLF); (status,
+    /// response head, body).
+    fn raw(&self, method: &str, path: &str, headers: &str, body: &[u8]) -> (u16, String, String) {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         )
         .unwrap();
@@ -98,7 +112,7 @@ impl Server {
         } else {
             body.to_string()
         };
-        (status, body)
+        (status, head.to_string(), body)
     }
 }
 
@@ -250,5 +264,110 @@ fn fingerprints_upload_list_report_and_tenant_isolation() {
     assert_eq!(st, 200);
     assert!(body.contains("job-1"), "{body}");
     drop(srv);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// The value of response header `name` (lowercase) in `head`.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim().eq_ignore_ascii_case(name)).then(|| v.trim())
+    })
+}
+
+#[test]
+fn the_web_ui_signs_in_lists_jobs_and_shows_reports_per_tenant() {
+    let data = std::env::temp_dir().join(format!("whyslow-server-ui-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let ta = token(&data, "team-a");
+    let tb = token(&data, "team-b");
+    let srv = Server::start(&data);
+    let run = fixtures().join("slow-link-busy-host");
+    for r in 0..4 {
+        let fp = std::fs::read(run.join(format!("rank-{r}.fingerprint.json"))).unwrap();
+        let path = "/api/v1/jobs/job-ui/sessions/s1/fingerprints";
+        assert_eq!(srv.request("POST", path, Some(&ta), &fp).0, 201);
+    }
+    let session = "/ui/jobs/job-ui/sessions/s1";
+    // Not signed in: every page leads to the sign-in form and back.
+    let (st, head, _) = srv.raw("GET", session, "", b"");
+    assert_eq!(st, 303, "{head}");
+    assert_eq!(
+        header(&head, "location"),
+        Some("/ui/login?next=/ui/jobs/job-ui/sessions/s1")
+    );
+    let form = |token: &str| format!("token={token}&next=%2Fui%2Fjobs%2Fjob-ui");
+    let form_type = "Content-Type: application/x-www-form-urlencoded\r\n";
+    let (st, _, body) = srv.raw("POST", "/ui/login", form_type, form("wsk_bogus").as_bytes());
+    assert_eq!(st, 401);
+    assert!(body.contains("Unknown token"), "{body}");
+    // An open redirect is refused: back to the UI's own start page.
+    let evil = format!("token={ta}&next=https%3A%2F%2Fevil.example%2F");
+    let (st, head, _) = srv.raw("POST", "/ui/login", form_type, evil.as_bytes());
+    assert_eq!((st, header(&head, "location")), (303, Some("/ui/")));
+    let (st, head, _) = srv.raw("POST", "/ui/login", form_type, form(&ta).as_bytes());
+    assert_eq!(st, 303, "{head}");
+    assert_eq!(header(&head, "location"), Some("/ui/jobs/job-ui"));
+    let cookie = header(&head, "set-cookie").unwrap().to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let jar = |t: &str| format!("Cookie: whyslow_token={t}\r\n");
+    let (st, _, body) = srv.raw("GET", "/ui/", &jar(&ta), b"");
+    assert_eq!(st, 200);
+    assert!(body.contains("href=\"/ui/jobs/job-ui\""), "{body}");
+    let (st, _, body) = srv.raw("GET", "/ui/jobs/job-ui", &jar(&ta), b"");
+    assert_eq!(st, 200);
+    assert!(
+        body.contains("href=\"/ui/jobs/job-ui/sessions/s1\""),
+        "{body}"
+    );
+    let (st, _, body) = srv.raw("GET", session, &jar(&ta), b"");
+    assert_eq!(st, 200);
+    assert!(
+        body.contains("job job-ui") && body.contains("<svg"),
+        "{}",
+        &body[..body.len().min(2000)]
+    );
+    // Another tenant sees neither the job nor its session; a cookie never
+    // authorizes the API.
+    let (_, _, body) = srv.raw("GET", "/ui/", &jar(&tb), b"");
+    assert!(!body.contains("job-ui"), "{body}");
+    assert_eq!(srv.raw("GET", "/ui/jobs/job-ui", &jar(&tb), b"").0, 404);
+    assert_eq!(srv.raw("GET", session, &jar(&tb), b"").0, 404);
+    assert_eq!(srv.raw("GET", "/api/v1/jobs", &jar(&ta), b"").0, 401);
+
+    // In a real browser: a sign-in link (the token in the fragment, which
+    // no server sees) opens the session's report.
+    let Some(browser) = common::chromium() else {
+        return;
+    };
+    let profile = data.join("chromium-profile");
+    let out = Command::new(&browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--virtual-time-budget=20000", "--dump-dom"])
+        .arg(format!(
+            "http://{}/ui/login?next={session}#token={ta}",
+            srv.addr
+        ))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        dom.contains("job job-ui") && dom.contains("session s1"),
+        "not the report page:\n{dom}\n{log}"
+    );
+    assert!(dom.contains("<svg"), "no plot in the report page:\n{dom}");
+    assert!(!dom.contains(&ta), "the token is in the page");
     let _ = std::fs::remove_dir_all(&data);
 }

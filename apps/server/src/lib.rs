@@ -13,11 +13,14 @@
 //! - `GET /api/v1/jobs/{job}/sessions/{session}/report` — the report;
 //! - `GET /healthz`, `GET /metrics` (Prometheus text) need no token.
 //!
-//! Not built yet: the web UI, profiles/collectives/flows ingest, symbols,
+//! The web UI ([`ui`]) lives under `/ui/`: jobs, sessions, reports.
+//!
+//! Not built yet: the UI's flame graphs, stragglers and flow timelines, profiles/collectives/flows ingest, symbols,
 //! the ClickHouse and object-storage backends, TLS, local buffering on the
 //! clients.
 
 pub mod store;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -289,6 +292,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/v1/jobs/{job}/sessions/{session}/report",
             get(get_report),
         )
+        .merge(ui::routes())
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)

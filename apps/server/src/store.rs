@@ -41,6 +41,17 @@ pub struct JobSummary {
     pub updated_unix_s: i64,
 }
 
+/// One session of a job, as the web UI lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionSummary {
+    /// Session id as uploaded.
+    pub session: String,
+    /// Workers whose fingerprint is stored.
+    pub fingerprints: u64,
+    /// Last upload, Unix seconds.
+    pub updated_unix_s: i64,
+}
+
 /// What a store offers the service (the ClickHouse/object-storage backend of
 /// issue 14 implements the same trait; not built yet).
 pub trait Store: Send + Sync {
@@ -70,6 +81,9 @@ pub trait Store: Send + Sync {
     fn jobs(&self, tenant: TenantId) -> Result<Vec<JobSummary>, StoreError>;
     /// Whether the tenant has this job.
     fn has_job(&self, tenant: TenantId, job: &str) -> Result<bool, StoreError>;
+    /// The sessions of one of the tenant's jobs, newest upload first (empty
+    /// when the tenant has no such job).
+    fn sessions(&self, tenant: TenantId, job: &str) -> Result<Vec<SessionSummary>, StoreError>;
 }
 
 /// Checks a job, session or tenant name: 1–200 bytes of letters, digits,
@@ -237,6 +251,23 @@ impl Store for SqliteStore {
             .optional()?
             .is_some())
     }
+
+    fn sessions(&self, tenant: TenantId, job: &str) -> Result<Vec<SessionSummary>, StoreError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(
+            "SELECT session, COUNT(*), MAX(uploaded_unix_s)
+             FROM fingerprints WHERE tenant = ?1 AND job = ?2
+             GROUP BY session ORDER BY MAX(uploaded_unix_s) DESC, session",
+        )?;
+        let rows = st.query_map(params![tenant.0, job], |r| {
+            Ok(SessionSummary {
+                session: r.get(0)?,
+                fingerprints: r.get::<_, i64>(1)? as u64,
+                updated_unix_s: r.get(2)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
 }
 
 #[cfg(test)]
@@ -269,6 +300,16 @@ mod tests {
         let jobs = s.jobs(a).unwrap();
         assert_eq!(jobs.len(), 1);
         assert_eq!((jobs[0].sessions, jobs[0].fingerprints), (1, 2));
+        s.put_fingerprint(a, "job1", "s2", 0, "{\"w\":0}").unwrap();
+        let sessions = s.sessions(a, "job1").unwrap();
+        let mut names: Vec<_> = sessions
+            .iter()
+            .map(|x| (x.session.as_str(), x.fingerprints))
+            .collect();
+        names.sort();
+        assert_eq!(names, vec![("s1", 2), ("s2", 1)]);
+        assert!(s.sessions(b, "job1").unwrap().is_empty());
+        assert!(s.sessions(a, "no-such-job").unwrap().is_empty());
         for bad in ["", "../x", ".hidden", "a/b", &"x".repeat(201)] {
             assert!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err(), "{bad:?}");
         }

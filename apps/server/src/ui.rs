@@ -1,0 +1,399 @@
+//! The web UI, served by the same binary with nothing to build (issue 14
+//! item 5, first part): the tenant's jobs, a job's sessions, and a session's
+//! report as `whyslow analyze --html` draws it (the verdict, EROICA's
+//! findings table, the β/μ/σ scatter plots and CDFs of PerfTracker Fig. 13
+//! and 15), localized here over the fingerprints the ranks uploaded.
+//!
+//! Sign-in is the tenant's API token, entered once on `/ui/login` and kept in
+//! an `HttpOnly`, `SameSite=Strict` cookie scoped to `/ui` (the `/api` routes
+//! keep taking only the `Authorization` header, so a cookie never authorizes
+//! a write). `/ui/login#token=…` signs in from a link: the page's script
+//! reads the token from the fragment, which browsers never send to a server
+//! (it stays out of access logs), and submits the form.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::{Form, Path as UrlPath, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum::Router;
+use serde::Deserialize;
+
+use crate::store::{self, TenantId};
+use crate::AppState;
+
+/// The cookie that holds the signed-in tenant's token.
+const COOKIE: &str = "whyslow_token";
+
+fn page(title: &str, body: &str) -> Html<String> {
+    Html(format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{t} · whyslow</title><style>{STYLE}</style></head><body>\
+         <nav><a href=\"/ui/\">whyslow</a> · <a href=\"/ui/logout\">sign out</a></nav>\
+         <main><h1>{t}</h1>{body}</main></body></html>",
+        t = esc(title),
+    ))
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}\
+nav{background:#24292f;padding:.6em 1.2em}nav a{color:#fff;text-decoration:none}\
+main{padding:1em 1.5em;max-width:70em}table{border-collapse:collapse}\
+td,th{border-bottom:1px solid #ddd;padding:.35em .9em;text-align:left}\
+th{background:#f3f4f6}.muted{color:#666}.error{color:#b00020}";
+
+fn esc(s: &str) -> String {
+    whyslow_report::escape_html(s)
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` of a Unix time (civil-from-days, Hinnant).
+fn utc(unix_s: i64) -> String {
+    let (days, secs) = (unix_s.div_euclid(86_400), unix_s.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+fn cookie_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.trim().to_string())
+        .filter(|t| !t.is_empty() && t.len() <= 256)
+}
+
+/// The signed-in tenant, or the response that sends the browser to sign in
+/// (and back to `here` after).
+async fn signed_in(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    here: &str,
+) -> Result<TenantId, Response> {
+    let to_login = || Redirect::to(&format!("/ui/login?next={here}")).into_response();
+    let Some(token) = cookie_token(headers) else {
+        return Err(to_login());
+    };
+    let st = state.clone();
+    match tokio::task::spawn_blocking(move || st.store.tenant_of_token(&token)).await {
+        Ok(Ok(Some(t))) => Ok(t),
+        Ok(Ok(None)) => Err(to_login()),
+        Ok(Err(e)) => Err(server_error(&e.to_string())),
+        Err(e) => Err(server_error(&e.to_string())),
+    }
+}
+
+fn server_error(msg: &str) -> Response {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        page(
+            "Server error",
+            &format!("<p class=\"error\">{}</p>", esc(msg)),
+        ),
+    )
+        .into_response()
+}
+
+fn not_found(what: &str) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        page(
+            "Not found",
+            &format!("<p>{}</p><p><a href=\"/ui/\">Your jobs</a></p>", esc(what)),
+        ),
+    )
+        .into_response()
+}
+
+/// Where to go after signing in: a UI page of this server only (never
+/// another site: no open redirect).
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n)
+            if n.starts_with("/ui/") && !n.starts_with("//") && !n.contains(['\\', '\r', '\n']) =>
+        {
+            n.to_string()
+        }
+        _ => "/ui/".to_string(),
+    }
+}
+
+#[derive(Deserialize)]
+struct NextQuery {
+    next: Option<String>,
+}
+
+async fn login_page(Query(q): Query<NextQuery>) -> Html<String> {
+    login_form(&safe_next(q.next.as_deref()), None)
+}
+
+fn login_form(next: &str, error: Option<&str>) -> Html<String> {
+    let error = error
+        .map(|e| format!("<p class=\"error\">{}</p>", esc(e)))
+        .unwrap_or_default();
+    page(
+        "Sign in",
+        &format!(
+            "{error}<form id=\"login\" method=\"post\" action=\"/ui/login\">\
+             <p><label>API token of your tenant<br>\
+             <input type=\"password\" name=\"token\" size=\"60\" autocomplete=\"off\" required></label></p>\
+             <input type=\"hidden\" name=\"next\" value=\"{}\">\
+             <p><button type=\"submit\">Sign in</button></p></form>\
+             <p class=\"muted\">A token comes from <code>whyslow server token create --data DIR --tenant NAME</code>.</p>\
+             <script>(function(){{var m=location.hash.match(/^#token=([^&]+)/);\
+             if(!m)return;history.replaceState(null,'',location.pathname+location.search);\
+             var f=document.getElementById('login');f.token.value=decodeURIComponent(m[1]);f.submit();}})();</script>",
+            esc(next)
+        ),
+    )
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+    next: Option<String>,
+}
+
+async fn login_post(State(state): State<Arc<AppState>>, Form(f): Form<LoginForm>) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    let next = safe_next(f.next.as_deref());
+    let token = f.token.trim().to_string();
+    if token.is_empty() || token.len() > 256 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+        return (
+            StatusCode::UNAUTHORIZED,
+            login_form(&next, Some("That is not a token.")),
+        )
+            .into_response();
+    }
+    let st = state.clone();
+    let t = token.clone();
+    match tokio::task::spawn_blocking(move || st.store.tenant_of_token(&t)).await {
+        Ok(Ok(Some(_))) => (
+            StatusCode::SEE_OTHER,
+            [
+                (
+                    header::SET_COOKIE,
+                    format!("{COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict"),
+                ),
+                (header::LOCATION, next),
+            ],
+        )
+            .into_response(),
+        Ok(Ok(None)) => {
+            state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+            (
+                StatusCode::UNAUTHORIZED,
+                login_form(&next, Some("Unknown token.")),
+            )
+                .into_response()
+        }
+        Ok(Err(e)) => server_error(&e.to_string()),
+        Err(e) => server_error(&e.to_string()),
+    }
+}
+
+async fn logout() -> Response {
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (
+                header::SET_COOKIE,
+                format!("{COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0"),
+            ),
+            (header::LOCATION, "/ui/login".to_string()),
+        ],
+    )
+        .into_response()
+}
+
+async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    let t = match signed_in(&state, &headers, "/ui/").await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let st = state.clone();
+    let jobs = match tokio::task::spawn_blocking(move || st.store.jobs(t)).await {
+        Ok(Ok(j)) => j,
+        Ok(Err(e)) => return server_error(&e.to_string()),
+        Err(e) => return server_error(&e.to_string()),
+    };
+    let body = if jobs.is_empty() {
+        "<p>No job has uploaded yet. Ranks upload when <code>WHYSLOW_SERVER</code> and \
+         <code>WHYSLOW_TOKEN</code> are set in the training job's environment.</p>"
+            .to_string()
+    } else {
+        let rows: String = jobs
+            .iter()
+            .map(|j| {
+                format!(
+                    "<tr><td><a href=\"/ui/jobs/{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    esc(&j.job),
+                    esc(&j.job),
+                    j.sessions,
+                    j.fingerprints,
+                    utc(j.updated_unix_s)
+                )
+            })
+            .collect();
+        format!(
+            "<table><tr><th>job</th><th>sessions</th><th>worker fingerprints</th><th>last upload</th></tr>{rows}</table>"
+        )
+    };
+    page("Jobs", &body).into_response()
+}
+
+async fn job_page(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    if store::check_name("job", &job).is_err() {
+        return not_found("No such job.");
+    }
+    let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}")).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let (st, j) = (state.clone(), job.clone());
+    let sessions = match tokio::task::spawn_blocking(move || st.store.sessions(t, &j)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return server_error(&e.to_string()),
+        Err(e) => return server_error(&e.to_string()),
+    };
+    if sessions.is_empty() {
+        return not_found(&format!("No job {job:?}."));
+    }
+    let rows: String = sessions
+        .iter()
+        .map(|s| {
+            format!(
+                "<tr><td><a href=\"/ui/jobs/{j}/sessions/{s}\">{s}</a></td><td>{}</td><td>{}</td></tr>",
+                s.fingerprints,
+                utc(s.updated_unix_s),
+                j = esc(&job),
+                s = esc(&s.session),
+            )
+        })
+        .collect();
+    page(
+        &format!("Job {job}"),
+        &format!(
+            "<p class=\"muted\">Each session is one profiling window of all ranks.</p>\
+             <table><tr><th>session</th><th>worker fingerprints</th><th>last upload</th></tr>{rows}</table>"
+        ),
+    )
+    .into_response()
+}
+
+async fn session_page(
+    State(state): State<Arc<AppState>>,
+    UrlPath((job, session)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    if store::check_name("job", &job).is_err() || store::check_name("session", &session).is_err() {
+        return not_found("No such session.");
+    }
+    let here = format!("/ui/jobs/{job}/sessions/{session}");
+    let t = match signed_in(&state, &headers, &here).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let (st, j, s) = (state.clone(), job.clone(), session.clone());
+    let fps = match tokio::task::spawn_blocking(move || st.store.fingerprints(t, &j, &s)).await {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => return server_error(&e.to_string()),
+        Err(e) => return server_error(&e.to_string()),
+    };
+    if fps.is_empty() {
+        return not_found(&format!("No job {job:?} session {session:?}."));
+    }
+    let report = match tokio::task::spawn_blocking(move || crate::report_of(&fps)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return server_error(&e),
+        Err(e) => return server_error(&e.to_string()),
+    };
+    state.metrics.reports.fetch_add(1, Ordering::Relaxed);
+    let html = whyslow_report::render_html(&report);
+    // The report is a whole page; the UI's bar goes on top of it.
+    let bar = format!(
+        "<nav style=\"background:#24292f;padding:.6em 1.2em;font-family:system-ui,sans-serif\">\
+         <a style=\"color:#fff;text-decoration:none\" href=\"/ui/\">whyslow</a>\
+         <span style=\"color:#bbb\"> › <a style=\"color:#bbb\" href=\"/ui/jobs/{j}\">job {j}</a> › session {s}</span></nav>",
+        j = esc(&job),
+        s = esc(&session)
+    );
+    let html = match html.find("<body>") {
+        Some(i) => format!("{}{bar}{}", &html[..i + 6], &html[i + 6..]),
+        None => format!("{bar}{html}"),
+    };
+    Html(html).into_response()
+}
+
+/// The UI's routes (under `/ui`; `/` leads there).
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/ui/") }))
+        .route("/ui", get(|| async { Redirect::to("/ui/") }))
+        .route("/ui/", get(jobs_page))
+        .route("/ui/login", get(login_page).post(login_post))
+        .route("/ui/logout", get(logout))
+        .route("/ui/jobs/{job}", get(job_page))
+        .route("/ui/jobs/{job}/sessions/{session}", get(session_page))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_and_redirect_targets() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(1_795_585_816), "2026-11-25 05:50:16 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(safe_next(Some("/ui/jobs/a")), "/ui/jobs/a");
+        for bad in [
+            "https://evil.example/",
+            "//evil.example/ui/",
+            "/api/v1/jobs",
+            "/ui/\r\nX: y",
+        ] {
+            assert_eq!(safe_next(Some(bad)), "/ui/", "{bad:?}");
+        }
+        assert_eq!(safe_next(None), "/ui/");
+    }
+
+    #[test]
+    fn the_token_cookie_is_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            "a=1; whyslow_token=wsk_abc ; b=2".parse().unwrap(),
+        );
+        assert_eq!(cookie_token(&h).as_deref(), Some("wsk_abc"));
+        let mut h = HeaderMap::new();
+        h.insert(header::COOKIE, "whyslow_token=".parse().unwrap());
+        assert_eq!(cookie_token(&h), None);
+        assert_eq!(cookie_token(&HeaderMap::new()), None);
+    }
+}
