@@ -561,6 +561,23 @@ pub fn run(args: AgentArgs) -> Result<u8> {
             .context("installing the SIGINT/SIGTERM handler")?;
     }
     let poll = Duration::from_millis(args.poll_ms.clamp(1, 10_000));
+    // Its own stop, set once the profiler wrote its last profiles.
+    let upload_stop = Arc::new(AtomicBool::new(false));
+    let uploader = match (
+        crate::profiler::upload_target(&args.profiler)?,
+        &args.profiler.profile_spool,
+    ) {
+        (Some(up), Some(spool)) => {
+            let (spool, stop) = (spool.clone(), upload_stop.clone());
+            Some(std::thread::spawn(move || {
+                crate::upload::run(up, spool, Duration::from_secs(5), stop)
+            }))
+        }
+        (Some(_), None) => {
+            anyhow::bail!("--server uploads the profiling spool: add --profile-spool DIR")
+        }
+        (None, _) => None,
+    };
     let profiler = crate::profiler::run(dir.clone(), args.profiler.clone(), stop.clone());
     let mut agent = Agent {
         dir,
@@ -588,6 +605,11 @@ pub fn run(args: AgentArgs) -> Result<u8> {
     stop.store(true, Ordering::SeqCst);
     if let Some(p) = profiler {
         let _ = p.join();
+    }
+    // After the profiler: its last profiles go in the uploader's last pass.
+    upload_stop.store(true, Ordering::SeqCst);
+    if let Some(u) = uploader {
+        let _ = u.join();
     }
     AgentEvent::Stopped.emit();
     result.map(|_| 0)

@@ -67,9 +67,19 @@ pub(crate) enum AgentEvent<'a> {
     },
     /// Collectives are not traced (for one process, or at all with pid 0).
     CollectivesFailed { pid: i32, reason: String },
+    /// Profiles of the spool reached `whyslow server` (new ones and retries
+    /// it had already stored).
+    Uploaded {
+        server: &'a str,
+        profiles: usize,
+        duplicates: usize,
+    },
+    /// The server could not be reached or refused (logged once per outage;
+    /// the spool keeps the profiles and they go when it is back).
+    UploadFailed { server: &'a str, reason: String },
 }
 
-const KINDS: usize = 15;
+const KINDS: usize = 17;
 static COUNTS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
 impl AgentEvent<'_> {
@@ -95,6 +105,8 @@ impl AgentEvent<'_> {
             AgentEvent::HookRan { .. } => 12,
             AgentEvent::CollectivesTraced { .. } => 13,
             AgentEvent::CollectivesFailed { .. } => 14,
+            AgentEvent::Uploaded { .. } => 15,
+            AgentEvent::UploadFailed { .. } => 16,
         }
     }
 
@@ -216,6 +228,23 @@ impl AgentEvent<'_> {
             AgentEvent::CollectivesFailed { pid, reason } => {
                 warn!(event, pid, reason = %reason, "pid {pid}: collectives not traced: {reason}")
             }
+            AgentEvent::Uploaded {
+                server,
+                profiles,
+                duplicates,
+            } => info!(
+                event,
+                server,
+                profiles,
+                duplicates,
+                "uploaded {profiles} profile(s) to {server} ({duplicates} it already had)"
+            ),
+            AgentEvent::UploadFailed { server, reason } => warn!(
+                event,
+                server,
+                reason = %reason,
+                "cannot upload to {server}: {reason} (profiles stay in the spool and go when it answers)"
+            ),
         }
     }
 }
@@ -236,6 +265,8 @@ const NAMES: [&str; KINDS] = [
     "hook_ran",
     "collectives_traced",
     "collectives_failed",
+    "uploaded",
+    "upload_failed",
 ];
 
 /// How many of each event so far, in [`AgentEvent`] order.

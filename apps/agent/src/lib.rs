@@ -8,5 +8,6 @@
 mod daemon;
 pub mod events;
 pub mod profiler;
+pub mod upload;
 
 pub use daemon::{run, AgentArgs, LogFormat};

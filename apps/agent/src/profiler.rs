@@ -81,6 +81,58 @@ pub struct ProfilerArgs {
     /// and softirqs) into the spool as `*.os.jsonl`; 0 turns them off.
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     pub os_interval: f64,
+    /// Upload the ranks' profiles from the spool to this `whyslow server`
+    /// (`http://host:7070`), every 5 s; while it
+    /// does not answer they wait in the spool (bounded by
+    /// --profile-spool-mib). The token comes from --token-file or
+    /// `$WHYSLOW_TOKEN`.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// File holding the tenant's token for --server.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// This node's name: --node-name, else the kernel's hostname.
+fn node_name(args: &ProfilerArgs) -> String {
+    args.node_name.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "host".into())
+    })
+}
+
+/// Where to upload, from the options and the environment; `None` without a
+/// server, an error for a server without a token.
+pub fn upload_target(args: &ProfilerArgs) -> anyhow::Result<Option<crate::upload::Upload>> {
+    // Not $WHYSLOW_SERVER: the ranks' setting, which an agent started
+    // from their environment must not pick up without its own token.
+    let Some(server) = args.server.clone().filter(|s| !s.trim().is_empty()) else {
+        return Ok(None);
+    };
+    if !server.starts_with("http://") {
+        anyhow::bail!(
+            "--server {server}: only http:// URLs are supported (the server has no TLS yet)"
+        );
+    }
+    let token = match &args.token_file {
+        Some(f) => std::fs::read_to_string(f)
+            .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", f.display()))?
+            .trim()
+            .to_string(),
+        None => std::env::var("WHYSLOW_TOKEN")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    };
+    if token.is_empty() {
+        anyhow::bail!("--server {server} needs a token: --token-file FILE or WHYSLOW_TOKEN");
+    }
+    Ok(Some(crate::upload::Upload {
+        server,
+        token,
+        node: node_name(args),
+    }))
 }
 
 fn alive(r: &ProcessRegistration) -> bool {
@@ -267,11 +319,7 @@ fn host_loop(
             .emit()
         }
     };
-    let host = args.node_name.clone().unwrap_or_else(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "host".into())
-    });
+    let host = node_name(&args);
     let dir = spool.join("host");
     let period = Duration::from_secs_f64(args.profile_period.max(1.0));
     let drain_every = Duration::from_secs(5).min(period);

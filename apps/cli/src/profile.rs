@@ -152,22 +152,7 @@ pub fn read_profile(path: &Path) -> Result<StackProfile> {
 
 /// One profile holding the stacks of `profiles`.
 pub(crate) fn merge<'a>(profiles: impl IntoIterator<Item = &'a StackProfile>) -> StackProfile {
-    let mut b = whyslow_model::stack::StackProfileBuilder::new();
-    let (mut hz, mut start, mut dur) = (0.0, u64::MAX, 0u64);
-    for p in profiles {
-        hz = p.hz;
-        start = start.min(p.start_unix_ns);
-        dur = dur.max(p.duration_ns);
-        for s in &p.stacks {
-            let ids = s
-                .frames
-                .iter()
-                .map(|&i| b.frame(p.frames[i as usize].clone()))
-                .collect();
-            b.add(ids, s.count);
-        }
-    }
-    b.finish(hz, if start == u64::MAX { 0 } else { start }, dur)
+    StackProfile::merged(profiles)
 }
 
 /// Runs `whyslow profile`.

@@ -78,30 +78,7 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
-fn start_ticks(pid: u32) -> u64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    stat[stat.rfind(')').unwrap() + 1..]
-        .split_whitespace()
-        .nth(19)
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
-fn perf_events_allowed() -> bool {
-    // Root, or a paranoia level that lets us sample other processes.
-    let uid_root = fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false);
-    let paranoid: i32 = fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(3);
-    uid_root || paranoid <= 1
-}
+use common::{perf_events_allowed, start_ticks};
 
 fn diagnose(spool: &Path) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))

@@ -43,8 +43,12 @@ struct Server {
 
 impl Server {
     fn start(data: &Path) -> Server {
+        Server::start_on(data, "127.0.0.1:0")
+    }
+
+    fn start_on(data: &Path, listen: &str) -> Server {
         let mut child = whyslow()
-            .args(["server", "--listen", "127.0.0.1:0", "--data"])
+            .args(["server", "--listen", listen, "--data"])
             .arg(data)
             .stderr(Stdio::piped())
             .spawn()
@@ -369,5 +373,200 @@ fn the_web_ui_signs_in_lists_jobs_and_shows_reports_per_tenant() {
     );
     assert!(dom.contains("<svg"), "no plot in the report page:\n{dom}");
     assert!(!dom.contains(&ta), "the token is in the page");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// A Python process that spends its time in one function, registered with
+/// the agent watching `dir` as rank 0 of `job`.
+fn registered_worker(dir: &Path, job: &str) -> Child {
+    let mut c = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+        .args([
+            "-c",
+            "import time\ndef upload_me_busy_work():\n    s = 0\n    for i in range(200000): s += i * i\n\
+             print('ready', flush=True)\nend = time.time() + 60\nwhile time.time() < end: upload_me_busy_work()\n",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = c.id();
+    std::fs::write(
+        dir.join(format!("proc-{pid}.json")),
+        format!(
+            r#"{{"pid": {pid}, "proc_start_ticks": {}, "rank": 0, "local_rank": 0, "world_size": 1, "job": "{job}", "host": "h0"}}"#,
+            common::start_ticks(pid)
+        ),
+    )
+    .unwrap();
+    c
+}
+
+/// Stops a child with SIGTERM (the agent's clean shutdown) and waits.
+fn terminate(c: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status();
+    let _ = c.wait();
+}
+
+#[test]
+fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
+    if !common::perf_events_allowed() {
+        eprintln!("skipped: perf events need root or perf_event_paranoid <= 1");
+        return;
+    }
+    let data = std::env::temp_dir().join(format!("whyslow-server-up-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let (dir, spool) = (data.join("agent"), data.join("spool"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ta = token(&data.join("db"), "team-a");
+    let token_file = data.join("token");
+    std::fs::write(&token_file, &ta).unwrap();
+    // A port nobody listens on yet: the server comes up later.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let agent = |log: &str| {
+        whyslow()
+            .args(["agent", "--samples-dir"])
+            .arg(&dir)
+            .args(["--profile-period", "1", "--profile-spool"])
+            .arg(&spool)
+            .args([
+                "--server",
+                &format!("http://127.0.0.1:{port}"),
+                "--token-file",
+            ])
+            .arg(&token_file)
+            .stderr(std::fs::File::create(data.join(log)).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let mut a = agent("agent1.log");
+    let mut worker = registered_worker(&dir, "job-up");
+    // Profiles pile up in the spool while the server is away.
+    let spooled = || -> usize {
+        std::fs::read_dir(spool.join("job-up"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".pb.gz"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let tried = || {
+        std::fs::read_to_string(data.join("agent1.log"))
+            .unwrap_or_default()
+            .contains("cannot upload to http://127.0.0.1")
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while spooled() < 3 || !tried() {
+        assert!(
+            std::time::Instant::now() < until,
+            "no profiles spooled, or no failed upload"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let srv = Server::start_on(&data.join("db"), &format!("127.0.0.1:{port}"));
+    let stored = |srv: &Server| -> u64 {
+        let (_, body) = srv.request("GET", "/api/v1/jobs", Some(&ta), b"");
+        let jobs: Value = serde_json::from_str(&body).unwrap();
+        jobs.as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["job"] == "job-up")
+            .and_then(|j| j["profiles"].as_u64())
+            .unwrap_or(0)
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while stored(&srv) < 3 {
+        assert!(
+            std::time::Instant::now() < until,
+            "nothing uploaded after the server came up"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let _ = worker.kill();
+    let _ = worker.wait();
+    terminate(&mut a);
+    let log1 = std::fs::read_to_string(data.join("agent1.log")).unwrap();
+    assert!(log1.contains("cannot upload to http://127.0.0.1"), "{log1}");
+    // Every spooled profile is on the server, once.
+    let n = spooled();
+    assert_eq!(stored(&srv) as usize, n, "{log1}");
+    // A restarted agent offers them all again: none is stored twice.
+    let mut b = agent("agent2.log");
+    std::thread::sleep(Duration::from_secs(2));
+    terminate(&mut b);
+    let log2 = std::fs::read_to_string(data.join("agent2.log")).unwrap();
+    let offered: Vec<&str> = log2
+        .lines()
+        .filter(|l| l.contains("event=\"uploaded\""))
+        .collect();
+    assert!(
+        !offered.is_empty() && offered.iter().all(|l| l.contains("uploaded 0 profile(s)")),
+        "{log2}"
+    );
+    assert_eq!(stored(&srv) as usize, n);
+    let (_, metrics) = srv.request("GET", "/metrics", None, b"");
+    assert!(
+        metrics.contains(&format!("whyslow_server_profile_duplicates_total {n}")),
+        "{metrics}"
+    );
+
+    // The flame graph of the job holds the worker's function, over the API
+    // and on the UI's job page.
+    let (st, svg) = srv.request("GET", "/api/v1/jobs/job-up/flamegraph.svg", Some(&ta), b"");
+    assert_eq!(st, 200);
+    assert!(
+        svg.contains("upload_me_busy_work"),
+        "{}",
+        &svg[..svg.len().min(3000)]
+    );
+    assert_eq!(
+        srv.request(
+            "GET",
+            "/api/v1/jobs/job-up/flamegraph.svg?kind=nope",
+            Some(&ta),
+            b""
+        )
+        .0,
+        400
+    );
+    assert_eq!(
+        srv.request(
+            "GET",
+            "/api/v1/jobs/job-up/flamegraph.svg?kind=offcpu",
+            Some(&ta),
+            b""
+        )
+        .0,
+        404
+    );
+    let jar = format!("Cookie: whyslow_token={ta}\r\n");
+    let (st, _, page) = srv.raw("GET", "/ui/jobs/job-up", &jar, b"");
+    assert_eq!(st, 200);
+    assert!(
+        page.contains("/ui/jobs/job-up/flamegraph.svg?kind=cpu"),
+        "{page}"
+    );
+    let (st, _, svg) = srv.raw("GET", "/ui/jobs/job-up/flamegraph.svg?kind=cpu", &jar, b"");
+    assert_eq!(st, 200);
+    assert!(svg.contains("upload_me_busy_work"));
+    // A body that is not a profile: 400, nothing stored.
+    let (st, body) = srv.request(
+        "POST",
+        "/api/v1/jobs/job-up/profiles/junk-1",
+        Some(&ta),
+        b"\x1f\x8bnot gzip",
+    );
+    assert_eq!(st, 400, "{body}");
+    assert_eq!(stored(&srv) as usize, n);
     let _ = std::fs::remove_dir_all(&data);
 }

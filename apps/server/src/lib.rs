@@ -11,6 +11,11 @@
 //!   the same worker again replaces it (retries never double-count);
 //! - `GET /api/v1/jobs` — `[{"job", "sessions", "fingerprints", "updated_unix_s"}]`;
 //! - `GET /api/v1/jobs/{job}/sessions/{session}/report` — the report;
+//! - `POST /api/v1/jobs/{job}/profiles/{batch}` — one stack profile of a
+//!   node agent (pprof, gzip or not, with the agent's labels), stored once
+//!   per batch id (SysOM-AI §3.4: profiles go to the central service);
+//! - `GET /api/v1/jobs/{job}/flamegraph.svg?kind=cpu|offcpu|host&limit=N` —
+//!   the flame graph of the job's latest N profiles of that kind;
 //! - `GET /healthz`, `GET /metrics` (Prometheus text) need no token.
 //!
 //! The web UI ([`ui`]) lives under `/ui/`: jobs, sessions, reports.
@@ -35,7 +40,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-pub use store::{SqliteStore, Store, StoreError, TenantId};
+pub use store::{ProfileMeta, SqliteStore, Store, StoreError, TenantId};
 
 /// Largest request body accepted (one fingerprint is kilobytes to a few MB).
 pub const MAX_BODY: usize = 32 << 20;
@@ -51,6 +56,10 @@ pub struct Metrics {
     fingerprints: AtomicU64,
     fingerprint_bytes: AtomicU64,
     reports: AtomicU64,
+    profiles: AtomicU64,
+    profile_bytes: AtomicU64,
+    profile_samples: AtomicU64,
+    profile_duplicates: AtomicU64,
 }
 
 impl Metrics {
@@ -97,6 +106,26 @@ impl Metrics {
                 "whyslow_server_reports_total",
                 "reports computed",
                 c(&self.reports),
+            ),
+            (
+                "whyslow_server_profiles_ingested_total",
+                "stack profiles stored",
+                c(&self.profiles),
+            ),
+            (
+                "whyslow_server_profile_bytes_total",
+                "bytes of stack profiles stored (as uploaded)",
+                c(&self.profile_bytes),
+            ),
+            (
+                "whyslow_server_profile_samples_total",
+                "samples in the stack profiles stored",
+                c(&self.profile_samples),
+            ),
+            (
+                "whyslow_server_profile_duplicates_total",
+                "profile uploads whose batch was stored before (retries)",
+                c(&self.profile_duplicates),
             ),
         ] {
             s.push_str(&format!(
@@ -271,6 +300,148 @@ async fn get_report(
     r.into_response()
 }
 
+/// The kinds of stack profile the service keeps apart.
+pub const PROFILE_KINDS: [&str; 3] = ["cpu", "offcpu", "host"];
+
+/// Most profiles one flame graph merges.
+pub const MAX_FLAME_PROFILES: usize = 500;
+
+/// What the service records of an uploaded profile: its kind (`offcpu`
+/// from the agent's `kind` label, `host` for node-wide profiles, else
+/// `cpu`), rank, host, period start and samples.
+pub fn profile_meta(batch: &str, p: &whyslow_model::stack::StackProfile) -> ProfileMeta {
+    let kind = if p.labels.get("kind").map(String::as_str) == Some("offcpu") {
+        "offcpu"
+    } else if p.labels.contains_key("scope") {
+        "host"
+    } else {
+        "cpu"
+    };
+    ProfileMeta {
+        batch: batch.to_string(),
+        kind: kind.to_string(),
+        rank: p.labels.get("rank").cloned(),
+        host: p.labels.get("host").cloned(),
+        start_unix_ns: i64::try_from(p.start_unix_ns).unwrap_or(i64::MAX),
+        samples: p.total(),
+    }
+}
+
+/// The flame graph (SVG) of `profiles` (pprof bytes as stored) merged;
+/// unreadable ones are left out.
+pub fn flamegraph_of(profiles: &[Vec<u8>], title: &str) -> String {
+    let parsed: Vec<_> = profiles
+        .iter()
+        .filter_map(|b| whyslow_stack_output::from_pprof(b).ok())
+        .collect();
+    let merged = whyslow_model::stack::StackProfile::merged(&parsed);
+    whyslow_stack_output::to_flamegraph_svg(
+        &merged,
+        &whyslow_stack_output::FlameOptions {
+            title: title.to_string(),
+            ..Default::default()
+        },
+    )
+}
+
+async fn post_profile(
+    State(state): State<Arc<AppState>>,
+    UrlPath((job, batch)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        store::check_name("job", &job)?;
+        store::check_name("batch", &batch)?;
+        let profile = whyslow_stack_output::from_pprof(&body)
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("not a pprof profile: {e}")))?;
+        let meta = profile_meta(&batch, &profile);
+        let (st, j, m, bytes) = (state.clone(), job.clone(), meta.clone(), body.clone());
+        let stored = blocking(move || Ok(st.store.put_profile(t, &j, &m, &bytes)?)).await?;
+        let m = &state.metrics;
+        if stored {
+            m.profiles.fetch_add(1, Ordering::Relaxed);
+            m.profile_bytes
+                .fetch_add(body.len() as u64, Ordering::Relaxed);
+            m.profile_samples.fetch_add(meta.samples, Ordering::Relaxed);
+        } else {
+            m.profile_duplicates.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok((
+            if stored {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            },
+            Json(json!({ "job": job, "batch": batch, "kind": meta.kind, "stored": stored })),
+        ))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
+}
+
+/// `?kind=&limit=` of the flame graph routes.
+#[derive(Debug, serde::Deserialize)]
+pub struct FlameQuery {
+    /// `cpu` (default), `offcpu` or `host`.
+    pub kind: Option<String>,
+    /// Latest profiles to merge (default and most: [`MAX_FLAME_PROFILES`]).
+    pub limit: Option<usize>,
+}
+
+impl FlameQuery {
+    /// The kind and limit asked for, or why not.
+    pub fn checked(&self) -> Result<(&str, usize), String> {
+        let kind = self.kind.as_deref().unwrap_or("cpu");
+        if !PROFILE_KINDS.contains(&kind) {
+            return Err(format!(
+                "kind must be one of {PROFILE_KINDS:?}, not {kind:?}"
+            ));
+        }
+        let limit = self
+            .limit
+            .unwrap_or(MAX_FLAME_PROFILES)
+            .clamp(1, MAX_FLAME_PROFILES);
+        Ok((kind, limit))
+    }
+}
+
+async fn get_flamegraph(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    axum::extract::Query(q): axum::extract::Query<FlameQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        store::check_name("job", &job)?;
+        let (kind, limit) = q
+            .checked()
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+        let (st, j, k) = (state.clone(), job.clone(), kind.to_string());
+        let svg = blocking(move || {
+            let ps = st.store.profiles(t, &j, &k, limit)?;
+            if ps.is_empty() {
+                return Err(ApiError(
+                    StatusCode::NOT_FOUND,
+                    format!("no {k} profiles of job {j:?}"),
+                ));
+            }
+            Ok(flamegraph_of(
+                &ps,
+                &format!("job {j}: {k}, latest {} profiles", ps.len()),
+            ))
+        })
+        .await?;
+        Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
+}
+
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -292,6 +463,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/v1/jobs/{job}/sessions/{session}/report",
             get(get_report),
         )
+        .route("/api/v1/jobs/{job}/profiles/{batch}", post(post_profile))
+        .route("/api/v1/jobs/{job}/flamegraph.svg", get(get_flamegraph))
         .merge(ui::routes())
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))

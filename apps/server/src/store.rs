@@ -37,8 +37,28 @@ pub struct JobSummary {
     pub sessions: u64,
     /// Fingerprints stored (all sessions).
     pub fingerprints: u64,
+    /// Stack profiles stored (the node agents').
+    pub profiles: u64,
     /// Last upload, Unix seconds.
     pub updated_unix_s: i64,
+}
+
+/// What is known of an uploaded profile without reading it again.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProfileMeta {
+    /// The uploader's batch id: the same batch again is not stored twice.
+    pub batch: String,
+    /// `cpu` (samples), `offcpu` (µs blocked) or `host` (every process of a
+    /// node).
+    pub kind: String,
+    /// The rank's label, when the profile is of one rank.
+    pub rank: Option<String>,
+    /// The host's label.
+    pub host: Option<String>,
+    /// Start of the profiled period, Unix ns.
+    pub start_unix_ns: i64,
+    /// Samples (or µs for `offcpu`).
+    pub samples: u64,
 }
 
 /// One session of a job, as the web UI lists it.
@@ -84,6 +104,24 @@ pub trait Store: Send + Sync {
     /// The sessions of one of the tenant's jobs, newest upload first (empty
     /// when the tenant has no such job).
     fn sessions(&self, tenant: TenantId, job: &str) -> Result<Vec<SessionSummary>, StoreError>;
+    /// Stores one uploaded stack profile (pprof bytes as uploaded) of a
+    /// job; `false` when its batch was stored before (a retry, not counted
+    /// twice).
+    fn put_profile(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        meta: &ProfileMeta,
+        pprof: &[u8],
+    ) -> Result<bool, StoreError>;
+    /// The job's most recent `limit` profiles of `kind`, newest first.
+    fn profiles(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError>;
 }
 
 /// Checks a job, session or tenant name: 1–200 bytes of letters, digits,
@@ -139,7 +177,13 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS fingerprints (
                  tenant INTEGER NOT NULL, job TEXT NOT NULL, session TEXT NOT NULL,
                  worker INTEGER NOT NULL, json TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL,
-                 PRIMARY KEY (tenant, job, session, worker));",
+                 PRIMARY KEY (tenant, job, session, worker));
+             CREATE TABLE IF NOT EXISTS profiles (
+                 tenant INTEGER NOT NULL, job TEXT NOT NULL, batch TEXT NOT NULL,
+                 kind TEXT NOT NULL, rank TEXT, host TEXT, start_unix_ns INTEGER NOT NULL,
+                 samples INTEGER NOT NULL, pprof BLOB NOT NULL, uploaded_unix_s INTEGER NOT NULL,
+                 PRIMARY KEY (tenant, batch));
+             CREATE INDEX IF NOT EXISTS profiles_by_job ON profiles (tenant, job, kind, start_unix_ns);",
         )?;
         Ok(SqliteStore { db: Mutex::new(db) })
     }
@@ -226,15 +270,22 @@ impl Store for SqliteStore {
     fn jobs(&self, tenant: TenantId) -> Result<Vec<JobSummary>, StoreError> {
         let db = self.db();
         let mut st = db.prepare_cached(
-            "SELECT job, COUNT(DISTINCT session), COUNT(*), MAX(uploaded_unix_s)
-             FROM fingerprints WHERE tenant = ?1 GROUP BY job ORDER BY job",
+            "SELECT job, SUM(sessions), SUM(fingerprints), SUM(profiles), MAX(updated) FROM (
+                 SELECT job, COUNT(DISTINCT session) AS sessions, COUNT(*) AS fingerprints,
+                        0 AS profiles, MAX(uploaded_unix_s) AS updated
+                 FROM fingerprints WHERE tenant = ?1 GROUP BY job
+                 UNION ALL
+                 SELECT job, 0, 0, COUNT(*), MAX(uploaded_unix_s)
+                 FROM profiles WHERE tenant = ?1 GROUP BY job)
+             GROUP BY job ORDER BY job",
         )?;
         let rows = st.query_map(params![tenant.0], |r| {
             Ok(JobSummary {
                 job: r.get(0)?,
                 sessions: r.get::<_, i64>(1)? as u64,
                 fingerprints: r.get::<_, i64>(2)? as u64,
-                updated_unix_s: r.get(3)?,
+                profiles: r.get::<_, i64>(3)? as u64,
+                updated_unix_s: r.get(4)?,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -249,7 +300,61 @@ impl Store for SqliteStore {
                 |_| Ok(()),
             )
             .optional()?
-            .is_some())
+            .is_some()
+            || self
+                .db()
+                .query_row(
+                    "SELECT 1 FROM profiles WHERE tenant = ?1 AND job = ?2 LIMIT 1",
+                    params![tenant.0, job],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some())
+    }
+
+    fn put_profile(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        meta: &ProfileMeta,
+        pprof: &[u8],
+    ) -> Result<bool, StoreError> {
+        check_name("job", job)?;
+        check_name("batch", &meta.batch)?;
+        let n = self.db().execute(
+            "INSERT OR IGNORE INTO profiles
+                 (tenant, job, batch, kind, rank, host, start_unix_ns, samples, pprof, uploaded_unix_s)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![
+                tenant.0,
+                job,
+                meta.batch,
+                meta.kind,
+                meta.rank,
+                meta.host,
+                meta.start_unix_ns,
+                meta.samples as i64,
+                pprof,
+                now_unix()
+            ],
+        )?;
+        Ok(n == 1)
+    }
+
+    fn profiles(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(
+            "SELECT pprof FROM profiles WHERE tenant = ?1 AND job = ?2 AND kind = ?3
+             ORDER BY start_unix_ns DESC LIMIT ?4",
+        )?;
+        let rows = st.query_map(params![tenant.0, job, kind, limit as i64], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     fn sessions(&self, tenant: TenantId, job: &str) -> Result<Vec<SessionSummary>, StoreError> {
@@ -310,6 +415,30 @@ mod tests {
         assert_eq!(names, vec![("s1", 2), ("s2", 1)]);
         assert!(s.sessions(b, "job1").unwrap().is_empty());
         assert!(s.sessions(a, "no-such-job").unwrap().is_empty());
+        // Profiles: a batch is stored once; newest first; per tenant.
+        let meta = |batch: &str, t: i64| ProfileMeta {
+            batch: batch.into(),
+            kind: "cpu".into(),
+            rank: Some("0".into()),
+            host: Some("h0".into()),
+            start_unix_ns: t,
+            samples: 10,
+        };
+        assert!(s.put_profile(a, "job2", &meta("b1", 1), b"one").unwrap());
+        assert!(s.put_profile(a, "job2", &meta("b2", 2), b"two").unwrap());
+        assert!(!s.put_profile(a, "job2", &meta("b1", 1), b"one").unwrap());
+        assert_eq!(
+            s.profiles(a, "job2", "cpu", 10).unwrap(),
+            vec![b"two".to_vec(), b"one".to_vec()]
+        );
+        assert_eq!(s.profiles(a, "job2", "cpu", 1).unwrap().len(), 1);
+        assert!(s.profiles(a, "job2", "offcpu", 10).unwrap().is_empty());
+        assert!(s.profiles(b, "job2", "cpu", 10).unwrap().is_empty());
+        assert!(s.has_job(a, "job2").unwrap() && !s.has_job(b, "job2").unwrap());
+        let jobs = s.jobs(a).unwrap();
+        let job2 = jobs.iter().find(|j| j.job == "job2").unwrap();
+        assert_eq!((job2.sessions, job2.fingerprints, job2.profiles), (0, 0, 2));
+        assert!(s.put_profile(a, "job2", &meta("../x", 3), b"x").is_err());
         for bad in ["", "../x", ".hidden", "a/b", &"x".repeat(201)] {
             assert!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err(), "{bad:?}");
         }

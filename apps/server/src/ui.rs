@@ -1,8 +1,10 @@
 //! The web UI, served by the same binary with nothing to build (issue 14
-//! item 5, first part): the tenant's jobs, a job's sessions, and a session's
-//! report as `whyslow analyze --html` draws it (the verdict, EROICA's
-//! findings table, the β/μ/σ scatter plots and CDFs of PerfTracker Fig. 13
-//! and 15), localized here over the fingerprints the ranks uploaded.
+//! item 5, first part): the tenant's jobs; a job's sessions and the flame
+//! graphs of the node agents' profiles of it (CPU, off-CPU, whole hosts;
+//! SysOM-AI §3.3); a session's report as `whyslow analyze --html` draws it
+//! (the verdict, EROICA's findings table, the β/μ/σ scatter plots and CDFs
+//! of PerfTracker Fig. 13 and 15), localized here over the fingerprints the
+//! ranks uploaded.
 //!
 //! Sign-in is the tenant's API token, entered once on `/ui/login` and kept in
 //! an `HttpOnly`, `SameSite=Strict` cookie scoped to `/ui` (the `/api` routes
@@ -275,34 +277,96 @@ async fn job_page(
         Err(r) => return r,
     };
     let (st, j) = (state.clone(), job.clone());
-    let sessions = match tokio::task::spawn_blocking(move || st.store.sessions(t, &j)).await {
-        Ok(Ok(s)) => s,
+    let found = tokio::task::spawn_blocking(move || -> Result<_, crate::StoreError> {
+        let sessions = st.store.sessions(t, &j)?;
+        let mut kinds = Vec::new();
+        for k in crate::PROFILE_KINDS {
+            if !st.store.profiles(t, &j, k, 1)?.is_empty() {
+                kinds.push(k);
+            }
+        }
+        Ok((sessions, kinds))
+    })
+    .await;
+    let (sessions, kinds) = match found {
+        Ok(Ok(x)) => x,
         Ok(Err(e)) => return server_error(&e.to_string()),
         Err(e) => return server_error(&e.to_string()),
     };
-    if sessions.is_empty() {
+    if sessions.is_empty() && kinds.is_empty() {
         return not_found(&format!("No job {job:?}."));
     }
-    let rows: String = sessions
-        .iter()
-        .map(|s| {
-            format!(
-                "<tr><td><a href=\"/ui/jobs/{j}/sessions/{s}\">{s}</a></td><td>{}</td><td>{}</td></tr>",
-                s.fingerprints,
-                utc(s.updated_unix_s),
-                j = esc(&job),
-                s = esc(&s.session),
-            )
-        })
-        .collect();
-    page(
-        &format!("Job {job}"),
-        &format!(
-            "<p class=\"muted\">Each session is one profiling window of all ranks.</p>\
+    let mut body = String::new();
+    if sessions.is_empty() {
+        body.push_str("<p class=\"muted\">No fingerprints uploaded (no profiling window of the ranks yet).</p>");
+    } else {
+        let rows: String = sessions
+            .iter()
+            .map(|s| {
+                format!(
+                    "<tr><td><a href=\"/ui/jobs/{j}/sessions/{s}\">{s}</a></td><td>{}</td><td>{}</td></tr>",
+                    s.fingerprints,
+                    utc(s.updated_unix_s),
+                    j = esc(&job),
+                    s = esc(&s.session),
+                )
+            })
+            .collect();
+        body.push_str(&format!(
+            "<h2>Sessions</h2><p class=\"muted\">Each session is one profiling window of all ranks.</p>\
              <table><tr><th>session</th><th>worker fingerprints</th><th>last upload</th></tr>{rows}</table>"
-        ),
-    )
-    .into_response()
+        ));
+    }
+    for k in kinds {
+        let what = match k {
+            "cpu" => "CPU stacks of the ranks (the node agents' profiles)",
+            "offcpu" => "Time the ranks spent blocked off the CPU, by the stack that blocked",
+            _ => "Every process on the job's hosts",
+        };
+        body.push_str(&format!(
+            "<h2>{what}</h2><p class=\"muted\">Latest {max} profiles merged; click a frame to zoom. \
+             <a href=\"/ui/jobs/{j}/flamegraph.svg?kind={k}\">Open alone</a>.</p>\
+             <object type=\"image/svg+xml\" data=\"/ui/jobs/{j}/flamegraph.svg?kind={k}\" \
+             style=\"width:100%;min-height:30em\"></object>",
+            max = crate::MAX_FLAME_PROFILES,
+            j = esc(&job),
+        ));
+    }
+    page(&format!("Job {job}"), &body).into_response()
+}
+
+async fn flamegraph(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    Query(q): Query<crate::FlameQuery>,
+    headers: HeaderMap,
+) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    if store::check_name("job", &job).is_err() {
+        return not_found("No such job.");
+    }
+    let (kind, limit) = match q.checked() {
+        Ok(x) => x,
+        Err(e) => return (StatusCode::BAD_REQUEST, page("Bad request", &esc(&e))).into_response(),
+    };
+    let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}")).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let (st, j, k) = (state.clone(), job.clone(), kind.to_string());
+    let ps = match tokio::task::spawn_blocking(move || st.store.profiles(t, &j, &k, limit)).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return server_error(&e.to_string()),
+        Err(e) => return server_error(&e.to_string()),
+    };
+    if ps.is_empty() {
+        return not_found(&format!("No {kind} profiles of job {job:?}."));
+    }
+    let title = format!("job {job}: {kind}, latest {} profiles", ps.len());
+    let svg = tokio::task::spawn_blocking(move || crate::flamegraph_of(&ps, &title))
+        .await
+        .unwrap_or_default();
+    ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response()
 }
 
 async fn session_page(
@@ -359,6 +423,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/ui/login", get(login_page).post(login_post))
         .route("/ui/logout", get(logout))
         .route("/ui/jobs/{job}", get(job_page))
+        .route("/ui/jobs/{job}/flamegraph.svg", get(flamegraph))
         .route("/ui/jobs/{job}/sessions/{session}", get(session_page))
 }
 

@@ -117,6 +117,29 @@ impl StackProfile {
     pub fn total(&self) -> u64 {
         self.stacks.iter().map(|s| s.count).sum()
     }
+
+    /// One profile holding the stacks of `profiles` (frames interned anew,
+    /// equal stacks summed): from the earliest start, the longest period,
+    /// the last one's rate; no labels.
+    pub fn merged<'a>(profiles: impl IntoIterator<Item = &'a StackProfile>) -> StackProfile {
+        let mut b = StackProfileBuilder::new();
+        let (mut hz, mut start, mut dur) = (0.0, u64::MAX, 0u64);
+        for p in profiles {
+            hz = p.hz;
+            start = start.min(p.start_unix_ns);
+            dur = dur.max(p.duration_ns);
+            for s in &p.stacks {
+                let ids = s
+                    .frames
+                    .iter()
+                    .filter_map(|&i| p.frames.get(i as usize))
+                    .map(|f| b.frame(f.clone()))
+                    .collect();
+                b.add(ids, s.count);
+            }
+        }
+        b.finish(hz, if start == u64::MAX { 0 } else { start }, dur)
+    }
 }
 
 /// Interns frames and sums stack counts while building a [`StackProfile`].

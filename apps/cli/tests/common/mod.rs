@@ -31,3 +31,33 @@ pub fn chromium() -> Option<PathBuf> {
     }
     found
 }
+
+/// The start time of process `pid` in clock ticks since boot (field 22 of
+/// `/proc/PID/stat`), as agent registrations carry it.
+#[allow(dead_code)]
+pub fn start_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Whether this test may sample other processes with perf events: root,
+/// or a perf_event_paranoid that allows it.
+#[allow(dead_code)]
+pub fn perf_events_allowed() -> bool {
+    let uid_root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(3);
+    uid_root || paranoid <= 1
+}

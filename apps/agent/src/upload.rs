@@ -1,0 +1,204 @@
+//! Uploads the ranks' stack profiles from the spool to `whyslow server`
+//! (SysOM-AI §3.4: nodes send profiles to a central service that keeps and
+//! shows them; §7: a node buffers while the service is away). The spool is
+//! the buffer: a profile is uploaded after it is written, retried while the
+//! server does not answer, and dropped only by the spool's own size cap.
+//! Each upload carries a batch id made of the node and the file's name, so
+//! a retry after a lost answer is stored once.
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::events::AgentEvent;
+
+/// Where and as whom to upload.
+#[derive(Debug, Clone)]
+pub struct Upload {
+    /// The server's base URL (`http://host:7070`).
+    pub server: String,
+    /// The tenant's bearer token.
+    pub token: String,
+    /// This node's name (part of each batch id).
+    pub node: String,
+}
+
+/// The characters a batch id may hold (the server's name rule).
+fn id_part(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.:@".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The spool's rank profiles (`<job>/<…>.pb.gz`; host profiles, under
+/// `host/`, belong to no job and stay local), oldest name first.
+fn spooled(spool: &Path) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    let Ok(jobs) = fs::read_dir(spool) else {
+        return out;
+    };
+    for job in jobs.flatten() {
+        let Ok(name) = job.file_name().into_string() else {
+            continue;
+        };
+        if name == "host" || name.starts_with('.') || !job.path().is_dir() {
+            continue;
+        }
+        let Ok(files) = fs::read_dir(job.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let p = f.path();
+            if p.to_string_lossy().ends_with(".pb.gz") {
+                out.push((name.clone(), p));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.1.cmp(&b.1));
+    out
+}
+
+/// One profile to the server: `Ok(true)` stored now, `Ok(false)` it had it.
+fn post(
+    up: &Upload,
+    agent: &ureq::Agent,
+    job: &str,
+    batch: &str,
+    body: &[u8],
+) -> Result<bool, String> {
+    let url = format!(
+        "{}/api/v1/jobs/{}/profiles/{}",
+        up.server.trim_end_matches('/'),
+        id_part(job),
+        batch
+    );
+    match agent
+        .post(&url)
+        .header("Authorization", &format!("Bearer {}", up.token))
+        .header("Content-Type", "application/octet-stream")
+        .send(body)
+    {
+        Ok(r) => Ok(r.status().as_u16() == 201),
+        Err(ureq::Error::StatusCode(code)) => Err(format!("HTTP {code} for {url}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Uploads what the spool holds every `every` until `stop`; the last pass
+/// runs after `stop` so a short job's profiles still go.
+pub fn run(up: Upload, spool: PathBuf, every: Duration, stop: Arc<AtomicBool>) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(30)))
+        .http_status_as_error(true)
+        .build()
+        .into();
+    let mut done: HashSet<PathBuf> = HashSet::new();
+    let mut failing = false;
+    loop {
+        let last = stop.load(Ordering::Relaxed);
+        let (mut stored, mut dup) = (0usize, 0usize);
+        let files = spooled(&spool);
+        // Files the cap removed are forgotten.
+        done.retain(|p| p.exists());
+        for (job, path) in files {
+            if done.contains(&path) {
+                continue;
+            }
+            // A file is written whole by one fs::write; skip one that is
+            // still being written (younger than a second).
+            let fresh = fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .map(|t| t.elapsed().unwrap_or_default() < Duration::from_secs(1))
+                .unwrap_or(true);
+            if fresh && !last {
+                continue;
+            }
+            let Ok(body) = fs::read(&path) else { continue };
+            let stem = path
+                .file_name()
+                .map(|n| n.to_string_lossy().trim_end_matches(".pb.gz").to_string())
+                .unwrap_or_default();
+            let batch = id_part(&format!("{}@{stem}", up.node));
+            match post(&up, &agent, &job, &batch, &body) {
+                Ok(new) => {
+                    if new {
+                        stored += 1
+                    } else {
+                        dup += 1
+                    }
+                    done.insert(path);
+                    failing = false;
+                }
+                Err(reason) => {
+                    if !failing {
+                        AgentEvent::UploadFailed {
+                            server: &up.server,
+                            reason,
+                        }
+                        .emit();
+                    }
+                    failing = true;
+                    break;
+                }
+            }
+        }
+        if stored + dup > 0 {
+            AgentEvent::Uploaded {
+                server: &up.server,
+                profiles: stored,
+                duplicates: dup,
+            }
+            .emit();
+        }
+        if last {
+            return;
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < every && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_ids_keep_to_the_servers_names_and_host_profiles_stay() {
+        assert_eq!(id_part("node 1/a.b@c"), "node_1_a.b@c");
+        let d = std::env::temp_dir().join(format!("whyslow-upload-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        for f in [
+            "job-a/h-rank0-pid1-10.pb.gz",
+            "job-a/h-rank0-pid1-10.pb.gz.tmp",
+            "host/h-host-10.pb.gz",
+            "job-b/x.pb.gz",
+        ] {
+            let p = d.join(f);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, b"x").unwrap();
+        }
+        let got: Vec<_> = spooled(&d)
+            .into_iter()
+            .map(|(j, p)| (j, p.file_name().unwrap().to_string_lossy().into_owned()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("job-a".to_string(), "h-rank0-pid1-10.pb.gz".to_string()),
+                ("job-b".to_string(), "x.pb.gz".to_string())
+            ]
+        );
+        let _ = fs::remove_dir_all(&d);
+    }
+}
