@@ -91,9 +91,12 @@ impl Server {
             body.len()
         )
         .unwrap();
-        s.write_all(body).unwrap();
+        // A server may answer (401, 404) before it read the whole body and
+        // close: the answer counts, not the broken pipe of the rest.
+        let _ = s.write_all(body);
         let mut resp = Vec::new();
-        s.read_to_end(&mut resp).unwrap();
+        let _ = s.read_to_end(&mut resp);
+        assert!(!resp.is_empty(), "{method} {path}: no answer");
         let text = String::from_utf8_lossy(&resp).into_owned();
         let status: u16 = text.split_whitespace().nth(1).unwrap().parse().unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
@@ -568,5 +571,94 @@ fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
     );
     assert_eq!(st, 400, "{body}");
     assert_eq!(stored(&srv) as usize, n);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
+fn random_and_hostile_requests_never_break_the_server() {
+    use std::io::Write as _;
+    use whyslow_model::rng::SplitMix64;
+    let data = std::env::temp_dir().join(format!("whyslow-server-fuzz-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let ta = token(&data, "team-a");
+    let srv = Server::start(&data);
+    let fp = std::fs::read(fixtures().join("slow-link-busy-host/rank-0.fingerprint.json")).unwrap();
+    // 100 MiB of zeros as gzip (~100 KB): over the decompressed bound.
+    let bomb = {
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let chunk = vec![0u8; 1 << 20];
+        for _ in 0..100 {
+            z.write_all(&chunk).unwrap();
+        }
+        z.finish().unwrap()
+    };
+    let mut rng = SplitMix64::new(0x5eed);
+    let segments = [
+        "job-1",
+        "s1",
+        "..",
+        "%2e%2e",
+        "a%00b",
+        "x".repeat(300).leak(),
+        "ünï",
+        "a b",
+        "",
+        "-",
+        "@:.",
+    ];
+    let routes = [
+        "/api/v1/jobs/{}/sessions/{}/fingerprints",
+        "/api/v1/jobs/{}/sessions/{}/report",
+        "/api/v1/jobs/{}/profiles/{}",
+        "/api/v1/jobs/{}/flamegraph.svg?kind={}",
+        "/api/v1/jobs",
+        "/ui/jobs/{}/sessions/{}",
+        "/ui/jobs/{}/flamegraph.svg?limit={}",
+        "/ui/login?next={}",
+        "/{}/{}",
+    ];
+    let mut statuses = std::collections::BTreeMap::new();
+    for i in 0..400 {
+        let route = routes[rng.below(routes.len() as u64) as usize];
+        let mut path = route.to_string();
+        while path.contains("{}") {
+            let seg = segments[rng.below(segments.len() as u64) as usize];
+            path = path.replacen("{}", seg, 1);
+        }
+        let path = path.replace(' ', "%20");
+        let method = ["GET", "POST", "PUT", "DELETE"][rng.below(4) as usize];
+        let body: Vec<u8> = match rng.below(6) {
+            0 => Vec::new(),
+            1 => (0..rng.below(4096)).map(|_| rng.next_u64() as u8).collect(),
+            2 => fp[..rng.below(fp.len() as u64) as usize].to_vec(),
+            3 => {
+                // A fingerprint with one byte changed.
+                let mut b = fp.clone();
+                let k = rng.below(b.len() as u64) as usize;
+                b[k] = rng.next_u64() as u8;
+                b
+            }
+            4 => bomb.clone(),
+            _ => fp.clone(),
+        };
+        let headers = match rng.below(4) {
+            0 => String::new(),
+            1 => "Authorization: Bearer wsk_bogus\r\n".to_string(),
+            2 => format!("Authorization: Bearer {ta}\r\nCookie: whyslow_token={ta}\r\n"),
+            _ => format!("Authorization: Basic {ta}\r\nCookie: whyslow_token=\u{1}\r\n"),
+        };
+        let (st, head, body) = srv.raw(method, &path, &headers, &body);
+        assert!(
+            st < 500,
+            "request {i}: {method} {path} -> {st}\n{head}\n{body}"
+        );
+        *statuses.entry(st).or_insert(0) += 1;
+    }
+    // Still serving, and the hostile requests were answered, not dropped.
+    assert_eq!(srv.request("GET", "/healthz", None, b"").0, 200);
+    assert!(statuses.len() >= 4, "{statuses:?}");
+    let (st, body) = srv.request("POST", "/api/v1/jobs/j/profiles/bomb", Some(&ta), &bomb);
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("inflates past 67108864 bytes"), "{body}");
     let _ = std::fs::remove_dir_all(&data);
 }

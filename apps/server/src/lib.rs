@@ -45,6 +45,10 @@ pub use store::{ProfileMeta, SqliteStore, Store, StoreError, TenantId};
 /// Largest request body accepted (one fingerprint is kilobytes to a few MB).
 pub const MAX_BODY: usize = 32 << 20;
 
+/// Largest decompressed profile accepted (an agent's period is well under
+/// a megabyte; a gzip bomb stops here).
+pub const MAX_PROFILE_DECOMPRESSED: u64 = 64 << 20;
+
 /// Counters exported on `/metrics`.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -332,7 +336,7 @@ pub fn profile_meta(batch: &str, p: &whyslow_model::stack::StackProfile) -> Prof
 pub fn flamegraph_of(profiles: &[Vec<u8>], title: &str) -> String {
     let parsed: Vec<_> = profiles
         .iter()
-        .filter_map(|b| whyslow_stack_output::from_pprof(b).ok())
+        .filter_map(|b| whyslow_stack_output::from_pprof_limited(b, MAX_PROFILE_DECOMPRESSED).ok())
         .collect();
     let merged = whyslow_model::stack::StackProfile::merged(&parsed);
     whyslow_stack_output::to_flamegraph_svg(
@@ -354,7 +358,7 @@ async fn post_profile(
         let t = tenant(&state, &headers).await?;
         store::check_name("job", &job)?;
         store::check_name("batch", &batch)?;
-        let profile = whyslow_stack_output::from_pprof(&body)
+        let profile = whyslow_stack_output::from_pprof_limited(&body, MAX_PROFILE_DECOMPRESSED)
             .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("not a pprof profile: {e}")))?;
         let meta = profile_meta(&batch, &profile);
         let (st, j, m, bytes) = (state.clone(), job.clone(), meta.clone(), body.clone());

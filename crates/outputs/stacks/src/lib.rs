@@ -28,7 +28,7 @@ mod util;
 
 pub use flame::{to_diff_flamegraph_svg, to_flamegraph_svg, FlameOptions};
 pub use folded::{parse_folded, to_folded, FoldedError};
-pub use pprof::{from_pprof, to_pprof, PprofError, MAX_PPROF_DECOMPRESSED};
+pub use pprof::{from_pprof, from_pprof_limited, to_pprof, PprofError, MAX_PPROF_DECOMPRESSED};
 pub use speedscope::{to_speedscope_json, SPEEDSCOPE_SCHEMA};
 
 #[doc(no_inline)]

@@ -472,15 +472,21 @@ pub fn to_pprof(profile: &StackProfile) -> Vec<u8> {
 /// 10⁹/period when the period is in nanoseconds (else 0); comments of the
 /// form `key=value` become labels.
 pub fn from_pprof(bytes: &[u8]) -> Result<StackProfile, PprofError> {
+    from_pprof_limited(bytes, MAX_PPROF_DECOMPRESSED)
+}
+
+/// [`from_pprof`] with another bound on the decompressed size (a service
+/// taking profiles from the network keeps it near what agents send).
+pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackProfile, PprofError> {
     let inflated;
     let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::MultiGzDecoder::new(bytes)
-            .take(MAX_PPROF_DECOMPRESSED + 1)
+            .take(max_decompressed + 1)
             .read_to_end(&mut out)?;
-        if out.len() as u64 > MAX_PPROF_DECOMPRESSED {
+        if out.len() as u64 > max_decompressed {
             return Err(PprofError::TooLarge {
-                limit: MAX_PPROF_DECOMPRESSED,
+                limit: max_decompressed,
             });
         }
         inflated = out;
