@@ -69,6 +69,8 @@ pub struct AgentArgs {
     log_format: LogFormat,
     #[command(flatten)]
     profiler: crate::profiler::ProfilerArgs,
+    #[command(flatten)]
+    caps: crate::governor::CapArgs,
 }
 
 /// How the agent writes its events to stderr.
@@ -578,6 +580,10 @@ pub fn run(args: AgentArgs) -> Result<u8> {
         }
         (None, _) => None,
     };
+    let governor = {
+        let (caps, stop) = (args.caps.clone(), stop.clone());
+        std::thread::spawn(move || crate::governor::watch(caps, stop))
+    };
     let profiler = crate::profiler::run(dir.clone(), args.profiler.clone(), stop.clone());
     let mut agent = Agent {
         dir,
@@ -611,6 +617,7 @@ pub fn run(args: AgentArgs) -> Result<u8> {
     if let Some(u) = uploader {
         let _ = u.join();
     }
+    let _ = governor.join();
     AgentEvent::Stopped.emit();
     result.map(|_| 0)
 }

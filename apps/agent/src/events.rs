@@ -77,9 +77,17 @@ pub(crate) enum AgentEvent<'a> {
     /// The server could not be reached or refused (logged once per outage;
     /// the spool keeps the profiles and they go when it is back).
     UploadFailed { server: &'a str, reason: String },
+    /// The agent's own CPU or memory crossed its cap (`what`), or came back
+    /// under it; `action` is what the profilers do now.
+    Capped {
+        what: &'static str,
+        value: f64,
+        cap: f64,
+        action: &'static str,
+    },
 }
 
-const KINDS: usize = 17;
+const KINDS: usize = 18;
 static COUNTS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
 impl AgentEvent<'_> {
@@ -107,6 +115,7 @@ impl AgentEvent<'_> {
             AgentEvent::CollectivesFailed { .. } => 14,
             AgentEvent::Uploaded { .. } => 15,
             AgentEvent::UploadFailed { .. } => 16,
+            AgentEvent::Capped { .. } => 17,
         }
     }
 
@@ -245,6 +254,19 @@ impl AgentEvent<'_> {
                 reason = %reason,
                 "cannot upload to {server}: {reason} (profiles stay in the spool and go when it answers)"
             ),
+            AgentEvent::Capped {
+                what,
+                value,
+                cap,
+                action,
+            } => warn!(
+                event,
+                what,
+                value,
+                cap,
+                action,
+                "the agent's own {what} is {value:.1} (cap {cap}): {action}"
+            ),
         }
     }
 }
@@ -267,6 +289,7 @@ const NAMES: [&str; KINDS] = [
     "collectives_failed",
     "uploaded",
     "upload_failed",
+    "capped",
 ];
 
 /// How many of each event so far, in [`AgentEvent`] order.

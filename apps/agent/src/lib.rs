@@ -7,6 +7,7 @@
 
 mod daemon;
 pub mod events;
+pub mod governor;
 pub mod profiler;
 pub mod upload;
 

@@ -250,6 +250,9 @@ fn profile_loop(
     };
     let dir = spool.join(job);
     while !stop.load(Ordering::Relaxed) && alive(&reg) {
+        if !crate::governor::hold(&stop) {
+            return;
+        }
         match profiler.profile(opts.duration, &stop) {
             Ok((mut profile, stats)) => {
                 for (k, v) in reg.labels() {
@@ -330,7 +333,7 @@ fn host_loop(
         job: "host",
     }
     .emit();
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && !crate::governor::stopped() {
         let start_unix_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -437,7 +440,7 @@ fn offcpu_loop(
     let period = Duration::from_secs_f64(args.profile_period.max(1.0));
     let mut symbols = ebpf::Symbolizer::new(shared, false);
     let mut traced: HashMap<u32, ProcessRegistration> = HashMap::new();
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && !crate::governor::stopped() {
         let start = SystemTime::now();
         let start_unix_ns = start
             .duration_since(UNIX_EPOCH)
@@ -581,6 +584,9 @@ pub fn run(dir: PathBuf, args: ProfilerArgs, stop: Arc<AtomicBool>) -> Option<Jo
                 if running.contains_key(&reg.pid) || refused.contains_key(&reg.pid) || !alive(&reg)
                 {
                     continue;
+                }
+                if crate::governor::stopped() {
+                    break;
                 }
                 if running.len() >= args.profile_max_processes {
                     refused.insert(reg.pid, ());

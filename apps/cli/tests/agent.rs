@@ -577,3 +577,69 @@ fn the_host_profile_shows_a_process_that_never_registered() {
     assert_eq!(p.labels.get("scope").map(String::as_str), Some("host"));
     assert!(agent.terminate().success());
 }
+
+/// The agent's own memory cap: over it, profiling stops with one event and
+/// no profile is written, while the profiled process runs on untouched.
+#[test]
+fn over_its_memory_cap_the_agent_stops_profiling_and_the_job_runs_on() {
+    let _g = serial();
+    let dir = temp_dir("capped");
+    let spool = dir.join("spool");
+    let mut agent = Agent::spawn(
+        &dir,
+        &[
+            "--profile-spool",
+            spool.to_str().unwrap(),
+            "--profile-period",
+            "1",
+            "--max-rss-mib",
+            "1",
+        ],
+    );
+    let capped = agent.wait_event("capped", |f| f["what"] == "rss_mib");
+    assert_eq!(capped["action"], "profiling stopped", "{capped}");
+    assert!(capped["value"].as_f64().unwrap() > 1.0, "{capped}");
+    let busy = Busy::spawn();
+    let before = cpu_ticks(busy.pid());
+    let stat = fs::read_to_string(format!("/proc/{}/stat", busy.pid())).unwrap();
+    let ticks: u64 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    put(
+        &dir,
+        &format!("proc-{}.json", busy.pid()),
+        &format!(
+            r#"{{"pid": {}, "proc_start_ticks": {ticks}, "rank": 0, "job": "job-c", "host": "h1"}}"#,
+            busy.pid()
+        ),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(cpu_ticks(busy.pid()) > before, "the job stopped running");
+    assert!(
+        agent.child.try_wait().unwrap().is_none(),
+        "the agent exited"
+    );
+    assert!(agent.terminate().success());
+    let written = agent
+        .events
+        .try_iter()
+        .chain(agent.seen.iter().cloned())
+        .filter(|e| {
+            ["profile_started", "profile_written"]
+                .contains(&e["fields"]["event"].as_str().unwrap_or(""))
+        })
+        .count();
+    assert_eq!(written, 0, "a profiler started over the cap");
+    // (The OS readings go on: *.os.jsonl.)
+    let profiles = fs::read_dir(spool.join("job-c"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".pb.gz"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(profiles, 0, "the spool holds profiles");
+}
