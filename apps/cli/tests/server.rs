@@ -662,3 +662,43 @@ fn random_and_hostile_requests_never_break_the_server() {
     assert!(body.contains("inflates past 67108864 bytes"), "{body}");
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// The OpenAPI description is served and matches the server: every route it
+/// documents answers (401 without a token where it asks for one, not the
+/// "no such route" 404), and every answer it lists for a route is a status
+/// the route gives.
+#[test]
+fn the_openapi_description_matches_the_routes() {
+    let data = std::env::temp_dir().join(format!("whyslow-server-openapi-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let _ = token(&data, "team-a");
+    let srv = Server::start(&data);
+    let (st, body) = srv.request("GET", "/api/v1/openapi.json", None, b"");
+    assert_eq!(st, 200);
+    let spec: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(spec["openapi"], "3.0.3");
+    let paths = spec["paths"].as_object().unwrap();
+    assert!(paths.len() >= 8, "{}", paths.len());
+    for (path, ops) in paths {
+        let concrete = path
+            .replace("{job}", "job-1")
+            .replace("{session}", "s1")
+            .replace("{batch}", "b1");
+        for (method, op) in ops.as_object().unwrap() {
+            let public = op
+                .get("security")
+                .is_some_and(|s| s.as_array().is_some_and(|a| a.is_empty()));
+            let (st, body) = srv.request(&method.to_uppercase(), &concrete, None, b"{}");
+            if public {
+                assert_eq!(st, 200, "{method} {path}: {body}");
+            } else {
+                assert_eq!(st, 401, "{method} {path} without a token: {body}");
+                assert!(
+                    op["responses"].get("401").is_some(),
+                    "{method} {path} does not document 401"
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -16,7 +16,9 @@
 //!   per batch id (SysOM-AI §3.4: profiles go to the central service);
 //! - `GET /api/v1/jobs/{job}/flamegraph.svg?kind=cpu|offcpu|host&limit=N` —
 //!   the flame graph of the job's latest N profiles of that kind;
-//! - `GET /healthz`, `GET /metrics` (Prometheus text) need no token.
+//! - `GET /healthz`, `GET /metrics` (Prometheus text) and
+//!   `GET /api/v1/openapi.json` (this API's OpenAPI 3 description,
+//!   `api/openapi.json`) need no token.
 //!
 //! The web UI ([`ui`]) lives under `/ui/`: jobs, sessions, reports.
 //!
@@ -304,6 +306,9 @@ async fn get_report(
     r.into_response()
 }
 
+/// The API's OpenAPI 3 description (`GET /api/v1/openapi.json`).
+pub const OPENAPI: &str = include_str!("../api/openapi.json");
+
 /// The kinds of stack profile the service keeps apart.
 pub const PROFILE_KINDS: [&str; 3] = ["cpu", "offcpu", "host"];
 
@@ -458,6 +463,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
+        .route(
+            "/api/v1/openapi.json",
+            get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
+        )
         .route("/api/v1/jobs", get(list_jobs))
         .route(
             "/api/v1/jobs/{job}/sessions/{session}/fingerprints",
