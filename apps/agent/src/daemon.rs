@@ -570,9 +570,9 @@ pub fn run(args: AgentArgs) -> Result<u8> {
         &args.profiler.profile_spool,
     ) {
         (Some(up), Some(spool)) => {
-            let (spool, stop) = (spool.clone(), upload_stop.clone());
+            let (spool, regs, stop) = (spool.clone(), dir.clone(), upload_stop.clone());
             Some(std::thread::spawn(move || {
-                crate::upload::run(up, spool, Duration::from_secs(5), stop)
+                crate::upload::run(up, spool, regs, Duration::from_secs(5), stop)
             }))
         }
         (Some(_), None) => {

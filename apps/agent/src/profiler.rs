@@ -135,7 +135,7 @@ pub fn upload_target(args: &ProfilerArgs) -> anyhow::Result<Option<crate::upload
     }))
 }
 
-fn alive(r: &ProcessRegistration) -> bool {
+pub(crate) fn alive(r: &ProcessRegistration) -> bool {
     match (proc_start_ticks(r.pid), r.proc_start_ticks) {
         (Some(now), Some(then)) => now == then,
         (Some(_), None) => true,

@@ -1,4 +1,5 @@
-//! Uploads the ranks' stack profiles from the spool to `whyslow server`
+//! Uploads the stack profiles from the spool to `whyslow server` (the
+//! ranks' under their job, the node's under each job with a rank on it)
 //! (SysOM-AI §3.4: nodes send profiles to a central service that keeps and
 //! shows them; §7: a node buffers while the service is away). The spool is
 //! the buffer: a profile is uploaded after it is written, retried while the
@@ -14,6 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::events::AgentEvent;
+
+/// The oldest host profile uploaded: its period ran beside the jobs on the
+/// node now.
+const HOST_MAX_AGE: Duration = Duration::from_secs(120);
 
 /// Where and as whom to upload.
 #[derive(Debug, Clone)]
@@ -39,9 +44,37 @@ fn id_part(s: &str) -> String {
         .collect()
 }
 
-/// The spool's rank profiles (`<job>/<…>.pb.gz`; host profiles, under
-/// `host/`, belong to no job and stay local), oldest name first.
-fn spooled(spool: &Path) -> Vec<(String, PathBuf)> {
+/// The spool's profiles to upload, oldest name first, as (job, file,
+/// batch id suffix): each rank profile (`<job>/<…>.pb.gz`) once under its
+/// job; each host profile (`host/…`: every process of the node) under each
+/// of `jobs`, the jobs with a rank on this node now (what ran beside them),
+/// when it is younger than [`HOST_MAX_AGE`] (an older period may be from
+/// before those jobs started).
+fn spooled(spool: &Path, jobs: &[String]) -> Vec<(String, PathBuf, String)> {
+    let mut out: Vec<(String, PathBuf, String)> = rank_profiles(spool)
+        .into_iter()
+        .map(|(j, p)| (j, p, String::new()))
+        .collect();
+    if let Ok(files) = fs::read_dir(spool.join("host")) {
+        for f in files.flatten() {
+            let p = f.path();
+            let young = f
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().unwrap_or_default() < HOST_MAX_AGE);
+            if p.to_string_lossy().ends_with(".pb.gz") && young {
+                for j in jobs {
+                    out.push((j.clone(), p.clone(), format!("@{}", id_part(j))));
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+    out
+}
+
+/// The rank profiles of the spool, by job directory.
+fn rank_profiles(spool: &Path) -> Vec<(String, PathBuf)> {
     let mut out = Vec::new();
     let Ok(jobs) = fs::read_dir(spool) else {
         return out;
@@ -95,22 +128,38 @@ fn post(
 
 /// Uploads what the spool holds every `every` until `stop`; the last pass
 /// runs after `stop` so a short job's profiles still go.
-pub fn run(up: Upload, spool: PathBuf, every: Duration, stop: Arc<AtomicBool>) {
+/// `registrations` is the agent's directory, whose live registrations name
+/// the jobs host profiles go to.
+pub fn run(
+    up: Upload,
+    spool: PathBuf,
+    registrations: PathBuf,
+    every: Duration,
+    stop: Arc<AtomicBool>,
+) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(30)))
         .http_status_as_error(true)
         .build()
         .into();
-    let mut done: HashSet<PathBuf> = HashSet::new();
+    let mut done: HashSet<(PathBuf, String)> = HashSet::new();
     let mut failing = false;
     loop {
         let last = stop.load(Ordering::Relaxed);
         let (mut stored, mut dup) = (0usize, 0usize);
-        let files = spooled(&spool);
+        let mut jobs: Vec<String> = crate::profiler::registrations(&registrations)
+            .into_iter()
+            .filter(|r| !r.job.is_empty() && crate::profiler::alive(r))
+            .map(|r| r.job)
+            .collect();
+        jobs.sort();
+        jobs.dedup();
+        let files = spooled(&spool, &jobs);
         // Files the cap removed are forgotten.
-        done.retain(|p| p.exists());
-        for (job, path) in files {
-            if done.contains(&path) {
+        done.retain(|(p, _)| p.exists());
+        for (job, path, suffix) in files {
+            let key = (path.clone(), job.clone());
+            if done.contains(&key) {
                 continue;
             }
             // A file is written whole by one fs::write; skip one that is
@@ -127,7 +176,7 @@ pub fn run(up: Upload, spool: PathBuf, every: Duration, stop: Arc<AtomicBool>) {
                 .file_name()
                 .map(|n| n.to_string_lossy().trim_end_matches(".pb.gz").to_string())
                 .unwrap_or_default();
-            let batch = id_part(&format!("{}@{stem}", up.node));
+            let batch = id_part(&format!("{}@{stem}{suffix}", up.node));
             match post(&up, &agent, &job, &batch, &body) {
                 Ok(new) => {
                     if new {
@@ -135,7 +184,7 @@ pub fn run(up: Upload, spool: PathBuf, every: Duration, stop: Arc<AtomicBool>) {
                     } else {
                         dup += 1
                     }
-                    done.insert(path);
+                    done.insert(key);
                     failing = false;
                 }
                 Err(reason) => {
@@ -174,7 +223,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batch_ids_keep_to_the_servers_names_and_host_profiles_stay() {
+    fn batch_ids_keep_to_the_servers_names_and_host_profiles_go_to_each_job() {
         assert_eq!(id_part("node 1/a.b@c"), "node_1_a.b@c");
         let d = std::env::temp_dir().join(format!("whyslow-upload-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
@@ -188,17 +237,22 @@ mod tests {
             fs::create_dir_all(p.parent().unwrap()).unwrap();
             fs::write(p, b"x").unwrap();
         }
-        let got: Vec<_> = spooled(&d)
+        let got: Vec<_> = spooled(&d, &["job-a".to_string(), "job b".to_string()])
             .into_iter()
-            .map(|(j, p)| (j, p.file_name().unwrap().to_string_lossy().into_owned()))
+            .map(|(j, p, s)| (j, p.file_name().unwrap().to_string_lossy().into_owned(), s))
             .collect();
+        let row = |j: &str, f: &str, s: &str| (j.to_string(), f.to_string(), s.to_string());
         assert_eq!(
             got,
             vec![
-                ("job-a".to_string(), "h-rank0-pid1-10.pb.gz".to_string()),
-                ("job-b".to_string(), "x.pb.gz".to_string())
+                row("job b", "h-host-10.pb.gz", "@job_b"),
+                row("job-a", "h-host-10.pb.gz", "@job-a"),
+                row("job-a", "h-rank0-pid1-10.pb.gz", ""),
+                row("job-b", "x.pb.gz", "")
             ]
         );
+        // No job on the node: host profiles wait.
+        assert_eq!(spooled(&d, &[]).len(), 2);
         let _ = fs::remove_dir_all(&d);
     }
 }

@@ -439,7 +439,7 @@ fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
         whyslow()
             .args(["agent", "--samples-dir"])
             .arg(&dir)
-            .args(["--profile-period", "1", "--profile-spool"])
+            .args(["--profile-period", "1", "--profile-host", "--profile-spool"])
             .arg(&spool)
             .args([
                 "--server",
@@ -495,15 +495,49 @@ fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
+    // With eBPF, the node's host profile goes to the job running on it.
+    let host_profiled = || {
+        std::fs::read_to_string(data.join("agent1.log"))
+            .unwrap_or_default()
+            .contains("job=\"host\"")
+    };
+    if host_profiled() {
+        let host_graph = || {
+            srv.request(
+                "GET",
+                "/api/v1/jobs/job-up/flamegraph.svg?kind=host",
+                Some(&ta),
+                b"",
+            )
+            .0
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while host_graph() != 200 {
+            assert!(
+                std::time::Instant::now() < until,
+                "no host profile uploaded"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
     let _ = worker.kill();
     let _ = worker.wait();
     terminate(&mut a);
     let log1 = std::fs::read_to_string(data.join("agent1.log")).unwrap();
     assert!(log1.contains("cannot upload to http://127.0.0.1"), "{log1}");
-    // Every spooled profile is on the server, once.
+    // Every spooled rank profile is on the server, once, besides the host
+    // profiles written while the job ran.
     let n = spooled();
-    assert_eq!(stored(&srv) as usize, n, "{log1}");
-    // A restarted agent offers them all again: none is stored twice.
+    let hosts = std::fs::read_dir(spool.join("host"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    let before = stored(&srv) as usize;
+    assert!(
+        (n..=n + hosts).contains(&before),
+        "{n} rank and {hosts} host profiles spooled, {before} stored\n{log1}"
+    );
+    // A restarted agent offers the rank profiles again (the host profiles
+    // go to no job now: none runs): none is stored twice.
     let mut b = agent("agent2.log");
     std::thread::sleep(Duration::from_secs(2));
     terminate(&mut b);
@@ -516,7 +550,7 @@ fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
         !offered.is_empty() && offered.iter().all(|l| l.contains("uploaded 0 profile(s)")),
         "{log2}"
     );
-    assert_eq!(stored(&srv) as usize, n);
+    assert_eq!(stored(&srv) as usize, before);
     let (_, metrics) = srv.request("GET", "/metrics", None, b"");
     assert!(
         metrics.contains(&format!("whyslow_server_profile_duplicates_total {n}")),
@@ -562,6 +596,24 @@ fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
     let (st, _, svg) = srv.raw("GET", "/ui/jobs/job-up/flamegraph.svg?kind=cpu", &jar, b"");
     assert_eq!(st, 200);
     assert!(svg.contains("upload_me_busy_work"));
+    // The node's host profile (eBPF) went to the job that ran on it.
+    if log1.contains("job=\"host\"") {
+        let (st, svg) = srv.request(
+            "GET",
+            "/api/v1/jobs/job-up/flamegraph.svg?kind=host",
+            Some(&ta),
+            b"",
+        );
+        assert_eq!(st, 200, "{log1}");
+        assert!(svg.contains("python"), "{}", &svg[..svg.len().min(3000)]);
+        assert!(page.contains("Every process on the job"), "{page}");
+    } else {
+        assert!(
+            std::env::var_os("WHYSLOW_REQUIRE_BPF").is_none(),
+            "WHYSLOW_REQUIRE_BPF is set but the host profiler did not start:\n{log1}"
+        );
+        eprintln!("host profiles skipped: eBPF did not load here");
+    }
     // A body that is not a profile: 400, nothing stored.
     let (st, body) = srv.request(
         "POST",
@@ -570,7 +622,7 @@ fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
         b"\x1f\x8bnot gzip",
     );
     assert_eq!(st, 400, "{body}");
-    assert_eq!(stored(&srv) as usize, n);
+    assert_eq!(stored(&srv) as usize, before);
     let _ = std::fs::remove_dir_all(&data);
 }
 
