@@ -2,6 +2,9 @@
 //! real processes: busy children as training ranks, the agent binary as the
 //! privileged monitor, a temporary directory as the shared emptyDir.
 
+mod common;
+use common::start_ticks;
+
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -431,13 +434,7 @@ fn registered_processes_are_profiled_into_a_bounded_spool() {
         ],
     );
     let busy = Busy::spawn();
-    let stat = fs::read_to_string(format!("/proc/{}/stat", busy.pid())).unwrap();
-    let ticks: u64 = stat[stat.rfind(')').unwrap() + 1..]
-        .split_whitespace()
-        .nth(19)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let ticks = start_ticks(busy.pid());
     put(
         &dir,
         &format!("proc-{}.json", busy.pid()),
@@ -601,13 +598,7 @@ fn over_its_memory_cap_the_agent_stops_profiling_and_the_job_runs_on() {
     assert!(capped["value"].as_f64().unwrap() > 1.0, "{capped}");
     let busy = Busy::spawn();
     let before = cpu_ticks(busy.pid());
-    let stat = fs::read_to_string(format!("/proc/{}/stat", busy.pid())).unwrap();
-    let ticks: u64 = stat[stat.rfind(')').unwrap() + 1..]
-        .split_whitespace()
-        .nth(19)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let ticks = start_ticks(busy.pid());
     put(
         &dir,
         &format!("proc-{}.json", busy.pid()),

@@ -80,12 +80,13 @@ fn temp_dir(name: &str) -> PathBuf {
 
 use common::{perf_events_allowed, start_ticks};
 
-fn diagnose(spool: &Path) -> Value {
+/// `whyslow diagnose SPOOL --format json ARGS…`, which must succeed.
+fn diagnose_json(spool: &Path, args: &[&std::ffi::OsStr]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
         .arg("diagnose")
         .arg(spool)
-        .args(["--format", "json", "--diff-svg"])
-        .arg(spool.join("diff.svg"))
+        .args(["--format", "json"])
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -94,6 +95,11 @@ fn diagnose(spool: &Path) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn diagnose(spool: &Path) -> Value {
+    let svg = spool.join("diff.svg");
+    diagnose_json(spool, &["--diff-svg".as_ref(), svg.as_os_str()])
 }
 
 #[test]
@@ -420,19 +426,10 @@ fn gpu_fingerprints(dir: &Path, name: &str, slow: impl Fn(u32, usize) -> f64) {
 }
 
 fn diagnose_with(spool: &Path, fingerprints: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
-        .arg("diagnose")
-        .arg(spool)
-        .args(["--format", "json", "--fingerprints"])
-        .arg(fingerprints)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    diagnose_json(
+        spool,
+        &["--fingerprints".as_ref(), fingerprints.as_os_str()],
+    )
 }
 
 #[test]

@@ -62,9 +62,19 @@ impl Default for Config {
     }
 }
 
+/// CPython's bytecode loop: in a stitched stack it stands for the Python
+/// frames that replaced it; where it is left (a sample whose Python stack
+/// was read too late, or a frame-pointer-only host profile) it says only
+/// "some Python code", and how often that happens depends on the profiler's
+/// timing, not the rank.
+const INTERPRETER_LOOP: &str = "_PyEval_EvalFrameDefault";
+
 /// The identity of a function in a frame (see the module docs); `None` for
-/// labels (thread and process names).
+/// labels (thread and process names) and the interpreter's loop.
 pub fn function_of(f: &Frame) -> Option<String> {
+    if f.name.as_deref() == Some(INTERPRETER_LOOP) {
+        return None;
+    }
     match f.kind {
         FrameKind::Label => None,
         FrameKind::Python => Some(match (&f.name, &f.module) {
