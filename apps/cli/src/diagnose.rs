@@ -34,12 +34,14 @@ pub struct DiagnoseArgs {
     /// one directory per host or all in one.
     dir: PathBuf,
     /// The healthy period, seconds since the earliest profile in DIR: `A..B`.
-    /// Default: the first third of the training (the span of the collective
-    /// records), or of all the data without them.
+    /// Default: the training (the span of the collective records) before
+    /// its collectives came slower, when they did well inside it; else its
+    /// first third, or that of all the data without collective records.
     #[arg(long)]
     baseline: Option<String>,
     /// The period to judge, `A..B` seconds since the earliest profile.
-    /// Default: the last third of the training, or of all the data.
+    /// Default: the training from the slowdown's onset on (see --baseline);
+    /// else its last third, or that of all the data.
     #[arg(long)]
     window: Option<String>,
     /// Judge only what the agents had written by UNTIL seconds since the
@@ -361,6 +363,36 @@ fn training_span(records: &[CollectiveRecord], t0: u64, end: u64) -> Option<(f64
     (plausible && b - a >= 3.0).then_some((a, b))
 }
 
+/// Seconds since `t0` at which the job's collectives came slower (one
+/// change point in their period, PerfTracker §4.1's iteration-time rise),
+/// from the rank with the most records of the busiest group: the period
+/// of each run of consecutive calls (about 60 runs), split where the
+/// later ones are persistently ≥ 10 % slower. `None` without such a rise.
+fn slowdown_onset(records: &[CollectiveRecord], t0: u64) -> Option<f64> {
+    let mut count: BTreeMap<(&str, u32), usize> = BTreeMap::new();
+    for r in records {
+        *count.entry((r.group.as_str(), r.rank)).or_default() += 1;
+    }
+    let (&(group, rank), _) = count.iter().max_by_key(|(_, &n)| n)?;
+    let mut entries: Vec<u64> = records
+        .iter()
+        .filter(|r| r.group == group && r.rank == rank)
+        .map(|r| r.entry_ns)
+        .collect();
+    entries.sort_unstable();
+    let run = (entries.len() / 60).max(5);
+    let periods: Vec<f64> = entries
+        .chunks_exact(run)
+        .map(|c| (c[run - 1] - c[0]) as f64 / (run - 1) as f64)
+        .collect();
+    let cfg = whyslow_online::OnsetConfig {
+        min_side: 3,
+        ..Default::default()
+    };
+    let split = whyslow_online::find_onset(&periods, &cfg)?;
+    Some(entries[split.index * run].saturating_sub(t0) as f64 / 1e9)
+}
+
 /// A late rank's host beside its group's other hosts: each host's shares
 /// over the window with processes counted as functions (SysOM-AI §3.3:
 /// interference often comes from a process that never registered).
@@ -577,13 +609,28 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     // nor the judged window; else of all the data.
     let (s0, s1) = training_span(&records, t0, end).unwrap_or((0.0, span));
     let third = (s1 - s0) / 3.0;
-    let baseline = match &args.baseline {
-        Some(s) => parse_range(s, "baseline")?,
-        None => (s0, s0 + third),
+    // Where the collectives came slower (a rise well inside the training),
+    // the healthy past ends there and the judged window starts there: the
+    // thirds would put part of a slowdown that began early into the
+    // baseline, or leave the window with only part of it.
+    let onset = (args.baseline.is_none() && args.window.is_none())
+        .then(|| slowdown_onset(&records, t0))
+        .flatten()
+        .filter(|&on| on - s0 >= 0.15 * (s1 - s0) && s1 - on >= 0.15 * (s1 - s0));
+    if let Some(on) = onset {
+        notes.push(format!(
+            "the collectives came slower from {on:.1} s: the baseline is the training before it, the window after it"
+        ));
+    }
+    let baseline = match (&args.baseline, onset) {
+        (Some(s), _) => parse_range(s, "baseline")?,
+        (None, Some(on)) => (s0, on),
+        (None, None) => (s0, s0 + third),
     };
-    let window = match &args.window {
-        Some(s) => parse_range(s, "window")?,
-        None => (s1 - third, s1),
+    let window = match (&args.window, onset) {
+        (Some(s), _) => parse_range(s, "window")?,
+        (None, Some(on)) => (on, s1),
+        (None, None) => (s1 - third, s1),
     };
     // Each rank's training on the profiles' clock: from its first
     // collective entry to its last exit. A profile period reaching outside

@@ -491,3 +491,90 @@ fn a_late_ranks_slower_gpu_kernels_are_the_gpu_layer_uniform_or_specific() {
         "{report}"
     );
 }
+
+/// A spool where every rank starts a new call at `onset_s` of 40 s and
+/// the collectives come 1.5x slower from then: 4 ranks, CPU profiles of 2 s.
+fn regression_spool(name: &str, onset_s: u64) -> PathBuf {
+    use whyslow_model::stack::{Frame, FrameKind, StackProfileBuilder};
+    let dir = temp_dir(name);
+    let h = dir.join("h0");
+    fs::create_dir_all(&h).unwrap();
+    let t0: u64 = 1_795_000_000_000_000_000;
+    let onset = t0 + onset_s * 1_000_000_000;
+    let mut lines = String::new();
+    let (mut t, mut k) = (t0, 0u64);
+    while t < t0 + 40_000_000_000 {
+        for rank in 0..4u64 {
+            let jitter = (k * 7919 + rank * 104_729) % 300_000;
+            lines.push_str(&format!(
+                "{{\"rank\": {rank}, \"global_rank\": {rank}, \"group\": \"j/gloo4#0\", \"op\": \"allreduce\", \"seq\": {k}, \"entry_ns\": {}, \"exit_ns\": {}, \"source\": \"test\"}}\n",
+                t + jitter,
+                t + 2_000_000
+            ));
+        }
+        t += if t < onset { 30_000_000 } else { 45_000_000 };
+        k += 1;
+    }
+    fs::write(h.join("job.collectives.jsonl"), lines).unwrap();
+    let py = |name: &str| Frame {
+        kind: FrameKind::Python,
+        name: Some(name.into()),
+        module: Some("train.py".into()),
+        build_id: None,
+        offset: 0,
+        line: Some(1),
+    };
+    for rank in 0..4u32 {
+        for p in 0..20u64 {
+            let start = t0 + p * 2_000_000_000;
+            let mut b = StackProfileBuilder::new();
+            let main = b.frame(py("main"));
+            let fwd = b.frame(py("forward"));
+            let log = b.frame(py("log_tensor_stats"));
+            let after = start >= onset;
+            b.add(vec![main, fwd], 200);
+            if after {
+                b.add(vec![main, log], 100);
+            }
+            b.label("rank", rank.to_string());
+            b.label("job", "j");
+            b.label("host", "h0");
+            let prof = b.finish(99.0, start, 2_000_000_000);
+            fs::write(
+                h.join(format!("h0-rank{rank}-{p}.pb.gz")),
+                whyslow_stack_output::to_pprof(&prof),
+            )
+            .unwrap();
+        }
+    }
+    dir
+}
+
+#[test]
+fn the_baseline_ends_where_the_collectives_came_slower() {
+    // Onsets before, at and after the first third (13.3 s): the baseline
+    // ends at the onset, so the new call is not in it, and it comes first.
+    for onset in [9u64, 14, 22] {
+        let dir = regression_spool(&format!("onset-{onset}"), onset);
+        let report = diagnose_json(&dir, &[]);
+        let show = serde_json::to_string_pretty(&report).unwrap();
+        let b = report["baseline"][1].as_f64().unwrap();
+        assert!((b - onset as f64).abs() < 1.5, "onset {onset}: {show}");
+        let r = &report["regressions"][0];
+        assert!(
+            r["function"]
+                .as_str()
+                .unwrap()
+                .starts_with("log_tensor_stats"),
+            "onset {onset}: {show}"
+        );
+        assert!(
+            r["before_share"].as_f64().unwrap() < 0.01,
+            "onset {onset}: {show}"
+        );
+        assert!(
+            report["notes"].to_string().contains("came slower from"),
+            "{show}"
+        );
+    }
+}
