@@ -100,6 +100,15 @@ fn rank_profiles(spool: &Path) -> Vec<(String, PathBuf)> {
     out
 }
 
+/// Why an upload did not go.
+enum Refused {
+    /// The server refused this profile (400, 404, 413: it cannot be
+    /// stored as it is); the others still go.
+    This(String),
+    /// The server is away, overloaded or refuses us (401): later, all.
+    Later(String),
+}
+
 /// One profile to the server: `Ok(true)` stored now, `Ok(false)` it had it.
 fn post(
     up: &Upload,
@@ -107,7 +116,7 @@ fn post(
     job: &str,
     batch: &str,
     body: &[u8],
-) -> Result<bool, String> {
+) -> Result<bool, Refused> {
     let url = format!(
         "{}/api/v1/jobs/{}/profiles/{}",
         up.server.trim_end_matches('/'),
@@ -121,8 +130,11 @@ fn post(
         .send(body)
     {
         Ok(r) => Ok(r.status().as_u16() == 201),
-        Err(ureq::Error::StatusCode(code)) => Err(format!("HTTP {code} for {url}")),
-        Err(e) => Err(e.to_string()),
+        Err(ureq::Error::StatusCode(code @ (400 | 404 | 413))) => {
+            Err(Refused::This(format!("HTTP {code} for {url}")))
+        }
+        Err(ureq::Error::StatusCode(code)) => Err(Refused::Later(format!("HTTP {code} for {url}"))),
+        Err(e) => Err(Refused::Later(e.to_string())),
     }
 }
 
@@ -187,7 +199,17 @@ pub fn run(
                     done.insert(key);
                     failing = false;
                 }
-                Err(reason) => {
+                Err(Refused::This(reason)) => {
+                    // A profile the server cannot take (a file cut short by
+                    // a crash) must not hold back the ones after it.
+                    AgentEvent::UploadFailed {
+                        server: &up.server,
+                        reason: format!("{}: {reason}; skipped", path.display()),
+                    }
+                    .emit();
+                    done.insert(key);
+                }
+                Err(Refused::Later(reason)) => {
                     if !failing {
                         AgentEvent::UploadFailed {
                             server: &up.server,

@@ -451,6 +451,14 @@ fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
             .spawn()
             .unwrap()
     };
+    // A profile cut short (a crash while writing), first in name order: the
+    // server refuses it, and it must not hold back the others.
+    std::fs::create_dir_all(spool.join("job-up")).unwrap();
+    std::fs::write(
+        spool.join("job-up/h0-rank0-pid0-0.pb.gz"),
+        b"\x1f\x8b\x08cut",
+    )
+    .unwrap();
     let mut a = agent("agent1.log");
     let mut worker = registered_worker(&dir, "job-up");
     // Profiles pile up in the spool while the server is away.
@@ -527,7 +535,11 @@ fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
     assert!(log1.contains("cannot upload to http://127.0.0.1"), "{log1}");
     // Every spooled rank profile is on the server, once, besides the host
     // profiles written while the job ran.
-    let n = spooled();
+    assert!(
+        log1.contains("h0-rank0-pid0-0.pb.gz: HTTP 400") && log1.contains("skipped"),
+        "{log1}"
+    );
+    let n = spooled() - 1;
     let hosts = std::fs::read_dir(spool.join("host"))
         .map(|d| d.count())
         .unwrap_or(0);
