@@ -129,7 +129,9 @@ fn not_found(what: &str) -> Response {
 fn safe_next(next: Option<&str>) -> String {
     match next {
         Some(n)
-            if n.starts_with("/ui/") && !n.starts_with("//") && !n.contains(['\\', '\r', '\n']) =>
+            if n.starts_with("/ui/")
+                && !n.contains('\\')
+                && n.bytes().all(|b| b.is_ascii_graphic()) =>
         {
             n.to_string()
         }
@@ -442,6 +444,9 @@ mod tests {
             "//evil.example/ui/",
             "/api/v1/jobs",
             "/ui/\r\nX: y",
+            "/ui/\u{fc}",
+            "/ui/a b",
+            "/ui/\\evil",
         ] {
             assert_eq!(safe_next(Some(bad)), "/ui/", "{bad:?}");
         }
