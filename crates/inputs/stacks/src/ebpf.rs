@@ -529,6 +529,9 @@ pub struct Symbolizer {
     shared: crate::Shared,
     walkers: HashMap<u32, crate::unwind::StackWalker>,
     names: HashMap<(u32, u32), String>,
+    /// Each process's executable when its name and walker were cached: a
+    /// process that exec'd since (`ip netns exec … sh`) is another program.
+    exes: HashMap<u32, Option<std::path::PathBuf>>,
     per_process_root: bool,
 }
 
@@ -540,6 +543,7 @@ impl Symbolizer {
             shared,
             walkers: HashMap::new(),
             names: HashMap::new(),
+            exes: HashMap::new(),
             per_process_root,
         }
     }
@@ -551,6 +555,20 @@ impl Symbolizer {
         builder: &mut whyslow_model::stack::StackProfileBuilder,
     ) {
         use whyslow_model::stack::Frame;
+        // Forget what was cached of a process that exec'd another program.
+        let mut pids: Vec<u32> = stacks.iter().map(|s| s.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        for pid in pids {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+            match self.exes.insert(pid, exe.clone()) {
+                Some(before) if before != exe => {
+                    self.names.retain(|(p, _), _| *p != pid);
+                    self.walkers.remove(&pid);
+                }
+                _ => {}
+            }
+        }
         for s in stacks {
             let mut ids = Vec::with_capacity(s.user.len() + s.kernel.len() + 2);
             if self.per_process_root {
@@ -599,6 +617,8 @@ impl Symbolizer {
     /// Re-reads the mappings of the processes seen (new modules: dlopen).
     pub fn refresh(&mut self) {
         self.walkers
+            .retain(|pid, _| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        self.exes
             .retain(|pid, _| std::path::Path::new(&format!("/proc/{pid}")).exists());
         for w in self.walkers.values_mut() {
             w.refresh_maps();
