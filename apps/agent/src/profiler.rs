@@ -311,6 +311,8 @@ fn host_loop(
         target,
         measure: false,
         off_cpu: false,
+        unwind: Default::default(),
+        max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
     };
     let mut sampler = match ebpf::EbpfSampler::open(&opts) {
         Ok(s) => s,
@@ -426,6 +428,8 @@ fn offcpu_loop(
         target: ebpf::Target::Pids(Vec::new()),
         measure: false,
         off_cpu: true,
+        unwind: Default::default(),
+        max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
     };
     let mut sampler = match ebpf::EbpfSampler::open(&opts) {
         Ok(s) => s,

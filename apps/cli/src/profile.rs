@@ -245,6 +245,8 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
         target,
         measure: args.bpf_stats,
         off_cpu: false,
+        unwind: Default::default(),
+        max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
     };
     let (profile, stats) = ebpf::profile(
         &opts,

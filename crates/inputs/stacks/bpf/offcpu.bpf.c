@@ -19,6 +19,7 @@
 #include <bpf/bpf_core_read.h>
 
 #include "stacks.bpf.h"
+#include "unwind.bpf.h"
 
 /* `stats` here (stacks.bpf.h's indices): TICKS switches seen, FILTERED left
  * out by the filter, SKIPPED preempted (still runnable), SAMPLES off-CPU
@@ -72,7 +73,7 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 				b.since_ns = now;
 				b.tgid = prev_tgid;
 				b.kernel = take_stack(ctx, s, 0, STAT_KSTACK_ERR);
-				b.user = take_stack(ctx, s, BPF_F_USER_STACK, STAT_USTACK_ERR);
+				b.user = take_user_stack(ctx, 0, s, prev_tgid);
 				bpf_map_update_elem(&off, &prev_tid, &b, BPF_ANY);
 			}
 		}
@@ -88,7 +89,7 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	__u64 us = (now - b->since_ns) / 1000;
 	__u32 *generation = bpf_map_lookup_elem(&control, &zero);
-	if (!generation) {
+	if (!generation || *generation == GENERATION_STOPPED) {
 		bpf_map_delete_elem(&off, &next_tid);
 		return 0;
 	}

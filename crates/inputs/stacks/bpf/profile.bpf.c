@@ -21,6 +21,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "stacks.bpf.h"
+#include "unwind.bpf.h"
 
 SEC("perf_event")
 int on_cpu_clock(struct bpf_perf_event_data *ctx)
@@ -44,14 +45,14 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 	__u32 zero = 0;
 	struct stack *s = bpf_map_lookup_elem(&scratch, &zero);
 	__u32 *generation = bpf_map_lookup_elem(&control, &zero);
-	if (!s || !generation)
+	if (!s || !generation || *generation == GENERATION_STOPPED)
 		return 0;
 	struct count_key key = {};
 	key.tgid = tgid;
 	key.tid = tid;
 	key.generation = *generation;
 	key.kernel = take_stack(ctx, s, 0, STAT_KSTACK_ERR);
-	key.user = take_stack(ctx, s, BPF_F_USER_STACK, STAT_USTACK_ERR);
+	key.user = take_user_stack(ctx, (struct pt_regs *)&ctx->regs, s, tgid);
 	count(STAT_SAMPLES);
 	__u64 *c = bpf_map_lookup_elem(&counts, &key);
 	if (c) {

@@ -27,7 +27,17 @@
 #define STAT_STACKS_FULL 6
 #define STAT_COUNTS_FULL 7
 #define STAT_IDLE 8
-#define N_STATS 9
+/* The in-kernel unwinder (unwind.bpf.h): how walks ended, steps taken. */
+#define STAT_UNW_END 9         /* reached the outermost frame */
+#define STAT_UNW_TRUNCATED 10  /* MAX_DEPTH frames */
+#define STAT_UNW_NO_CFI 11     /* no row and no valid frame pointer */
+#define STAT_UNW_UNSUPPORTED 12 /* a rule the program does not evaluate */
+#define STAT_UNW_BAD_IP 13     /* a return address outside executable code */
+#define STAT_UNW_READ_ERR 14   /* user memory not readable */
+#define STAT_UNW_NOT_LOADED 15 /* no tables for the process yet: kernel FP walk */
+#define STAT_UNW_DWARF_STEPS 16
+#define STAT_UNW_FP_STEPS 17
+#define N_STATS 18
 
 /* Set at load time. */
 volatile const __u32 FILTER = FILTER_ALL;
@@ -80,7 +90,9 @@ struct {
 	__type(value, __u8);
 } cgroups SEC(".maps");
 
-/* [0]: the generation samples are counted into (userspace flips it). */
+/* [0]: the generation samples are counted into (userspace flips it), or
+ * GENERATION_STOPPED: count nothing more (the last drain is exact). */
+#define GENERATION_STOPPED 2
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -122,6 +134,19 @@ static __always_inline __u64 stack_hash(const struct stack *s, __u32 depth)
 	return h ? h : 1;
 }
 
+/* Stores the first `depth` addresses of s under their hash and returns the
+ * hash. */
+static __always_inline __u64 store_stack(struct stack *s, __u32 depth)
+{
+	s->depth = depth;
+	__u64 h = stack_hash(s, depth);
+	if (!bpf_map_lookup_elem(&stacks, &h)) {
+		if (bpf_map_update_elem(&stacks, &h, s, BPF_NOEXIST) && !bpf_map_lookup_elem(&stacks, &h))
+			count(STAT_STACKS_FULL);
+	}
+	return h;
+}
+
 /* Takes one stack into the scratch buffer, stores it under its hash and
  * returns the hash (0 when there is none). */
 static __always_inline __u64 take_stack(void *ctx, struct stack *s, __u64 flags, __u32 err_stat)
@@ -134,13 +159,7 @@ static __always_inline __u64 take_stack(void *ctx, struct stack *s, __u64 flags,
 	__u32 depth = (__u32)n / sizeof(__u64);
 	if (depth == 0)
 		return 0;
-	s->depth = depth;
-	__u64 h = stack_hash(s, depth);
-	if (!bpf_map_lookup_elem(&stacks, &h)) {
-		if (bpf_map_update_elem(&stacks, &h, s, BPF_NOEXIST) && !bpf_map_lookup_elem(&stacks, &h))
-			count(STAT_STACKS_FULL);
-	}
-	return h;
+	return store_stack(s, depth);
 }
 
 

@@ -29,6 +29,9 @@ use aya::programs::perf_event::{
 use aya::programs::PerfEvent;
 use aya::{Ebpf, EbpfLoader, Pod};
 
+use crate::ebpf_tables::UnwindTables;
+pub use crate::ebpf_tables::{TableStats, UserUnwind};
+
 /// The compiled program (`bpf/profile.bpf.c`, built by `scripts/build-bpf`),
 /// 8-byte aligned as the ELF parser needs.
 pub static PROFILE_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/profile.bpf.o");
@@ -40,6 +43,8 @@ pub static PROFILE_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/profile.b
 pub static OFFCPU_OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/offcpu.bpf.o");
 
 const MAX_DEPTH: usize = 127;
+/// `control[0]` that stops counting (`stacks.bpf.h`).
+const GENERATION_STOPPED: u32 = 2;
 
 /// What the program samples.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +80,17 @@ pub struct EbpfOptions {
     /// stacks they blocked with (`bpf/offcpu.bpf.c`, Linux 5.18+). `hz` and
     /// `sampling_rate` do not apply.
     pub off_cpu: bool,
+    /// How user stacks are walked in the kernel (hybrid: DWARF CFI rows,
+    /// else validated frame-pointer steps).
+    pub unwind: UserUnwind,
+    /// Rows the kernel's CFI table holds (16 bytes each); modules that do
+    /// not fit get frame-pointer steps.
+    pub max_cfi_rows: u32,
 }
+
+/// Default [`EbpfOptions::max_cfi_rows`]: 4 Mi rows, 64 MiB of kernel
+/// memory (libtorch_cpu.so alone needs about 1.3 M).
+pub const DEFAULT_MAX_CFI_ROWS: u32 = 4 << 20;
 
 /// Why the eBPF sampler could not start or read.
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +136,33 @@ pub struct EbpfStats {
     pub run_time_ns: u64,
     /// Program runs counted with it.
     pub runs: u64,
+    /// In-kernel user stack walks (DWARF or hybrid) and how they ended.
+    pub unwind: UnwindCounters,
+    /// What the unwind tables hold.
+    pub tables: TableStats,
+}
+
+/// How the in-kernel user stack walks went (`bpf/unwind.bpf.h`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindCounters {
+    /// Walks that reached the outermost frame.
+    pub complete: u64,
+    /// Walks cut at the maximum depth.
+    pub truncated: u64,
+    /// Walks that stopped where there was no CFI row and no valid frame pointer.
+    pub no_cfi: u64,
+    /// Walks that stopped at a rule the program does not evaluate.
+    pub unsupported: u64,
+    /// Walks that stopped at a return address outside executable code.
+    pub bad_address: u64,
+    /// Walks that stopped at unreadable user memory.
+    pub read_errors: u64,
+    /// Samples of processes without tables yet (the kernel's FP walk).
+    pub not_loaded: u64,
+    /// Frames found with a CFI row.
+    pub dwarf_steps: u64,
+    /// Frames found with a frame-pointer step.
+    pub fp_steps: u64,
 }
 
 /// One aggregated stack of one thread.
@@ -163,6 +205,8 @@ unsafe impl Pod for Stack {}
 /// The loaded, attached program and its maps.
 pub struct EbpfSampler {
     ebpf: Ebpf,
+    /// The in-kernel unwinder's tables (None: the kernel's FP walk).
+    tables: Option<UnwindTables>,
     generation: u32,
     stacks: HashMap<u64, Vec<u64>>,
     /// Cgroup v1 targets, filtered here: the directories and the processes
@@ -249,20 +293,32 @@ impl EbpfSampler {
             Target::Cgroups(_) => 2,
         };
         let rate = ((opts.sampling_rate * 1000.0).round() as u32).clamp(1, 1000);
+        let unwind = opts.unwind.mode();
+        let rows = if opts.unwind == UserUnwind::FramePointer {
+            1
+        } else {
+            opts.max_cfi_rows.max(1)
+        };
         let mut ebpf = EbpfLoader::new()
             .set_global("FILTER", &filter, true)
             .set_global("RATE_PER_MILLE", &rate, true)
+            .set_global("UNWIND", &unwind, true)
+            .set_max_entries("cfi_rows", rows)
             .load(if opts.off_cpu {
                 OFFCPU_OBJECT
             } else {
                 PROFILE_OBJECT
             })
             .map_err(|e| EbpfError::Load(chain(&e)))?;
+        let mut tables = (opts.unwind != UserUnwind::FramePointer).then(|| UnwindTables::new(rows));
         match &opts.target {
             Target::Host => {}
             Target::Pids(pids) => {
                 for &p in pids {
                     add_pid(&mut ebpf, p)?;
+                    if let Some(t) = &mut tables {
+                        t.load(&mut ebpf, p)?;
+                    }
                 }
             }
             Target::Cgroups(_) if members.is_some() => {}
@@ -307,6 +363,7 @@ impl EbpfSampler {
         }
         Ok(EbpfSampler {
             ebpf,
+            tables,
             generation: 0,
             stacks: HashMap::new(),
             members,
@@ -324,11 +381,18 @@ impl EbpfSampler {
 
     /// Adds a process to a [`Target::Pids`] sampler.
     pub fn add_pid(&mut self, pid: u32) -> Result<(), EbpfError> {
-        add_pid(&mut self.ebpf, pid)
+        add_pid(&mut self.ebpf, pid)?;
+        if let Some(t) = &mut self.tables {
+            t.load(&mut self.ebpf, pid)?;
+        }
+        Ok(())
     }
 
     /// Removes a process from a [`Target::Pids`] sampler.
     pub fn remove_pid(&mut self, pid: u32) -> Result<(), EbpfError> {
+        if let Some(t) = &mut self.tables {
+            t.forget(&mut self.ebpf, pid)?;
+        }
         let mut map: BpfHashMap<&mut MapData, u32, u8> = map_mut(&mut self.ebpf, "pids")?;
         match map.remove(&pid) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
@@ -347,6 +411,24 @@ impl EbpfSampler {
                 .set(0, self.generation, 0)
                 .map_err(|e| EbpfError::Map("control", chain(&e)))?;
         }
+        let out = self.drain_generation(old)?;
+        // Tables for the processes sampled without them (host and cgroup
+        // targets: walked from their next sample on), new libraries of the
+        // others, and none for processes that exited.
+        if let Some(t) = &mut self.tables {
+            t.refresh(&mut self.ebpf)?;
+            let mut new: Vec<u32> = out.iter().map(|s| s.pid).filter(|p| !t.knows(*p)).collect();
+            new.sort_unstable();
+            new.dedup();
+            for pid in new {
+                t.load(&mut self.ebpf, pid)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads and deletes the counts of generation `old`, with their stacks.
+    fn drain_generation(&mut self, old: u32) -> Result<Vec<CountedStack>, EbpfError> {
         let mut counts: BpfHashMap<&mut MapData, CountKey, u64> =
             map_mut(&mut self.ebpf, "counts")?;
         let mut taken: Vec<(CountKey, u64)> = Vec::new();
@@ -403,10 +485,27 @@ impl EbpfSampler {
         Ok(out)
     }
 
+    /// Stops counting and returns what was counted since the last drain:
+    /// after it, the counters and the drained counts agree exactly.
+    pub fn finish(&mut self) -> Result<Vec<CountedStack>, EbpfError> {
+        {
+            let mut control: Array<&mut MapData, u32> = map_mut(&mut self.ebpf, "control")?;
+            control
+                .set(0, GENERATION_STOPPED, 0)
+                .map_err(|e| EbpfError::Map("control", chain(&e)))?;
+        }
+        // A program already past the check on another CPU finishes within
+        // microseconds.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let mut out = self.drain_generation(self.generation)?;
+        out.extend(self.drain_generation(self.generation ^ 1)?);
+        Ok(out)
+    }
+
     /// The program's counters, summed over CPUs.
     pub fn stats(&self) -> Result<EbpfStats, EbpfError> {
         let map: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, "stats")?;
-        let mut v = [0u64; 9];
+        let mut v = [0u64; 18];
         for (i, slot) in v.iter_mut().enumerate() {
             *slot = map
                 .get(&(i as u32), 0)
@@ -425,6 +524,18 @@ impl EbpfSampler {
             idle: v[8],
             run_time_ns: 0,
             runs: 0,
+            unwind: UnwindCounters {
+                complete: v[9],
+                truncated: v[10],
+                no_cfi: v[11],
+                unsupported: v[12],
+                bad_address: v[13],
+                read_errors: v[14],
+                not_loaded: v[15],
+                dwarf_steps: v[16],
+                fp_steps: v[17],
+            },
+            tables: self.tables.as_ref().map(|t| t.stats()).unwrap_or_default(),
         })
     }
 
@@ -456,7 +567,7 @@ fn add_pid(ebpf: &mut Ebpf, pid: u32) -> Result<(), EbpfError> {
         .map_err(|e| EbpfError::Map("pids", chain(&e)))
 }
 
-fn map_mut<'a, V>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<V, EbpfError>
+pub(crate) fn map_mut<'a, V>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<V, EbpfError>
 where
     V: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
 {
@@ -677,8 +788,8 @@ pub fn profile(
         std::thread::sleep(std::time::Duration::from_millis(50));
         sampler.track_cgroups();
     }
-    // One more drain after the flip: increments that raced the last one.
-    let counted = sampler.drain()?;
+    // The rest, counting stopped: increments that raced the last drain.
+    let counted = sampler.finish()?;
     symbols.add(&counted, &mut builder);
     let mut stats = sampler.stats()?;
     if measuring.is_some() {

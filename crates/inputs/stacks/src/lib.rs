@@ -12,7 +12,9 @@
 //! keeps; it costs a 16 KiB stack copy per sample.
 #![deny(missing_docs)]
 
+pub mod cfi;
 pub mod ebpf;
+mod ebpf_tables;
 pub mod elf;
 pub mod maps;
 pub mod perf;

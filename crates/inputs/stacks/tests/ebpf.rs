@@ -59,6 +59,8 @@ fn skip_reason() -> Option<String> {
         target: Target::Pids(vec![]),
         measure: false,
         off_cpu: false,
+        unwind: Default::default(),
+        max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
     };
     match EbpfSampler::open(&opts) {
         Ok(_) => None,
@@ -94,6 +96,8 @@ fn run(target: Target, rate: f64, secs: f64, ticks: u64) -> (StackProfile, ebpf:
             target: target.clone(),
             measure: true,
             off_cpu: false,
+            unwind: Default::default(),
+            max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
         };
         let got = ebpf::profile(
             &opts,
@@ -248,6 +252,8 @@ fn bad_settings_are_refused_with_the_reason() {
             target: Target::Host,
             measure: false,
             off_cpu: false,
+            unwind: Default::default(),
+            max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
         };
         let e = EbpfSampler::open(&opts).err().expect("refused");
         assert!(matches!(e, ebpf::EbpfError::Setting(_)), "{e}");
@@ -378,6 +384,8 @@ fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
         target: Target::Pids(vec![pid]),
         measure: false,
         off_cpu: true,
+        unwind: Default::default(),
+        max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
     };
     let (p, st) = ebpf::profile(
         &opts,
@@ -419,4 +427,125 @@ fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
         "the busy loop and the rest were filtered: {st:?}"
     );
     drop(reader);
+}
+
+/// Profiles `pid` with one user unwinding, until its threads had 300 ticks.
+fn run_unwind(pid: u32, unwind: ebpf::UserUnwind) -> (StackProfile, ebpf::EbpfStats) {
+    let mut secs = 3.0;
+    loop {
+        let opts = EbpfOptions {
+            hz: 99,
+            sampling_rate: 1.0,
+            target: Target::Pids(vec![pid]),
+            measure: false,
+            off_cpu: false,
+            unwind,
+            max_cfi_rows: ebpf::DEFAULT_MAX_CFI_ROWS,
+        };
+        let got = ebpf::profile(
+            &opts,
+            Duration::from_secs_f64(secs),
+            Duration::from_secs(1),
+            &AtomicBool::new(false),
+        )
+        .expect("eBPF profile");
+        if got.1.samples >= 300 || secs >= 27.0 {
+            return got;
+        }
+        secs *= 3.0;
+    }
+}
+
+/// Share of `thread`'s samples whose user stack holds every one of `want`
+/// (native frames, any order), and the mean number of native user frames.
+fn reach(p: &StackProfile, thread: &str, want: &[&str]) -> (f64, f64, u64) {
+    let (mut hit, mut total, mut frames) = (0u64, 0u64, 0u64);
+    for (f, c) in stacks(p) {
+        if f.first().and_then(|f| f.name.as_deref()) != Some(thread) {
+            continue;
+        }
+        total += c;
+        let user: Vec<&str> = f
+            .iter()
+            .filter(|f| f.kind == FrameKind::Native)
+            .filter_map(|f| f.name.as_deref())
+            .collect();
+        frames += user.len() as u64 * c;
+        if want.iter().all(|w| user.iter().any(|u| u.contains(w))) {
+            hit += c;
+        }
+    }
+    if std::env::var_os("WHYSLOW_SHOW_STACKS").is_some() {
+        for (f, c) in stacks(p).iter().take(5) {
+            let names: Vec<String> = f
+                .iter()
+                .map(|f| format!("{:?}:{}", f.kind, f.name.as_deref().unwrap_or("?")))
+                .collect();
+            eprintln!("{c} {}", names.join(";"));
+        }
+    }
+    let t = total.max(1) as f64;
+    (hit as f64 / t, frames as f64 / t, total)
+}
+
+/// SysOM-AI §3.3, Algorithm 1 in the kernel: CPython here has no frame
+/// pointers, so the kernel's frame-pointer walk stops after 1–3 frames;
+/// with `.eh_frame` rows in BPF maps the walk goes from libz's `deflate`
+/// through the zlib extension and the interpreter's loop to the thread's
+/// start, and the stat thread's from the syscall wrapper to the same root.
+#[test]
+fn cfi_rows_in_the_kernel_unwind_python_without_frame_pointers() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let shape = known_shape();
+    let pid = shape.0.id();
+    // pythread_wrapper: CPython's thread entry, under libc's (stripped,
+    // unnamed) start_thread and clone3.
+    let deflate = [
+        "pythread_wrapper",
+        "_PyEval_EvalFrameDefault",
+        "zlib_compress",
+        "deflate",
+    ];
+    let stat = ["pythread_wrapper", "_PyEval_EvalFrameDefault"];
+    let (fp, fp_stats) = run_unwind(pid, ebpf::UserUnwind::FramePointer);
+    let (hy, hy_stats) = run_unwind(pid, ebpf::UserUnwind::Hybrid);
+    let (fp_c, fp_c_frames, _) = reach(&fp, "compress", &deflate);
+    let (hy_c, hy_c_frames, n_c) = reach(&hy, "compress", &deflate);
+    let (hy_s, hy_s_frames, n_s) = reach(&hy, "stat", &stat);
+    eprintln!(
+        "frame pointers: compress {fp_c:.2} ({fp_c_frames:.1} frames); hybrid: compress {hy_c:.2} \
+         ({hy_c_frames:.1} frames, {n_c} samples), stat {hy_s:.2} ({hy_s_frames:.1} frames, {n_s} samples)\n\
+         fp {fp_stats:?}\nhybrid {hy_stats:?}"
+    );
+    assert!(
+        hy_stats.tables.modules >= 3 && hy_stats.tables.rows > 1000,
+        "{hy_stats:?}"
+    );
+    assert!(
+        hy_stats.unwind.dwarf_steps > hy_stats.samples,
+        "{hy_stats:?}"
+    );
+    assert!(
+        n_c >= 30 && n_s >= 30,
+        "too few samples: {n_c} compress, {n_s} stat"
+    );
+    assert!(
+        hy_c >= 0.9,
+        "hybrid: deflate .. interpreter .. thread start in {hy_c:.2} of compress samples"
+    );
+    assert!(
+        hy_s >= 0.9,
+        "hybrid: interpreter .. thread start in {hy_s:.2} of stat samples"
+    );
+    assert!(
+        hy_c_frames > 3.0 * fp_c_frames.max(1.0),
+        "{hy_c_frames} vs {fp_c_frames}"
+    );
+    assert!(
+        fp_c < 0.1,
+        "frame pointers reached the root in {fp_c:.2}: is this CPython built with them?"
+    );
 }
