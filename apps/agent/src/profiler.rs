@@ -65,6 +65,13 @@ pub struct ProfilerArgs {
     /// Percent of the host profiler's ticks that take a stack (1-100).
     #[arg(long, default_value_t = 100.0, value_name = "PCT")]
     pub profile_sampling_rate: f64,
+    /// How the eBPF profilers (host, cgroup, off-CPU) walk user stacks:
+    /// `fp` the kernel's frame-pointer walk; `hybrid` DWARF rows from each
+    /// module's .eh_frame in BPF maps, else validated frame-pointer steps
+    /// (full stacks for code without frame pointers, such as CPython; costs
+    /// compiling and loading each new module's rows, once per file).
+    #[arg(long, default_value = "fp", value_name = "fp|dwarf|hybrid")]
+    pub profile_unwind: whyslow_stacks::ebpf::UserUnwind,
     /// Also profile the registered processes' off-CPU time (eBPF on
     /// sched_switch: the µs each thread spent blocked — reads, locks,
     /// sleeps — under the kernel and user stacks it blocked with), into the
@@ -311,7 +318,7 @@ fn host_loop(
         target,
         measure: false,
         off_cpu: false,
-        unwind: Default::default(),
+        unwind: args.profile_unwind,
         max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
     };
     let mut sampler = match ebpf::EbpfSampler::open(&opts) {
@@ -428,7 +435,7 @@ fn offcpu_loop(
         target: ebpf::Target::Pids(Vec::new()),
         measure: false,
         off_cpu: true,
-        unwind: Default::default(),
+        unwind: args.profile_unwind,
         max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
     };
     let mut sampler = match ebpf::EbpfSampler::open(&opts) {

@@ -27,9 +27,10 @@ pub struct ProfileArgs {
     #[arg(long)]
     cgroup: Vec<PathBuf>,
     /// `perf`: user stacks unwound with DWARF from copied stacks, Python
-    /// frames stitched in (one process). `ebpf`: stacks taken and counted in
-    /// the kernel (frame-pointer user stacks, kernel stacks; any process set,
-    /// a fraction of the cost). Default: perf for --pid, ebpf otherwise.
+    /// frames stitched in (one process). `ebpf`: stacks taken, unwound and
+    /// counted in the kernel (user stacks per --unwind, kernel stacks; any
+    /// process set, a fraction of the cost; no Python frames). Default: perf
+    /// for --pid, ebpf otherwise.
     #[arg(long, value_enum)]
     engine: Option<Engine>,
     /// Percent of ticks that take a stack (eBPF engine; SysOM-AI's sampling
@@ -40,6 +41,12 @@ pub struct ProfileArgs {
     /// on for every program while profiling) and print it per sample.
     #[arg(long)]
     bpf_stats: bool,
+    /// eBPF engine: how user stacks are walked in the kernel. `hybrid`:
+    /// DWARF rows compiled from each module's .eh_frame into BPF maps, else
+    /// validated frame-pointer steps (SysOM-AI Algorithm 1); `dwarf`: rows
+    /// only; `fp`: the kernel's frame-pointer walk.
+    #[arg(long, default_value = "hybrid", value_name = "hybrid|dwarf|fp")]
+    unwind: whyslow_stacks::ebpf::UserUnwind,
     /// Seconds to sample (Ctrl-C ends earlier and still writes the profile).
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
@@ -245,7 +252,7 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
         target,
         measure: args.bpf_stats,
         off_cpu: false,
-        unwind: Default::default(),
+        unwind: args.unwind,
         max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
     };
     let (profile, stats) = ebpf::profile(
@@ -271,6 +278,28 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
         profile.stacks.len(),
         args.output.display()
     );
+    if args.unwind != ebpf::UserUnwind::FramePointer {
+        let u = &stats.unwind;
+        eprintln!(
+            "whyslow: eBPF {} unwinding: {} modules' rows ({} rows, {} modules without), {} frames from rows, {} from frame pointers; walks: {} to the outermost frame, {} at a gap in the rows, {} at an unsupported rule, {} at a bad return address, {} at unreadable memory, {} cut at the depth limit, {} before the process's tables were loaded",
+            match args.unwind {
+                ebpf::UserUnwind::Dwarf => "DWARF",
+                _ => "hybrid",
+            },
+            stats.tables.modules,
+            stats.tables.rows,
+            stats.tables.modules_without_rows,
+            u.dwarf_steps,
+            u.fp_steps,
+            u.complete,
+            u.no_cfi,
+            u.unsupported,
+            u.bad_address,
+            u.read_errors,
+            u.truncated,
+            u.not_loaded
+        );
+    }
     if args.bpf_stats && stats.runs > 0 {
         eprintln!(
             "whyslow: eBPF program: {} runs, {:.2} ms in the kernel, {:.2} µs per run",

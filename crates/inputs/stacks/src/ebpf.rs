@@ -8,13 +8,16 @@
 //! races the flip lands in the next drain, or at worst is lost). Stacks are
 //! stored once in the kernel under a 64-bit hash and copied out once.
 //!
-//! User stacks here are the kernel's frame-pointer walk: complete for code
-//! built with frame pointers, 1–3 frames for a CPython without them (the
-//! DWARF fallback of the paper's Algorithm 1 runs in userspace on copied
-//! stacks: the perf path, [`crate::ProcessProfiler`]). What this path adds is
-//! reach and cost: every process of the host, a cgroup or a set of processes,
-//! kernel stacks included, at a few µs per sample and a fraction of ticks
-//! (the paper's "sampling rate") taking a stack.
+//! User stacks are walked in the kernel per [`EbpfOptions::unwind`]: with
+//! DWARF rows compiled from each module's `.eh_frame` into BPF maps, else
+//! validated frame-pointer steps (the paper's Algorithm 1, `bpf/unwind.bpf.h`
+//! and [`crate::cfi`]), or with the kernel's frame-pointer walk alone
+//! (complete for code built with frame pointers, 1–3 frames for a CPython
+//! without them). Python frames are stitched only by the perf path
+//! ([`crate::ProcessProfiler`]). What this path adds is reach and cost: every
+//! process of the host, a cgroup or a set of processes, kernel stacks
+//! included, at a few µs per sample and a fraction of ticks (the paper's
+//! "sampling rate") taking a stack.
 //!
 //! Loaded with aya (pure Rust: no libbpf, libelf or C toolchain on the user's
 //! machine); the object is built by `scripts/build-bpf` and checked in.
