@@ -20,7 +20,7 @@ the measured slowdown; the userspace cost (draining and symbolizing) is the
 Run as root (perf events, BPF):
   cargo build --release -p whyslow
   .venv/bin/python benches/profile_overhead.py --whyslow target/release/whyslow --hz 99
-  .venv/bin/python benches/profile_overhead.py --engine ebpf --rates 1,10,20,40,80,100 --pairs 6
+  .venv/bin/python benches/profile_overhead.py --engine ebpf --rates 1,10,20,40,80,100 --pairs 6 [--unwind hybrid|dwarf|fp]
 """
 
 import argparse
@@ -56,6 +56,8 @@ def main():
     ap.add_argument("--cpu", type=int, default=0, help="core for the worker (the profiler runs elsewhere)")
     ap.add_argument("--engine", choices=["perf", "ebpf"], default="perf")
     ap.add_argument("--rates", default="100", help="eBPF: sampling rates in percent, comma-separated")
+    ap.add_argument("--unwind", default="hybrid", choices=["hybrid", "dwarf", "fp"],
+                    help="eBPF: how user stacks are walked in the kernel")
     a = ap.parse_args()
 
     w = subprocess.Popen(["taskset", "-c", str(a.cpu), sys.executable, "-c", WORKER],
@@ -86,7 +88,7 @@ def measure(a, w, read_for, rate):
         cmd = [a.whyslow, "profile", "--pid", str(w.pid), "--hz", str(a.hz),
                "--duration", str(a.on), "-o", os.path.join(out, "p%d.folded" % i)]
         if rate is not None:
-            cmd += ["--engine", "ebpf", "--sampling-rate", str(rate), "--bpf-stats"]
+            cmd += ["--engine", "ebpf", "--sampling-rate", str(rate), "--bpf-stats", "--unwind", a.unwind]
         p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         on = read_for(a.on)
         _, status, ru = os.wait4(p.pid, 0)
@@ -109,7 +111,7 @@ def measure(a, w, read_for, rate):
     ci = 1.96 * statistics.stdev(diffs) / len(diffs) ** 0.5
     print("worker iterations/s: off %.1f, on %.1f (means of %d windows of %.0f s)"
           % (statistics.mean(off_all), statistics.mean(on_all), len(diffs), a.on))
-    what = "%d Hz" % a.hz if rate is None else "%d Hz, eBPF, %g %% of ticks" % (a.hz, rate)
+    what = "%d Hz" % a.hz if rate is None else "%d Hz, eBPF (%s), %g %% of ticks" % (a.hz, a.unwind, rate)
     print("slowdown with the profiler at %s: %+.2f %% ± %.2f %% (95 %% CI), per-pair sd %.2f %%"
           % (what, 100 * m, 100 * ci, 100 * statistics.stdev(diffs)))
     if bpf_us:

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
-use whyslow_server::{AppState, SqliteStore, Store};
+use whyslow_server::{AppState, ClickHouseConfig, ClickHouseStore, SqliteStore, Store};
 
 /// `whyslow server`.
 #[derive(Args, Debug)]
@@ -19,9 +19,61 @@ pub struct ServerArgs {
     /// Data directory (the embedded store: SQLite).
     #[arg(long, value_name = "DIR")]
     data: Option<PathBuf>,
+    #[command(flatten)]
+    clickhouse: ClickHouseArgs,
     /// Address to listen on (port 0: any free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
+}
+
+/// The scale-out store instead of `--data`.
+#[derive(Args, Debug, Clone)]
+struct ClickHouseArgs {
+    /// ClickHouse's HTTP endpoint (e.g. http://127.0.0.1:8123): store
+    /// tokens, fingerprints and profiles there instead of in --data.
+    #[arg(long, value_name = "URL")]
+    clickhouse: Option<String>,
+    /// ClickHouse database (created if missing).
+    #[arg(long, default_value = "whyslow", value_name = "NAME")]
+    clickhouse_database: String,
+    /// ClickHouse user; the password comes from $WHYSLOW_CLICKHOUSE_PASSWORD.
+    #[arg(long, value_name = "USER")]
+    clickhouse_user: Option<String>,
+    /// Days ClickHouse keeps fingerprints and profiles (TTL).
+    #[arg(long, default_value_t = 30, value_name = "DAYS")]
+    retention_days: u32,
+}
+
+impl ClickHouseArgs {
+    fn config(&self, url: &str, database: &str) -> ClickHouseConfig {
+        ClickHouseConfig {
+            url: url.to_string(),
+            database: database.to_string(),
+            user: self.clickhouse_user.clone(),
+            password: std::env::var("WHYSLOW_CLICKHOUSE_PASSWORD").ok(),
+            retention_days: self.retention_days,
+        }
+    }
+}
+
+/// The store `--data` or `--clickhouse` names, and how to say which.
+fn open_store(data: Option<&PathBuf>, ch: &ClickHouseArgs) -> Result<(Box<dyn Store>, String)> {
+    match (data, &ch.clickhouse) {
+        (Some(_), Some(_)) => anyhow::bail!("give --data DIR or --clickhouse URL, not both"),
+        (None, Some(url)) => {
+            let store = ClickHouseStore::open(ch.config(url, &ch.clickhouse_database))
+                .with_context(|| format!("opening the ClickHouse store at {url}"))?;
+            Ok((Box::new(store), format!("ClickHouse {url}, database {}", ch.clickhouse_database)))
+        }
+        (Some(dir), None) => {
+            let store = SqliteStore::open(dir)
+                .with_context(|| format!("opening the store in {}", dir.display()))?;
+            Ok((Box::new(store), format!("data {}", dir.display())))
+        }
+        (None, None) => anyhow::bail!(
+            "--data DIR (the embedded store) or --clickhouse URL is required (where the server keeps its data)"
+        ),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -29,6 +81,14 @@ enum ServerCommand {
     /// Bearer tokens of tenants.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Runs the storage conformance checks (the ones every backend passes in
+    /// whyslow's tests) against a scratch store: a temporary SQLite
+    /// directory, or a scratch database of --clickhouse that is dropped
+    /// afterwards. Exit 0 when the backend behaves.
+    CheckStore {
+        #[command(flatten)]
+        clickhouse: ClickHouseArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -38,7 +98,9 @@ enum TokenCommand {
     Create {
         /// Data directory of the server.
         #[arg(long, value_name = "DIR")]
-        data: PathBuf,
+        data: Option<PathBuf>,
+        #[command(flatten)]
+        clickhouse: ClickHouseArgs,
         /// Tenant name (letters, digits, -_.:@).
         #[arg(long)]
         tenant: String,
@@ -48,22 +110,58 @@ enum TokenCommand {
 /// Runs `whyslow server …`.
 pub fn run(args: ServerArgs) -> Result<u8> {
     match args.command {
-        Some(ServerCommand::Token(TokenCommand::Create { data, tenant })) => {
-            let store = SqliteStore::open(&data)
-                .with_context(|| format!("opening the store in {}", data.display()))?;
+        Some(ServerCommand::Token(TokenCommand::Create {
+            data,
+            clickhouse,
+            tenant,
+        })) => {
+            let (store, _) = open_store(data.as_ref(), &clickhouse)?;
             let token = store.create_token(&tenant)?;
             eprintln!("whyslow: new token for tenant {tenant:?} (shown once; the server keeps only its hash):");
             println!("{token}");
             Ok(0)
         }
+        Some(ServerCommand::CheckStore { clickhouse }) => {
+            let scratch = format!(
+                "whyslow_check_{}_{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0)
+            );
+            let result = match &clickhouse.clickhouse {
+                Some(url) => {
+                    let store = ClickHouseStore::open(clickhouse.config(url, &scratch))
+                        .with_context(|| format!("opening a scratch database at {url}"))?;
+                    let r = whyslow_server::conformance(&store);
+                    store
+                        .drop_database()
+                        .with_context(|| format!("dropping the scratch database {scratch}"))?;
+                    r.map(|()| format!("ClickHouse at {url} (scratch database {scratch}, dropped)"))
+                }
+                None => {
+                    let dir = std::env::temp_dir().join(&scratch);
+                    let store = SqliteStore::open(&dir)
+                        .with_context(|| format!("opening {}", dir.display()))?;
+                    let r = whyslow_server::conformance(&store);
+                    drop(store);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    r.map(|()| "the embedded SQLite store".to_string())
+                }
+            };
+            match result {
+                Ok(what) => {
+                    eprintln!("whyslow: {what} passes the storage conformance checks");
+                    Ok(0)
+                }
+                Err(e) => anyhow::bail!("{e}"),
+            }
+        }
         None => {
-            let data = args
-                .data
-                .context("--data DIR is required (where the server keeps its store)")?;
-            let store = SqliteStore::open(&data)
-                .with_context(|| format!("opening the store in {}", data.display()))?;
+            let (store, data) = open_store(args.data.as_ref(), &args.clickhouse)?;
             let state = Arc::new(AppState {
-                store: Box::new(store),
+                store,
                 metrics: Default::default(),
             });
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -72,10 +170,7 @@ pub fn run(args: ServerArgs) -> Result<u8> {
                 .build()
                 .context("starting the async runtime")?;
             rt.block_on(whyslow_server::serve(state, args.listen, |addr| {
-                eprintln!(
-                    "whyslow: server listening on http://{addr} (data {})",
-                    data.display()
-                );
+                eprintln!("whyslow: server listening on http://{addr} ({data})");
             }))
             .with_context(|| format!("serving on {}", args.listen))?;
             eprintln!("whyslow: server stopped");

@@ -26,6 +26,7 @@
 //! the ClickHouse and object-storage backends, TLS, local buffering on the
 //! clients.
 
+pub mod clickhouse;
 pub mod store;
 pub mod ui;
 
@@ -42,7 +43,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-pub use store::{ProfileMeta, SqliteStore, Store, StoreError, TenantId};
+pub use clickhouse::{ClickHouseConfig, ClickHouseStore};
+pub use store::{conformance, ProfileMeta, SqliteStore, Store, StoreError, TenantId};
 
 /// Largest request body accepted (one fingerprint is kilobytes to a few MB).
 pub const MAX_BODY: usize = 32 << 20;

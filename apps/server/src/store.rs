@@ -22,6 +22,9 @@ pub enum StoreError {
     /// A name that cannot be a tenant, job or session.
     #[error("{0}")]
     BadName(String),
+    /// The scale-out backend (ClickHouse) failed or could not be reached.
+    #[error("{0}")]
+    Backend(String),
 }
 
 /// A tenant's id (row id).
@@ -72,8 +75,9 @@ pub struct SessionSummary {
     pub updated_unix_s: i64,
 }
 
-/// What a store offers the service (the ClickHouse/object-storage backend of
-/// issue 14 implements the same trait; not built yet).
+/// What a store offers the service: the embedded [`SqliteStore`] and the
+/// scale-out [`crate::clickhouse::ClickHouseStore`], both checked by
+/// [`conformance`].
 pub trait Store: Send + Sync {
     /// Creates `tenant` if needed and a new token for it; returns the token
     /// (only its hash is kept).
@@ -141,7 +145,17 @@ pub fn check_name(what: &str, s: &str) -> Result<(), StoreError> {
     }
 }
 
-fn token_hash(token: &str) -> String {
+/// A new random token: `wsk_` and 48 hex digits.
+pub(crate) fn new_token() -> Result<String, StoreError> {
+    let mut raw = [0u8; 24];
+    getrandom::fill(&mut raw)
+        .map_err(|e| StoreError::Io("getrandom".into(), std::io::Error::other(e.to_string())))?;
+    Ok(std::iter::once("wsk_".to_string())
+        .chain(raw.iter().map(|b| format!("{b:02x}")))
+        .collect())
+}
+
+pub(crate) fn token_hash(token: &str) -> String {
     Sha256::digest(token.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -198,13 +212,7 @@ impl SqliteStore {
 impl Store for SqliteStore {
     fn create_token(&self, tenant: &str) -> Result<String, StoreError> {
         check_name("tenant", tenant)?;
-        let mut raw = [0u8; 24];
-        getrandom::fill(&mut raw).map_err(|e| {
-            StoreError::Io("getrandom".into(), std::io::Error::other(e.to_string()))
-        })?;
-        let token: String = std::iter::once("wsk_".to_string())
-            .chain(raw.iter().map(|b| format!("{b:02x}")))
-            .collect();
+        let token = new_token()?;
         let db = self.db();
         db.execute(
             "INSERT OR IGNORE INTO tenants (name) VALUES (?1)",
@@ -375,81 +383,93 @@ impl Store for SqliteStore {
     }
 }
 
+/// The conformance checks every backend must pass (run by the tests on
+/// SQLite and by `whyslow server check-store` on any backend), on a fresh,
+/// empty store: the first failure, named by its check.
+pub fn conformance(s: &dyn Store) -> Result<(), String> {
+    macro_rules! check {
+        ($cond:expr) => {
+            if !$cond {
+                return Err(format!("conformance check failed: {}", stringify!($cond)));
+            }
+        };
+    }
+    macro_rules! ok {
+        ($e:expr) => {
+            $e.map_err(|e| format!("conformance: {}: {e}", stringify!($e)))?
+        };
+    }
+    let ta = ok!(s.create_token("team-a"));
+    let ta2 = ok!(s.create_token("team-a"));
+    let tb = ok!(s.create_token("team-b"));
+    check!(ta != ta2);
+    let a = ok!(s.tenant_of_token(&ta)).ok_or("conformance: a new token has no tenant")?;
+    check!(ok!(s.tenant_of_token(&ta2)) == Some(a));
+    let b = ok!(s.tenant_of_token(&tb)).ok_or("conformance: a new token has no tenant")?;
+    check!(a != b);
+    check!(ok!(s.tenant_of_token("wsk_nope")).is_none());
+    ok!(s.put_fingerprint(a, "job1", "s1", 1, "{\"w\":1}"));
+    ok!(s.put_fingerprint(a, "job1", "s1", 0, "{\"w\":0}"));
+    ok!(s.put_fingerprint(a, "job1", "s1", 1, "{\"w\":1,\"again\":'yes'}"));
+    check!(ok!(s.fingerprints(a, "job1", "s1")) == vec!["{\"w\":0}", "{\"w\":1,\"again\":'yes'}"]);
+    // Tenant b sees nothing of tenant a's, even by name.
+    check!(ok!(s.fingerprints(b, "job1", "s1")).is_empty());
+    check!(!ok!(s.has_job(b, "job1")));
+    check!(ok!(s.jobs(b)).is_empty());
+    let jobs = ok!(s.jobs(a));
+    check!(jobs.len() == 1);
+    check!((jobs[0].sessions, jobs[0].fingerprints) == (1, 2));
+    ok!(s.put_fingerprint(a, "job1", "s2", 0, "{\"w\":0}"));
+    let sessions = ok!(s.sessions(a, "job1"));
+    let mut names: Vec<_> = sessions
+        .iter()
+        .map(|x| (x.session.as_str(), x.fingerprints))
+        .collect();
+    names.sort();
+    check!(names == vec![("s1", 2), ("s2", 1)]);
+    check!(ok!(s.sessions(b, "job1")).is_empty());
+    check!(ok!(s.sessions(a, "no-such-job")).is_empty());
+    // Profiles: a batch is stored once; newest first; per tenant; any bytes.
+    let meta = |batch: &str, t: i64| ProfileMeta {
+        batch: batch.into(),
+        kind: "cpu".into(),
+        rank: Some("0".into()),
+        host: Some("h0".into()),
+        start_unix_ns: t,
+        samples: 10,
+    };
+    let binary: Vec<u8> = (0..=255u8).collect();
+    check!(ok!(s.put_profile(a, "job2", &meta("b1", 1), &binary)));
+    check!(ok!(s.put_profile(a, "job2", &meta("b2", 2), b"two")));
+    check!(!ok!(s.put_profile(a, "job2", &meta("b1", 1), &binary)));
+    check!(ok!(s.profiles(a, "job2", "cpu", 10)) == vec![b"two".to_vec(), binary.clone()]);
+    check!(ok!(s.profiles(a, "job2", "cpu", 1)).len() == 1);
+    check!(ok!(s.profiles(a, "job2", "offcpu", 10)).is_empty());
+    check!(ok!(s.profiles(b, "job2", "cpu", 10)).is_empty());
+    check!(ok!(s.has_job(a, "job2")) && !ok!(s.has_job(b, "job2")));
+    let jobs = ok!(s.jobs(a));
+    let job2 = jobs
+        .iter()
+        .find(|j| j.job == "job2")
+        .ok_or("conformance: job2 is not listed")?;
+    check!((job2.sessions, job2.fingerprints, job2.profiles) == (0, 0, 2));
+    check!(s.put_profile(a, "job2", &meta("../x", 3), b"x").is_err());
+    for bad in ["", "../x", ".hidden", "a/b", "a'b", &"x".repeat(201)] {
+        check!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The conformance checks every backend must pass.
-    pub fn conformance(s: &dyn Store) {
-        let ta = s.create_token("team-a").unwrap();
-        let ta2 = s.create_token("team-a").unwrap();
-        let tb = s.create_token("team-b").unwrap();
-        assert_ne!(ta, ta2);
-        let a = s.tenant_of_token(&ta).unwrap().unwrap();
-        assert_eq!(s.tenant_of_token(&ta2).unwrap(), Some(a));
-        let b = s.tenant_of_token(&tb).unwrap().unwrap();
-        assert_ne!(a, b);
-        assert_eq!(s.tenant_of_token("wsk_nope").unwrap(), None);
-        s.put_fingerprint(a, "job1", "s1", 1, "{\"w\":1}").unwrap();
-        s.put_fingerprint(a, "job1", "s1", 0, "{\"w\":0}").unwrap();
-        s.put_fingerprint(a, "job1", "s1", 1, "{\"w\":1,\"again\":true}")
-            .unwrap();
-        assert_eq!(
-            s.fingerprints(a, "job1", "s1").unwrap(),
-            vec!["{\"w\":0}", "{\"w\":1,\"again\":true}"]
-        );
-        // Tenant b sees nothing of tenant a's, even by name.
-        assert!(s.fingerprints(b, "job1", "s1").unwrap().is_empty());
-        assert!(!s.has_job(b, "job1").unwrap());
-        assert!(s.jobs(b).unwrap().is_empty());
-        let jobs = s.jobs(a).unwrap();
-        assert_eq!(jobs.len(), 1);
-        assert_eq!((jobs[0].sessions, jobs[0].fingerprints), (1, 2));
-        s.put_fingerprint(a, "job1", "s2", 0, "{\"w\":0}").unwrap();
-        let sessions = s.sessions(a, "job1").unwrap();
-        let mut names: Vec<_> = sessions
-            .iter()
-            .map(|x| (x.session.as_str(), x.fingerprints))
-            .collect();
-        names.sort();
-        assert_eq!(names, vec![("s1", 2), ("s2", 1)]);
-        assert!(s.sessions(b, "job1").unwrap().is_empty());
-        assert!(s.sessions(a, "no-such-job").unwrap().is_empty());
-        // Profiles: a batch is stored once; newest first; per tenant.
-        let meta = |batch: &str, t: i64| ProfileMeta {
-            batch: batch.into(),
-            kind: "cpu".into(),
-            rank: Some("0".into()),
-            host: Some("h0".into()),
-            start_unix_ns: t,
-            samples: 10,
-        };
-        assert!(s.put_profile(a, "job2", &meta("b1", 1), b"one").unwrap());
-        assert!(s.put_profile(a, "job2", &meta("b2", 2), b"two").unwrap());
-        assert!(!s.put_profile(a, "job2", &meta("b1", 1), b"one").unwrap());
-        assert_eq!(
-            s.profiles(a, "job2", "cpu", 10).unwrap(),
-            vec![b"two".to_vec(), b"one".to_vec()]
-        );
-        assert_eq!(s.profiles(a, "job2", "cpu", 1).unwrap().len(), 1);
-        assert!(s.profiles(a, "job2", "offcpu", 10).unwrap().is_empty());
-        assert!(s.profiles(b, "job2", "cpu", 10).unwrap().is_empty());
-        assert!(s.has_job(a, "job2").unwrap() && !s.has_job(b, "job2").unwrap());
-        let jobs = s.jobs(a).unwrap();
-        let job2 = jobs.iter().find(|j| j.job == "job2").unwrap();
-        assert_eq!((job2.sessions, job2.fingerprints, job2.profiles), (0, 0, 2));
-        assert!(s.put_profile(a, "job2", &meta("../x", 3), b"x").is_err());
-        for bad in ["", "../x", ".hidden", "a/b", &"x".repeat(201)] {
-            assert!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn sqlite_store_passes_the_conformance_checks_and_keeps_data_across_opens() {
         let d = std::env::temp_dir().join(format!("whyslow-store-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         let s = SqliteStore::open(&d).unwrap();
-        conformance(&s);
+        conformance(&s).unwrap();
         let t = s.create_token("team-c").unwrap();
         drop(s);
         let s = SqliteStore::open(&d).unwrap();

@@ -1,0 +1,440 @@
+//! The scale-out store: ClickHouse over its HTTP interface (issue 14). The
+//! same [`Store`] as the embedded SQLite one, checked by the same
+//! conformance suite ([`crate::store::conformance`], `whyslow server
+//! check-store`).
+//!
+//! Tables (`MergeTree` family, sorted by tenant first, so every query reads
+//! one tenant's range; isolation is in every `WHERE`, as in SQLite):
+//!
+//! | table | engine, sort key | what |
+//! |---|---|---|
+//! | `tokens` | ReplacingMergeTree, `hash` | SHA-256 of each token → tenant |
+//! | `tenants` | ReplacingMergeTree, `name` | tenant names and ids |
+//! | `fingerprints` | ReplacingMergeTree(`uploaded_ns`), `(tenant, job, session, worker)` | one worker's fingerprint JSON per session; a re-upload replaces it; ZSTD |
+//! | `profiles` | ReplacingMergeTree, `(tenant, job, kind, batch)` | the agents' pprof bytes, one row per batch id (a retry is merged away even when two race); ZSTD |
+//!
+//! Data rows carry a TTL (`--retention-days`). Reads use `FINAL`, so a
+//! replaced fingerprint or a retried batch is never counted twice before
+//! ClickHouse merges parts. Statements are plain SQL with escaped literals
+//! (names are checked by [`check_name`] first), sent as the body of a POST,
+//! results read as `JSONEachRow`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::store::{
+    check_name, new_token, token_hash, JobSummary, ProfileMeta, SessionSummary, Store, StoreError,
+    TenantId,
+};
+
+/// How to reach ClickHouse.
+#[derive(Debug, Clone)]
+pub struct ClickHouseConfig {
+    /// HTTP endpoint, e.g. `http://127.0.0.1:8123`.
+    pub url: String,
+    /// Database (created if missing).
+    pub database: String,
+    /// User (`X-ClickHouse-User`), if any.
+    pub user: Option<String>,
+    /// Password (`X-ClickHouse-Key`), if any.
+    pub password: Option<String>,
+    /// Days fingerprints and profiles are kept.
+    pub retention_days: u32,
+}
+
+/// The ClickHouse store.
+pub struct ClickHouseStore {
+    cfg: ClickHouseConfig,
+    agent: ureq::Agent,
+}
+
+/// A string as a ClickHouse literal.
+fn lit(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("\\'"),
+            '\0' => out.push_str("\\0"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>, StoreError> {
+    let bad = || StoreError::Backend("ClickHouse returned a profile that is not hex".into());
+    if !s.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|_| bad()))
+        .collect()
+}
+
+/// A number from JSONEachRow (64-bit integers may come quoted).
+fn num(v: &Value) -> i64 {
+    match v {
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        Value::String(s) => s.parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// A tenant's id: from its name, so every server computes the same one
+/// without a shared counter.
+fn tenant_id(name: &str) -> i64 {
+    let d = Sha256::digest(name.as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    (u64::from_le_bytes(b) >> 1) as i64
+}
+
+impl ClickHouseStore {
+    /// Connects and creates the database and tables if missing.
+    pub fn open(cfg: ClickHouseConfig) -> Result<Self, StoreError> {
+        check_name("database", &cfg.database)?;
+        if cfg.database.contains(['.', ':', '@', '-']) {
+            return Err(StoreError::BadName(format!(
+                "database {:?}: expected letters, digits and _",
+                cfg.database
+            )));
+        }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(60)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let s = ClickHouseStore { cfg, agent };
+        let db = &s.cfg.database;
+        let ttl = format!(
+            "TTL toDateTime(intDiv(uploaded_ns, 1000000000)) + INTERVAL {} DAY",
+            s.cfg.retention_days.max(1)
+        );
+        s.exec(&format!("CREATE DATABASE IF NOT EXISTS {db}"))?;
+        s.exec(&format!(
+            "CREATE TABLE IF NOT EXISTS {db}.tenants (name String, id Int64)
+             ENGINE = ReplacingMergeTree ORDER BY name"
+        ))?;
+        s.exec(&format!(
+            "CREATE TABLE IF NOT EXISTS {db}.tokens (hash String, tenant Int64, created_ns UInt64)
+             ENGINE = ReplacingMergeTree ORDER BY hash"
+        ))?;
+        s.exec(&format!(
+            "CREATE TABLE IF NOT EXISTS {db}.fingerprints (
+                 tenant Int64, job String, session String, worker UInt32,
+                 json String CODEC(ZSTD(3)), uploaded_ns UInt64)
+             ENGINE = ReplacingMergeTree(uploaded_ns) ORDER BY (tenant, job, session, worker) {ttl}"
+        ))?;
+        s.exec(&format!(
+            "CREATE TABLE IF NOT EXISTS {db}.profiles (
+                 tenant Int64, job String, kind LowCardinality(String), batch String,
+                 rank Nullable(String), host Nullable(String), start_unix_ns Int64,
+                 samples UInt64, pprof String CODEC(ZSTD(3)), uploaded_ns UInt64)
+             ENGINE = ReplacingMergeTree ORDER BY (tenant, job, kind, batch) {ttl}"
+        ))?;
+        Ok(s)
+    }
+
+    /// Drops this store's database (for `check-store`'s scratch database).
+    pub fn drop_database(&self) -> Result<(), StoreError> {
+        self.exec(&format!("DROP DATABASE IF EXISTS {}", self.cfg.database))
+    }
+
+    fn post(&self, sql: &str) -> Result<String, StoreError> {
+        let url = format!(
+            "{}/?output_format_json_quote_64bit_integers=0",
+            self.cfg.url.trim_end_matches('/')
+        );
+        let mut req = self.agent.post(&url);
+        if let Some(u) = &self.cfg.user {
+            req = req.header("X-ClickHouse-User", u);
+        }
+        if let Some(p) = &self.cfg.password {
+            req = req.header("X-ClickHouse-Key", p);
+        }
+        let mut resp = req
+            .send(sql.as_bytes())
+            .map_err(|e| StoreError::Backend(format!("ClickHouse at {}: {e}", self.cfg.url)))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_to_string()
+            .map_err(|e| StoreError::Backend(format!("ClickHouse at {}: {e}", self.cfg.url)))?;
+        if status != 200 {
+            let first = body
+                .lines()
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(300)
+                .collect::<String>();
+            return Err(StoreError::Backend(format!(
+                "ClickHouse at {} answered {status}: {first}",
+                self.cfg.url
+            )));
+        }
+        Ok(body)
+    }
+
+    fn exec(&self, sql: &str) -> Result<(), StoreError> {
+        self.post(sql).map(|_| ())
+    }
+
+    fn rows(&self, sql: &str) -> Result<Vec<Value>, StoreError> {
+        let body = self.post(&format!("{sql} FORMAT JSONEachRow"))?;
+        body.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).map_err(|e| {
+                    StoreError::Backend(format!("ClickHouse returned a row that is not JSON: {e}"))
+                })
+            })
+            .collect()
+    }
+}
+
+impl Store for ClickHouseStore {
+    fn create_token(&self, tenant: &str) -> Result<String, StoreError> {
+        check_name("tenant", tenant)?;
+        let token = new_token()?;
+        let db = &self.cfg.database;
+        let id = tenant_id(tenant);
+        self.exec(&format!(
+            "INSERT INTO {db}.tenants (name, id) VALUES ({}, {id})",
+            lit(tenant)
+        ))?;
+        self.exec(&format!(
+            "INSERT INTO {db}.tokens (hash, tenant, created_ns) VALUES ({}, {id}, {})",
+            lit(&token_hash(&token)),
+            now_ns()
+        ))?;
+        Ok(token)
+    }
+
+    fn tenant_of_token(&self, token: &str) -> Result<Option<TenantId>, StoreError> {
+        let rows = self.rows(&format!(
+            "SELECT tenant FROM {}.tokens FINAL WHERE hash = {} LIMIT 1",
+            self.cfg.database,
+            lit(&token_hash(token))
+        ))?;
+        Ok(rows.first().map(|r| TenantId(num(&r["tenant"]))))
+    }
+
+    fn put_fingerprint(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        session: &str,
+        worker: u32,
+        json: &str,
+    ) -> Result<(), StoreError> {
+        check_name("job", job)?;
+        check_name("session", session)?;
+        self.exec(&format!(
+            "INSERT INTO {}.fingerprints (tenant, job, session, worker, json, uploaded_ns)
+             VALUES ({}, {}, {}, {worker}, {}, {})",
+            self.cfg.database,
+            tenant.0,
+            lit(job),
+            lit(session),
+            lit(json),
+            now_ns()
+        ))
+    }
+
+    fn fingerprints(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        session: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = self.rows(&format!(
+            "SELECT json FROM {}.fingerprints FINAL
+             WHERE tenant = {} AND job = {} AND session = {} ORDER BY worker",
+            self.cfg.database,
+            tenant.0,
+            lit(job),
+            lit(session)
+        ))?;
+        Ok(rows.iter().map(|r| text(&r["json"])).collect())
+    }
+
+    fn jobs(&self, tenant: TenantId) -> Result<Vec<JobSummary>, StoreError> {
+        let db = &self.cfg.database;
+        let t = tenant.0;
+        let rows = self.rows(&format!(
+            "SELECT job, sum(sessions) AS sessions, sum(fingerprints) AS fingerprints,
+                    sum(profiles) AS profiles, max(updated) AS updated FROM (
+                 SELECT job, uniqExact(session) AS sessions, count() AS fingerprints,
+                        toUInt64(0) AS profiles, max(intDiv(uploaded_ns, 1000000000)) AS updated
+                 FROM {db}.fingerprints FINAL WHERE tenant = {t} GROUP BY job
+                 UNION ALL
+                 SELECT job, toUInt64(0), toUInt64(0), count(), max(intDiv(uploaded_ns, 1000000000))
+                 FROM {db}.profiles FINAL WHERE tenant = {t} GROUP BY job)
+             GROUP BY job ORDER BY job"
+        ))?;
+        Ok(rows
+            .iter()
+            .map(|r| JobSummary {
+                job: text(&r["job"]),
+                sessions: num(&r["sessions"]) as u64,
+                fingerprints: num(&r["fingerprints"]) as u64,
+                profiles: num(&r["profiles"]) as u64,
+                updated_unix_s: num(&r["updated"]),
+            })
+            .collect())
+    }
+
+    fn has_job(&self, tenant: TenantId, job: &str) -> Result<bool, StoreError> {
+        let db = &self.cfg.database;
+        let (t, j) = (tenant.0, lit(job));
+        let rows = self.rows(&format!(
+            "SELECT 1 AS x FROM {db}.fingerprints WHERE tenant = {t} AND job = {j}
+             UNION ALL SELECT 1 FROM {db}.profiles WHERE tenant = {t} AND job = {j} LIMIT 1"
+        ))?;
+        Ok(!rows.is_empty())
+    }
+
+    fn sessions(&self, tenant: TenantId, job: &str) -> Result<Vec<SessionSummary>, StoreError> {
+        let rows = self.rows(&format!(
+            "SELECT session, count() AS n, max(intDiv(uploaded_ns, 1000000000)) AS updated
+             FROM {}.fingerprints FINAL WHERE tenant = {} AND job = {}
+             GROUP BY session ORDER BY updated DESC, session",
+            self.cfg.database,
+            tenant.0,
+            lit(job)
+        ))?;
+        Ok(rows
+            .iter()
+            .map(|r| SessionSummary {
+                session: text(&r["session"]),
+                fingerprints: num(&r["n"]) as u64,
+                updated_unix_s: num(&r["updated"]),
+            })
+            .collect())
+    }
+
+    fn put_profile(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        meta: &ProfileMeta,
+        pprof: &[u8],
+    ) -> Result<bool, StoreError> {
+        check_name("job", job)?;
+        check_name("batch", &meta.batch)?;
+        let db = &self.cfg.database;
+        // A retry finds its batch; two copies racing are merged by the sort
+        // key (FINAL), so neither case counts twice.
+        let seen = self.rows(&format!(
+            "SELECT 1 AS x FROM {db}.profiles WHERE tenant = {} AND batch = {} LIMIT 1",
+            tenant.0,
+            lit(&meta.batch)
+        ))?;
+        if !seen.is_empty() {
+            return Ok(false);
+        }
+        let opt = |v: &Option<String>| v.as_deref().map(lit).unwrap_or_else(|| "NULL".into());
+        self.exec(&format!(
+            "INSERT INTO {db}.profiles
+                 (tenant, job, kind, batch, rank, host, start_unix_ns, samples, pprof, uploaded_ns)
+             SELECT {}, {}, {}, {}, {}, {}, {}, {}, unhex({}), {}",
+            tenant.0,
+            lit(job),
+            lit(&meta.kind),
+            lit(&meta.batch),
+            opt(&meta.rank),
+            opt(&meta.host),
+            meta.start_unix_ns,
+            meta.samples,
+            lit(&hex(pprof)),
+            now_ns()
+        ))?;
+        Ok(true)
+    }
+
+    fn profiles(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let rows = self.rows(&format!(
+            "SELECT hex(pprof) AS p FROM {}.profiles FINAL
+             WHERE tenant = {} AND job = {} AND kind = {}
+             ORDER BY start_unix_ns DESC, batch DESC LIMIT {limit}",
+            self.cfg.database,
+            tenant.0,
+            lit(job),
+            lit(kind)
+        ))?;
+        rows.iter()
+            .map(|r| unhex(r["p"].as_str().unwrap_or("")))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_escape_quotes_backslashes_and_nul() {
+        assert_eq!(lit("a'b\\c\0"), "'a\\'b\\\\c\\0'");
+        assert_eq!(lit("{\"k\": \"v\"}"), "'{\"k\": \"v\"}'");
+    }
+
+    #[test]
+    fn hex_round_trips_and_numbers_come_quoted_or_not() {
+        let b = vec![0u8, 1, 0xab, 0xff];
+        assert_eq!(unhex(&hex(&b)).unwrap(), b);
+        assert!(unhex("abc").is_err() && unhex("zz").is_err());
+        assert_eq!(num(&serde_json::json!("42")), 42);
+        assert_eq!(num(&serde_json::json!(42)), 42);
+        assert_eq!(tenant_id("team-a"), tenant_id("team-a"));
+        assert!(tenant_id("team-a") >= 0 && tenant_id("team-a") != tenant_id("team-b"));
+    }
+
+    #[test]
+    fn a_database_name_must_be_plain() {
+        let cfg = ClickHouseConfig {
+            url: "http://127.0.0.1:1".into(),
+            database: "a-b".into(),
+            user: None,
+            password: None,
+            retention_days: 30,
+        };
+        assert!(matches!(
+            ClickHouseStore::open(cfg),
+            Err(StoreError::BadName(_))
+        ));
+    }
+}

@@ -1,0 +1,54 @@
+"""ClickHouse's HTTP interface, the part whyslow's ClickHouse store uses,
+over ClickHouse's own engine running in-process (chdb, from PyPI): a POST
+whose body is one SQL statement answers 200 with the result (as the
+statement's FORMAT clause asks), or 500 with the engine's error. Data lives
+in a chdb session directory, so MergeTree tables, FINAL and TTLs behave as
+on a server. The test stand-in for a ClickHouse server; a real one is used
+instead when WHYSLOW_CLICKHOUSE_URL is set.
+
+    python chdb_http.py DIR PORT      (port 0: any; prints "listening on http://127.0.0.1:P")
+"""
+
+import http.server
+import sys
+import threading
+
+from chdb import session
+
+
+def main():
+    path, port = sys.argv[1], int(sys.argv[2])
+    db = session.Session(path)
+    lock = threading.Lock()  # one statement at a time: a session is not thread-safe
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length", "0"))
+            sql = self.rfile.read(n).decode("utf-8")
+            try:
+                with lock:
+                    out = db.query(sql)
+                body, code = (out.bytes() if out is not None else b""), 200
+            except Exception as e:  # the engine's error, as a server sends it
+                body, code = ("Code: 1. DB::Exception: %s" % e).encode(), 500
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # ClickHouse answers "Ok." on /ping and /
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"Ok.\n")
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    print("listening on http://127.0.0.1:%d" % srv.server_address[1], flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
