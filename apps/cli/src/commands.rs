@@ -66,6 +66,9 @@ enum Command {
     /// The central service: fingerprints uploaded by every job, localized
     /// centrally, reports over HTTP (`server token create` makes tokens).
     Server(crate::server::ServerArgs),
+    /// Symbols for the server: ELF files uploaded once per Build-ID, so that
+    /// profiles from nodes without symbols are named centrally.
+    Symbols(crate::symbols::SymbolsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -185,6 +188,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Diagnose(args) => crate::diagnose::run(args),
         Command::Collectives(args) => crate::collectives::run(args),
         Command::Server(args) => crate::server::run(args),
+        Command::Symbols(args) => crate::symbols::run(args),
     }
 }
 

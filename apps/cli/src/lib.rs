@@ -26,6 +26,7 @@ mod flows;
 mod profile;
 mod sample;
 mod server;
+mod symbols;
 
 /// Runs the `whyslow` command line on `args` (the program name first) and
 /// returns its exit code; errors are printed to stderr as one line.

@@ -21,6 +21,10 @@ pub struct ServerArgs {
     data: Option<PathBuf>,
     #[command(flatten)]
     clickhouse: ClickHouseArgs,
+    /// Where uploaded symbols are kept (default: DATA/symbols with --data;
+    /// with --clickhouse, symbol upload is off unless this is given).
+    #[arg(long, value_name = "DIR")]
+    symbols: Option<PathBuf>,
     /// Address to listen on (port 0: any free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
@@ -160,8 +164,20 @@ pub fn run(args: ServerArgs) -> Result<u8> {
         }
         None => {
             let (store, data) = open_store(args.data.as_ref(), &args.clickhouse)?;
+            let symbols_dir = args
+                .symbols
+                .clone()
+                .or_else(|| args.data.as_ref().map(|d| d.join("symbols")));
+            let symbols = match &symbols_dir {
+                Some(dir) => Some(
+                    whyslow_server::symbols::SymbolStore::open(dir)
+                        .with_context(|| format!("opening the symbol store {}", dir.display()))?,
+                ),
+                None => None,
+            };
             let state = Arc::new(AppState {
                 store,
+                symbols,
                 metrics: Default::default(),
             });
             let rt = tokio::runtime::Builder::new_multi_thread()

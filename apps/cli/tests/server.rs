@@ -747,7 +747,14 @@ fn the_openapi_description_matches_the_routes() {
         let concrete = path
             .replace("{job}", "job-1")
             .replace("{session}", "s1")
-            .replace("{batch}", "b1");
+            .replace("{batch}", "b1")
+            .replace("{build_id}", "abcd")
+            .replace("{part}", "0")
+            + if path.ends_with("{part}") {
+                "?of=1"
+            } else {
+                ""
+            };
         for (method, op) in ops.as_object().unwrap() {
             let public = op
                 .get("security")
@@ -765,4 +772,131 @@ fn the_openapi_description_matches_the_routes() {
         }
     }
     let _ = std::fs::remove_dir_all(&data);
+}
+
+/// SysOM-AI §3.4 centrally: a profile from a node without symbols (frames
+/// with a Build-ID and a file offset, no name) is named once the ELF file
+/// is uploaded, in parts, once per Build-ID; a frame between two symbols
+/// stays unnamed (never the nearest lower symbol); another tenant sees none
+/// of it. The file is Debian's libz, stripped as shipped: its dynamic
+/// symbols only.
+#[test]
+fn symbols_uploaded_in_parts_name_the_frames_of_profiles_stored_before() {
+    use whyslow_model::stack::{Frame, FrameKind, StackProfileBuilder};
+    let libz = [
+        "/lib/x86_64-linux-gnu/libz.so.1",
+        "/usr/lib/x86_64-linux-gnu/libz.so.1",
+        "/lib64/libz.so.1",
+    ]
+    .iter()
+    .map(std::fs::canonicalize)
+    .find_map(Result::ok)
+    .expect("libz.so.1 (zlib) is installed");
+    let m = whyslow_stacks::elf::ElfModule::open(&libz).unwrap();
+    let id = m.build_id.clone().expect("libz has a Build-ID");
+    let offset_of = |svma: u64| {
+        m.segments
+            .iter()
+            .find(|s| (s.vaddr..s.vaddr + s.filesz).contains(&svma))
+            .map(|s| s.offset + (svma - s.vaddr))
+            .unwrap()
+    };
+    let deflate = m
+        .symbols
+        .iter()
+        .find(|s| m.symbol_name(s) == Some("deflate"))
+        .expect("libz exports deflate");
+    let gap = m
+        .symbols
+        .windows(2)
+        .find(|w| w[0].address + w[0].size + 8 < w[1].address)
+        .map(|w| w[0].address + w[0].size + 4)
+        .expect("a gap between libz's exported symbols");
+    let native = |offset: u64| Frame {
+        kind: FrameKind::Native,
+        name: None,
+        module: Some(libz.display().to_string()),
+        build_id: Some(id.clone()),
+        offset,
+        line: None,
+    };
+    let mut b = StackProfileBuilder::new();
+    b.label("rank", "0");
+    let t = b.frame(Frame::label("compress"));
+    let d = b.frame(native(offset_of(deflate.address + 4)));
+    let g = b.frame(native(offset_of(gap)));
+    b.add(vec![t, d], 10);
+    b.add(vec![t, g], 5);
+    let pprof =
+        whyslow_stack_output::to_pprof(&b.finish(99.0, 1_700_000_000_000_000_000, 1_000_000_000));
+
+    let dir = std::env::temp_dir().join(format!("whyslow-symbols-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.join("data");
+    let (ta, tb) = (token(&data, "team-a"), token(&data, "team-b"));
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &ta).unwrap();
+    let srv = Server::start(&data);
+    let (code, body) = srv.request("POST", "/api/v1/jobs/j/profiles/b1", Some(&ta), &pprof);
+    assert_eq!(code, 201, "{body}");
+    let flame = |tok: &str| srv.request("GET", "/api/v1/jobs/j/flamegraph.svg", Some(tok), b"");
+    let (code, svg) = flame(&ta);
+    assert_eq!(code, 200);
+    assert!(
+        !svg.contains(">deflate") && svg.contains("libz.so.1"),
+        "named before any upload"
+    );
+
+    let upload = || {
+        let out = whyslow()
+            .args(["symbols", "upload"])
+            .arg(&libz)
+            .args(["--server", &format!("http://{}", srv.addr), "--token-file"])
+            .arg(&token_file)
+            .args(["--part-mib", "0.03"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        err
+    };
+    let first = upload();
+    assert!(first.contains("indexed") && first.contains(&id), "{first}");
+    assert!(
+        upload().contains("already"),
+        "a second upload was not skipped"
+    );
+    let path = format!("/api/v1/symbols/{id}");
+    let (code, body) = srv.request("GET", &path, Some(&ta), b"");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(srv.request("GET", &path, Some(&tb), b"").0, 404);
+    assert_eq!(srv.request("GET", &path, None, b"").0, 401);
+
+    let (code, svg) = flame(&ta);
+    assert_eq!(code, 200);
+    assert!(
+        svg.contains("deflate"),
+        "the deflate frame is not named after the upload"
+    );
+    assert!(
+        svg.contains("libz.so.1.2.13+0x") || svg.contains("libz.so.1+0x"),
+        "the frame between two symbols was named"
+    );
+    // Bad uploads are refused with the reason; nothing is kept.
+    let (code, body) = srv.request("PUT", "/api/v1/symbols/zz/parts/0?of=1", Some(&ta), b"x");
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = srv.request(
+        "PUT",
+        "/api/v1/symbols/abcd/parts/0?of=1",
+        Some(&ta),
+        b"not an elf",
+    );
+    assert!(code == 400 && body.contains("ELF"), "{code} {body}");
+    assert_eq!(
+        srv.request("PUT", "/api/v1/symbols/abcd/parts/0?of=1", None, b"x")
+            .0,
+        401
+    );
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
 }

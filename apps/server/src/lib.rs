@@ -28,6 +28,7 @@
 
 pub mod clickhouse;
 pub mod store;
+pub mod symbols;
 pub mod ui;
 
 use std::net::SocketAddr;
@@ -68,6 +69,7 @@ pub struct Metrics {
     profile_bytes: AtomicU64,
     profile_samples: AtomicU64,
     profile_duplicates: AtomicU64,
+    symbol_files: AtomicU64,
 }
 
 impl Metrics {
@@ -135,6 +137,11 @@ impl Metrics {
                 "profile uploads whose batch was stored before (retries)",
                 c(&self.profile_duplicates),
             ),
+            (
+                "whyslow_server_symbol_files_indexed_total",
+                "uploaded ELF files indexed for symbols",
+                c(&self.symbol_files),
+            ),
         ] {
             s.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
@@ -148,6 +155,8 @@ impl Metrics {
 pub struct AppState {
     /// The store.
     pub store: Box<dyn Store>,
+    /// Uploaded symbols (None: symbol upload is off).
+    pub symbols: Option<symbols::SymbolStore>,
     /// Counters.
     pub metrics: Metrics,
 }
@@ -338,12 +347,23 @@ pub fn profile_meta(batch: &str, p: &whyslow_model::stack::StackProfile) -> Prof
     }
 }
 
-/// The flame graph (SVG) of `profiles` (pprof bytes as stored) merged;
-/// unreadable ones are left out.
-pub fn flamegraph_of(profiles: &[Vec<u8>], title: &str) -> String {
+/// The flame graph (SVG) of `profiles` (pprof bytes as stored) merged,
+/// frames that came without a name symbolized from the tenant's uploaded
+/// symbols (SysOM-AI §3.4); unreadable profiles are left out.
+pub fn flamegraph_of(
+    profiles: &[Vec<u8>],
+    title: &str,
+    symbols: Option<(&symbols::SymbolStore, TenantId)>,
+) -> String {
     let parsed: Vec<_> = profiles
         .iter()
         .filter_map(|b| whyslow_stack_output::from_pprof_limited(b, MAX_PROFILE_DECOMPRESSED).ok())
+        .map(|mut p| {
+            if let Some((store, t)) = symbols {
+                store.symbolize(t, &mut p);
+            }
+            p
+        })
         .collect();
     let merged = whyslow_model::stack::StackProfile::merged(&parsed);
     whyslow_stack_output::to_flamegraph_svg(
@@ -443,10 +463,94 @@ async fn get_flamegraph(
             Ok(flamegraph_of(
                 &ps,
                 &format!("job {j}: {k}, latest {} profiles", ps.len()),
+                st.symbols.as_ref().map(|s| (s, t)),
             ))
         })
         .await?;
         Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
+}
+
+impl From<symbols::SymbolError> for ApiError {
+    fn from(e: symbols::SymbolError) -> Self {
+        match e {
+            symbols::SymbolError::Bad(m) => ApiError(StatusCode::BAD_REQUEST, m),
+            other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
+        }
+    }
+}
+
+fn symbol_store(state: &AppState) -> ApiResult<&symbols::SymbolStore> {
+    state.symbols.as_ref().ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            "this server keeps no symbols (start it with --data or --symbols DIR)".into(),
+        )
+    })
+}
+
+/// `?of=N` of a symbol part upload.
+#[derive(Debug, serde::Deserialize)]
+pub struct PartQuery {
+    /// How many parts the file has.
+    pub of: u32,
+}
+
+async fn put_symbol_part(
+    State(state): State<Arc<AppState>>,
+    UrlPath((build_id, part)): UrlPath<(String, u32)>,
+    axum::extract::Query(q): axum::extract::Query<PartQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        symbol_store(&state)?;
+        let st = state.clone();
+        let status = blocking(move || {
+            let store = symbol_store(&st)?;
+            Ok(store.put_part(t, &build_id, part, q.of, &body)?)
+        })
+        .await?;
+        Ok(match status {
+            symbols::PartStatus::Waiting { received, of } => (
+                StatusCode::ACCEPTED,
+                Json(json!({ "complete": false, "received": received, "of": of })),
+            ),
+            symbols::PartStatus::Indexed { symbols } => {
+                state.metrics.symbol_files.fetch_add(1, Ordering::Relaxed);
+                (
+                    StatusCode::CREATED,
+                    Json(json!({ "complete": true, "symbols": symbols })),
+                )
+            }
+        })
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
+}
+
+async fn get_symbols(
+    State(state): State<Arc<AppState>>,
+    UrlPath(build_id): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        let st = state.clone();
+        let id = build_id.clone();
+        let n = blocking(move || Ok(symbol_store(&st)?.symbols(t, &id)?)).await?;
+        match n {
+            Some(n) => Ok(Json(json!({ "build_id": build_id, "symbols": n }))),
+            None => Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no symbols for Build-ID {build_id}"),
+            )),
+        }
     }
     .await;
     count(&state, &r);
@@ -480,6 +584,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/v1/jobs/{job}/profiles/{batch}", post(post_profile))
         .route("/api/v1/jobs/{job}/flamegraph.svg", get(get_flamegraph))
+        .route("/api/v1/symbols/{build_id}", get(get_symbols))
+        .route(
+            "/api/v1/symbols/{build_id}/parts/{part}",
+            axum::routing::put(put_symbol_part)
+                .layer(DefaultBodyLimit::max(symbols::MAX_PART_BYTES)),
+        )
         .merge(ui::routes())
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))

@@ -365,9 +365,12 @@ async fn flamegraph(
         return not_found(&format!("No {kind} profiles of job {job:?}."));
     }
     let title = format!("job {job}: {kind}, latest {} profiles", ps.len());
-    let svg = tokio::task::spawn_blocking(move || crate::flamegraph_of(&ps, &title))
-        .await
-        .unwrap_or_default();
+    let st = state.clone();
+    let svg = tokio::task::spawn_blocking(move || {
+        crate::flamegraph_of(&ps, &title, st.symbols.as_ref().map(|s| (s, t)))
+    })
+    .await
+    .unwrap_or_default();
     ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response()
 }
 

@@ -19,6 +19,7 @@ pub mod elf;
 pub mod maps;
 pub mod perf;
 pub mod python;
+pub mod symindex;
 pub mod unwind;
 
 use std::collections::HashMap;
