@@ -900,3 +900,32 @@ fn symbols_uploaded_in_parts_name_the_frames_of_profiles_stored_before() {
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The alert rules (`apps/server/prometheus/`, tested by promtool in
+/// scripts/test) use only counters the server exports.
+#[test]
+fn the_alert_rules_name_metrics_the_server_exports() {
+    let rules = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/prometheus/whyslow-server.rules.yml"),
+    )
+    .expect("the alert rules file");
+    let data = std::env::temp_dir().join(format!("whyslow-server-rules-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let _ = token(&data, "team-a");
+    let srv = Server::start(&data);
+    let (st, metrics) = srv.request("GET", "/metrics", None, b"");
+    assert_eq!(st, 200);
+    let mut named = 0;
+    for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if word.starts_with("whyslow_server_") {
+            named += 1;
+            assert!(
+                metrics.contains(&format!("\n{word} ")),
+                "the rules use {word}, which /metrics does not export"
+            );
+        }
+    }
+    assert!(named >= 5, "{named}");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&data);
+}
