@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _faults, _whyslow
 from ._config import Config
@@ -73,17 +73,26 @@ def summarize(cfg: Config, rank: int, host: str, trace: str, sampler: Any,
     return fp_json
 
 
-def upload(cfg: Config, session_dir: str, fingerprint: str, rank: int) -> bool:
-    """Uploads one fingerprint to ``whyslow server`` (docs/server.md); the
-    session is the window's folder name, the same on every rank. Bounded
-    (10 s); a failure logs one line and returns False."""
+#: Uploads kept while the server is away (SysOM-AI §7): at most this many
+#: files, none older than this; the oldest go first when over.
+PENDING_MAX_FILES = 256
+PENDING_MAX_AGE_S = 3600.0
+
+
+def _pending_dir(cfg: Config) -> str:
+    import urllib.parse
+
+    return os.path.join(cfg.report_dir, urllib.parse.quote(cfg.job_id, safe=""), ".upload-pending")
+
+
+def _post(cfg: Config, job: str, session: str, fingerprint: str) -> Tuple[bool, bool, str]:
+    """One POST; (done, worth retrying later, why not)."""
     import urllib.error
     import urllib.parse
     import urllib.request
 
-    job = urllib.parse.quote(cfg.job_id, safe="")
-    session = urllib.parse.quote(os.path.basename(session_dir.rstrip("/")), safe="")
-    url = "%s/api/v1/jobs/%s/sessions/%s/fingerprints" % (cfg.server.rstrip("/"), job, session)
+    url = "%s/api/v1/jobs/%s/sessions/%s/fingerprints" % (
+        cfg.server.rstrip("/"), urllib.parse.quote(job, safe=""), urllib.parse.quote(session, safe=""))
     req = urllib.request.Request(url, data=fingerprint.encode(), method="POST", headers={
         "Content-Type": "application/json",
         "Authorization": "Bearer %s" % cfg.token,
@@ -91,16 +100,104 @@ def upload(cfg: Config, session_dir: str, fingerprint: str, rank: int) -> bool:
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             r.read()
-        return True
+        return True, False, ""
+    except urllib.error.HTTPError as e:
+        try:
+            detail = ": " + e.read().decode(errors="replace")[:200]
+        except Exception:
+            detail = ""
+        # The server answered: 5xx may pass, a refusal (401, 400, 413) will not.
+        return False, e.code >= 500, "%s%s" % (e, detail)
     except (urllib.error.URLError, OSError, ValueError) as e:
-        detail = ""
-        if isinstance(e, urllib.error.HTTPError):
+        return False, True, str(e)
+
+
+def _pending(cfg: Config) -> List[str]:
+    """Kept uploads, oldest first, after dropping what is over the bounds."""
+    d = _pending_dir(cfg)
+    try:
+        names = [os.path.join(d, n) for n in os.listdir(d) if n.endswith(".json")]
+    except OSError:
+        return []
+    files = []
+    for f in names:
+        try:
+            files.append((os.path.getmtime(f), f))
+        except OSError:
+            pass
+    files.sort()
+    now = time.time()
+    keep = []
+    dropped = 0
+    for i, (mtime, f) in enumerate(files):
+        if now - mtime > PENDING_MAX_AGE_S or len(files) - i > PENDING_MAX_FILES:
             try:
-                detail = ": " + e.read().decode(errors="replace")[:200]
-            except Exception:
+                os.remove(f)
+                dropped += 1
+            except OSError:
                 pass
-        log.warning("whyslow: rank %d: fingerprint not uploaded to %s: %s%s", rank, cfg.server, e, detail)
-        return False
+        else:
+            keep.append(f)
+    if dropped:
+        log.warning("whyslow: dropped %d fingerprint upload(s) kept over %.0f s or beyond %d files",
+                    dropped, PENDING_MAX_AGE_S, PENDING_MAX_FILES)
+    return keep
+
+
+def _replay(cfg: Config, rank: int) -> None:
+    """Sends the kept uploads, oldest first; stops at the first that still
+    cannot go (the server is still away)."""
+    for f in _pending(cfg):
+        try:
+            with open(f) as fh:
+                rec = json.load(fh)
+            job, session, fp = rec["job"], rec["session"], rec["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            try:
+                os.remove(f)
+            except OSError:
+                pass
+            continue
+        done, retry, _ = _post(cfg, job, session, fp)
+        if not done and retry:
+            return
+        try:
+            os.remove(f)
+        except OSError:
+            pass
+        if done:
+            log.info("whyslow: rank %d: sent a fingerprint kept while the server was away (%s)", rank, session)
+
+
+def upload(cfg: Config, session_dir: str, fingerprint: str, rank: int) -> bool:
+    """Uploads one fingerprint to ``whyslow server`` (docs/server.md); the
+    session is the window's folder name, the same on every rank. Bounded
+    (10 s per request). While the server is away (no answer, or 5xx) the
+    fingerprint is kept on local disk (``REPORT_DIR/<job>/.upload-pending``,
+    at most PENDING_MAX_FILES files and PENDING_MAX_AGE_S seconds) and sent,
+    oldest first, before the next window's; a refusal (4xx) is not kept. A
+    failure logs one line and returns False."""
+    session = os.path.basename(session_dir.rstrip("/"))
+    _replay(cfg, rank)
+    done, retry, why = _post(cfg, cfg.job_id, session, fingerprint)
+    if done:
+        return True
+    kept = ""
+    if retry:
+        d = _pending_dir(cfg)
+        try:
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, "%s-rank%d.json" % (session, rank))
+            tmp = path + ".tmp"
+            with open(tmp, "w") as fh:
+                json.dump({"job": cfg.job_id, "session": session, "rank": rank, "fingerprint": fingerprint}, fh)
+            os.replace(tmp, path)
+            _pending(cfg)
+            kept = "; kept in %s for the next window" % d
+        except OSError as e:
+            kept = "; could not keep it (%s)" % e
+    log.warning("whyslow: rank %d: fingerprint not uploaded to %s: %s%s", rank, cfg.server, why, kept)
+    return False
 
 
 def collect_and_localize(cfg: Config, store: JobStore, s: Dict[str, Any], sdir: str,

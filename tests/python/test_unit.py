@@ -219,3 +219,65 @@ def test_a_profiling_window_ends_when_memory_grows_past_the_cap(monkeypatch):
         rss["mb"] = 900.0  # +400 MB
         assert w.tick(8, 2) is ends
         assert (w.ended_for_memory is not None) is ends
+
+
+def test_fingerprints_wait_on_disk_while_the_server_is_away(tmp_path):
+    """Issue 14 / SysOM-AI §7: an upload that finds no server (or a 5xx) is
+    kept on local disk and sent, oldest first, before the next one once the
+    server answers; a refusal (4xx) is not kept; kept uploads over an hour
+    old are dropped."""
+    import http.server
+    import threading
+    import time as _time
+
+    from whyslow import _collect
+
+    got, mode = [], {"status": 503}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            code = mode["status"]
+            if code == 201:
+                got.append((self.path, json.loads(body)["w"]))
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    cfg = Config.from_env({"WHYSLOW_SERVER": "http://127.0.0.1:%d" % srv.server_address[1],
+                           "WHYSLOW_TOKEN": "t", "WHYSLOW_REPORT_DIR": str(tmp_path),
+                           "WHYSLOW_JOB_ID": "job/1"})
+    pending = tmp_path / "job%2F1" / ".upload-pending"
+    try:
+        # The server answers 503, then is gone altogether: both kept.
+        assert not _collect.upload(cfg, str(tmp_path / "s1"), '{"w": 1}', 0)
+        down = Config.from_env({"WHYSLOW_SERVER": "http://127.0.0.1:9", "WHYSLOW_TOKEN": "t",
+                                "WHYSLOW_REPORT_DIR": str(tmp_path), "WHYSLOW_JOB_ID": "job/1"})
+        assert not _collect.upload(down, str(tmp_path / "s2"), '{"w": 2}', 0)
+        assert sorted(os.listdir(pending)) == ["s1-rank0.json", "s2-rank0.json"]
+        # Back: the kept ones go first, in order, then the new one.
+        mode["status"] = 201
+        os.utime(pending / "s1-rank0.json", (_time.time() - 20, _time.time() - 20))
+        assert _collect.upload(cfg, str(tmp_path / "s3"), '{"w": 3}', 0)
+        assert [w for _, w in got] == [1, 2, 3], got
+        assert all(p.startswith("/api/v1/jobs/job%2F1/sessions/s") for p, _ in got)
+        assert os.listdir(pending) == []
+        # A refusal is not kept.
+        mode["status"] = 400
+        assert not _collect.upload(cfg, str(tmp_path / "s4"), '{"w": 4}', 0)
+        assert os.listdir(pending) == []
+        # Away again; a kept upload older than the bound is dropped.
+        mode["status"] = 503
+        assert not _collect.upload(cfg, str(tmp_path / "s5"), '{"w": 5}', 0)
+        old = _time.time() - _collect.PENDING_MAX_AGE_S - 60
+        os.utime(pending / "s5-rank0.json", (old, old))
+        mode["status"] = 201
+        assert _collect.upload(cfg, str(tmp_path / "s6"), '{"w": 6}', 0)
+        assert [w for _, w in got][-1] == 6 and 5 not in [w for _, w in got]
+    finally:
+        srv.shutdown()
