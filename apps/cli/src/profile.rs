@@ -281,7 +281,7 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
     if args.unwind != ebpf::UserUnwind::FramePointer {
         let u = &stats.unwind;
         eprintln!(
-            "whyslow: eBPF {} unwinding: {} modules' rows ({} rows, {} modules without), {} frames from rows, {} from frame pointers; walks: {} to the outermost frame, {} at a gap in the rows, {} at an unsupported rule, {} at a bad return address, {} at unreadable memory, {} cut at the depth limit, {} before the process's tables were loaded",
+            "whyslow: eBPF {} unwinding: {} modules' rows ({} rows, {} modules without, {} large ones never sampled: not loaded), {} frames from rows, {} from frame pointers; walks: {} to the outermost frame, {} at a gap in the rows, {} at an unsupported rule, {} at a bad return address, {} at unreadable memory, {} cut at the depth limit, {} before the process's tables were loaded",
             match args.unwind {
                 ebpf::UserUnwind::Dwarf => "DWARF",
                 _ => "hybrid",
@@ -289,6 +289,7 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
             stats.tables.modules,
             stats.tables.rows,
             stats.tables.modules_without_rows,
+            stats.tables.modules_waiting,
             u.dwarf_steps,
             u.fp_steps,
             u.complete,

@@ -69,9 +69,11 @@ struct proc_mappings {
 	struct exec_mapping m[MAX_MAPPINGS];
 };
 
-/* max_entries is set by the loader. */
+/* max_entries is set by the loader; memory-mapped by userspace, which
+ * writes a module's rows with one copy instead of a syscall per row. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct cfi_row);

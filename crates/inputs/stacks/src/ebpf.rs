@@ -426,6 +426,18 @@ impl EbpfSampler {
             for pid in new {
                 t.load(&mut self.ebpf, pid)?;
             }
+            // Large modules get their rows once a sample lands in them
+            // (as the sampled address, or where a walk stopped).
+            let mut hits: Vec<(u32, u64)> = out
+                .iter()
+                .flat_map(|s| s.user.iter().map(move |&ip| (s.pid, ip)))
+                .collect();
+            hits.sort_unstable();
+            hits.dedup();
+            for (pid, ip) in hits {
+                t.hit(&mut self.ebpf, pid, ip)?;
+            }
+            t.flush(&mut self.ebpf)?;
         }
         Ok(out)
     }
@@ -777,9 +789,18 @@ pub fn profile(
         }
     }
     let mut last = attached;
+    let mut drained = false;
     loop {
         let done = attached.elapsed() >= duration || stop.load(Ordering::Relaxed);
-        if done || last.elapsed() >= drain_every {
+        // The first drain comes after a second: it loads the unwind rows of
+        // the large modules the first samples landed in.
+        let due = if drained {
+            drain_every
+        } else {
+            drain_every.min(std::time::Duration::from_secs(1))
+        };
+        if done || last.elapsed() >= due {
+            drained = true;
             last = Instant::now();
             let counted = sampler.drain()?;
             symbols.add(&counted, &mut builder);

@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::{Ebpf, Pod};
 
 use crate::cfi::{compile_eh_frame, CfiRow};
@@ -94,6 +94,12 @@ unsafe impl Pod for ProcMappingsC {}
 /// A file's identity: device, inode, size, modification time.
 type FileKey = (u64, u64, u64, i64);
 
+/// Modules whose `.eh_frame` is at most this large get their rows when a
+/// process is loaded; larger ones (libtorch_cpu's is 17 MiB: 2.7 M rows)
+/// when a sample first lands in them, so a CPU job never pays for
+/// libtorch_cuda's.
+const EAGER_EH_FRAME_BYTES: usize = 2 << 20;
+
 /// What the tables hold, for the command's summary line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableStats {
@@ -104,18 +110,101 @@ pub struct TableStats {
     /// Modules left to frame-pointer steps: no `.eh_frame`, unreadable, or
     /// the row array was full.
     pub modules_without_rows: u64,
+    /// Large modules mapped but not loaded: no sample has landed in them.
+    pub modules_waiting: u64,
     /// Processes with tables.
     pub processes: u64,
+}
+
+/// One module (file) the tables know.
+struct ModuleEntry {
+    path: std::path::PathBuf,
+    segments: Vec<Segment>,
+    /// Its rows in `cfi_rows`; None until loaded; (0, 0) when it has none.
+    rows: Option<(u32, u32)>,
+}
+
+/// One executable mapping of a process.
+#[derive(Clone, PartialEq, Eq)]
+struct ProcMapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    module: Option<FileKey>,
+}
+
+/// `cfi_rows`, memory-mapped: a module's rows are written with one copy.
+struct RowsMmap {
+    ptr: *mut RowC,
+    len: usize,
+    bytes: usize,
+}
+
+// SAFETY: the mapping is owned by this value and only written through
+// `&mut self` (the tables are used from one thread at a time).
+unsafe impl Send for RowsMmap {}
+
+impl RowsMmap {
+    fn new(ebpf: &Ebpf, capacity: u32) -> Result<Self, EbpfError> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let map = ebpf
+            .map("cfi_rows")
+            .ok_or_else(|| EbpfError::Map("cfi_rows", "not in the object".into()))?;
+        let aya::maps::Map::Array(data) = map else {
+            return Err(EbpfError::Map("cfi_rows", "not an array".into()));
+        };
+        let fd = data.fd().as_fd().as_raw_fd();
+        let page = 4096usize;
+        let bytes = (capacity as usize * std::mem::size_of::<RowC>()).div_ceil(page) * page;
+        // SAFETY: mapping a BPF array created with BPF_F_MMAPABLE, shared,
+        // for its full (page-rounded) size; checked for MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(EbpfError::Map(
+                "cfi_rows",
+                format!("mmap: {}", std::io::Error::last_os_error()),
+            ));
+        }
+        Ok(RowsMmap {
+            ptr: ptr.cast(),
+            len: capacity as usize,
+            bytes,
+        })
+    }
+
+    fn write(&mut self, at: usize, rows: &[RowC]) {
+        assert!(at + rows.len() <= self.len);
+        // SAFETY: in bounds (checked), the mapping lives as long as self.
+        unsafe { std::ptr::copy_nonoverlapping(rows.as_ptr(), self.ptr.add(at), rows.len()) };
+    }
+}
+
+impl Drop for RowsMmap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `new` mapped, once.
+        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
+    }
 }
 
 /// The userspace side of the in-kernel unwinder's maps.
 pub struct UnwindTables {
     capacity: u32,
     next_row: u32,
-    /// Per file: its rows in `cfi_rows` and its load segments.
-    modules: HashMap<FileKey, ((u32, u32), Vec<Segment>)>,
-    /// Each loaded process's executable mappings as last written.
-    processes: HashMap<u32, Vec<ExecMappingC>>,
+    rows_map: Option<RowsMmap>,
+    modules: HashMap<FileKey, ModuleEntry>,
+    /// Each loaded process's executable mappings.
+    processes: HashMap<u32, Vec<ProcMapping>>,
+    /// What the kernel's `proc_maps` holds per process.
+    written: HashMap<u32, Vec<ExecMappingC>>,
     /// Processes that could not be read (gone, no permission): not retried.
     failed: HashSet<u32>,
     stats: TableStats,
@@ -127,8 +216,10 @@ impl UnwindTables {
         UnwindTables {
             capacity,
             next_row: 0,
+            rows_map: None,
             modules: HashMap::new(),
             processes: HashMap::new(),
+            written: HashMap::new(),
             failed: HashSet::new(),
             stats: TableStats::default(),
         }
@@ -138,6 +229,7 @@ impl UnwindTables {
     pub fn stats(&self) -> TableStats {
         TableStats {
             processes: self.processes.len() as u64,
+            modules_waiting: self.modules.values().filter(|m| m.rows.is_none()).count() as u64,
             ..self.stats
         }
     }
@@ -147,45 +239,55 @@ impl UnwindTables {
         self.processes.contains_key(&pid) || self.failed.contains(&pid)
     }
 
-    /// Reads `pid`'s executable mappings and writes its tables, compiling
-    /// the rows of modules not seen before. A process that cannot be read
+    /// Reads `pid`'s executable mappings and writes its tables; modules
+    /// with a small `.eh_frame` get their rows now, large ones at their
+    /// first sample ([`UnwindTables::hit`]). A process that cannot be read
     /// keeps the kernel's frame-pointer walk.
     pub fn load(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<(), EbpfError> {
         let Ok(all) = maps::read_maps(pid as i32) else {
             self.failed.insert(pid);
             return Ok(());
         };
-        let mut mappings: Vec<ExecMappingC> = Vec::new();
+        let mut mappings = Vec::new();
         for m in all.iter().filter(|m| m.exec) {
-            mappings.push(self.mapping(ebpf, pid, m)?);
+            let module = if m.is_file() {
+                self.module(ebpf, pid, m)?
+            } else {
+                None // JIT code, [vdso]: frame-pointer steps
+            };
+            mappings.push(ProcMapping {
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                module,
+            });
         }
-        // The program searches the first MAX_MAPPINGS; the main program and
-        // libraries come first in address order only by chance, so keep
-        // those with rows when there are too many.
-        if mappings.len() > MAX_MAPPINGS {
-            mappings.sort_by_key(|m| (m.rows_len == 0, m.start));
-            mappings.truncate(MAX_MAPPINGS);
-            mappings.sort_by_key(|m| m.start);
-        }
-        if self.processes.get(&pid) == Some(&mappings) {
+        self.processes.insert(pid, mappings);
+        self.write(ebpf, pid)
+    }
+
+    /// A sampled user address of `pid`: loads the rows of a large module
+    /// the first time a sample lands in it. Call [`UnwindTables::flush`]
+    /// after a batch.
+    pub fn hit(&mut self, ebpf: &mut Ebpf, pid: u32, ip: u64) -> Result<(), EbpfError> {
+        let Some(key) = self.processes.get(&pid).and_then(|ms| {
+            ms.iter()
+                .find(|m| (m.start..m.end).contains(&ip))
+                .and_then(|m| m.module)
+        }) else {
             return Ok(());
-        }
-        let mut value = ProcMappingsC {
-            n: mappings.len() as u32,
-            pad: 0,
-            m: [ExecMappingC::default(); MAX_MAPPINGS],
         };
-        value.m[..mappings.len()].copy_from_slice(&mappings);
-        let mut map: BpfHashMap<&mut MapData, u32, ProcMappingsC> =
-            crate::ebpf::map_mut(ebpf, "proc_maps")?;
-        match map.insert(pid, value, 0) {
-            Ok(()) => {
-                self.processes.insert(pid, mappings);
-            }
-            // The map is full: this process keeps the kernel's walk.
-            Err(_) => {
-                self.failed.insert(pid);
-            }
+        if self.modules.get(&key).is_some_and(|e| e.rows.is_none()) {
+            self.load_rows(ebpf, key)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the kernel's mappings of every process whose rows changed.
+    pub fn flush(&mut self, ebpf: &mut Ebpf) -> Result<(), EbpfError> {
+        let pids: Vec<u32> = self.processes.keys().copied().collect();
+        for pid in pids {
+            self.write(ebpf, pid)?;
         }
         Ok(())
     }
@@ -208,86 +310,168 @@ impl UnwindTables {
     /// Removes `pid`'s tables (its module rows stay for other processes).
     pub fn forget(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<(), EbpfError> {
         self.processes.remove(&pid);
+        self.written.remove(&pid);
         let mut map: BpfHashMap<&mut MapData, u32, ProcMappingsC> =
             crate::ebpf::map_mut(ebpf, "proc_maps")?;
         let _ = map.remove(&pid);
         Ok(())
     }
 
-    fn mapping(
+    /// The kernel's view of `pid`'s mappings, written when it changed.
+    fn write(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<(), EbpfError> {
+        let Some(ms) = self.processes.get(&pid) else {
+            return Ok(());
+        };
+        let mut mappings: Vec<ExecMappingC> = ms
+            .iter()
+            .map(|m| {
+                let mut out = ExecMappingC {
+                    start: m.start,
+                    end: m.end,
+                    ..ExecMappingC::default()
+                };
+                let Some(e) = m.module.and_then(|k| self.modules.get(&k)) else {
+                    return out;
+                };
+                let svma = e
+                    .segments
+                    .iter()
+                    .find(|s| (s.offset..s.offset + s.filesz).contains(&m.offset))
+                    .map(|s| s.vaddr + (m.offset - s.offset));
+                if let (Some(svma), Some((start, len))) = (svma, e.rows) {
+                    out.bias = m.start.wrapping_sub(svma);
+                    out.rows_start = start;
+                    out.rows_len = len;
+                }
+                out
+            })
+            .collect();
+        // The program searches the first MAX_MAPPINGS; keep those with rows
+        // when there are more.
+        if mappings.len() > MAX_MAPPINGS {
+            mappings.sort_by_key(|m| (m.rows_len == 0, m.start));
+            mappings.truncate(MAX_MAPPINGS);
+            mappings.sort_by_key(|m| m.start);
+        }
+        if self.written.get(&pid) == Some(&mappings) {
+            return Ok(());
+        }
+        let mut value = ProcMappingsC {
+            n: mappings.len() as u32,
+            pad: 0,
+            m: [ExecMappingC::default(); MAX_MAPPINGS],
+        };
+        value.m[..mappings.len()].copy_from_slice(&mappings);
+        let mut map: BpfHashMap<&mut MapData, u32, ProcMappingsC> =
+            crate::ebpf::map_mut(ebpf, "proc_maps")?;
+        match map.insert(pid, value, 0) {
+            Ok(()) => {
+                self.written.insert(pid, mappings);
+            }
+            // The map is full: this process keeps the kernel's walk.
+            Err(_) => {
+                self.processes.remove(&pid);
+                self.failed.insert(pid);
+            }
+        }
+        Ok(())
+    }
+
+    /// The module of a file-backed mapping, registered (and its rows
+    /// loaded when its `.eh_frame` is small) the first time it is seen.
+    fn module(
         &mut self,
         ebpf: &mut Ebpf,
         pid: u32,
         m: &Mapping,
-    ) -> Result<ExecMappingC, EbpfError> {
-        let mut out = ExecMappingC {
-            start: m.start,
-            end: m.end,
-            ..ExecMappingC::default()
-        };
-        if !m.is_file() {
-            return Ok(out); // JIT code, [vdso]: frame-pointer steps
-        }
+    ) -> Result<Option<FileKey>, EbpfError> {
         let path = maps::file_path(pid as i32, &m.path);
         let Some(key) = file_key(&path) else {
-            return Ok(out);
+            return Ok(None);
         };
-        if !self.modules.contains_key(&key) {
-            let entry = match ElfModule::open(&path) {
-                Ok(module) => (self.store_rows(ebpf, &module)?, module.segments.clone()),
-                Err(_) => {
-                    self.stats.modules_without_rows += 1;
-                    ((0, 0), Vec::new())
-                }
-            };
-            self.modules.insert(key, entry);
+        if self.modules.contains_key(&key) {
+            return Ok(Some(key));
         }
-        let ((start, len), segments) = &self.modules[&key];
-        let (start, len) = (*start, *len);
-        let Some(svma) = segments
-            .iter()
-            .find(|s| (s.offset..s.offset + s.filesz).contains(&m.offset))
-            .map(|s| s.vaddr + (m.offset - s.offset))
-        else {
-            return Ok(out);
+        let (segments, eager) = match ElfModule::open(&path) {
+            Ok(module) => {
+                let small = module
+                    .unwind
+                    .eh_frame
+                    .as_ref()
+                    .is_none_or(|(_, b)| b.len() <= EAGER_EH_FRAME_BYTES);
+                (module.segments.clone(), small)
+            }
+            Err(_) => {
+                self.stats.modules_without_rows += 1;
+                self.modules.insert(
+                    key,
+                    ModuleEntry {
+                        path,
+                        segments: Vec::new(),
+                        rows: Some((0, 0)),
+                    },
+                );
+                return Ok(Some(key));
+            }
         };
-        out.bias = m.start.wrapping_sub(svma);
-        out.rows_start = start;
-        out.rows_len = len;
-        Ok(out)
+        self.modules.insert(
+            key,
+            ModuleEntry {
+                path,
+                segments,
+                rows: None,
+            },
+        );
+        if eager {
+            self.load_rows(ebpf, key)?;
+        }
+        Ok(Some(key))
     }
 
     /// Compiles and stores a module's rows; (0, 0) when it has none or they
     /// do not fit.
-    fn store_rows(&mut self, ebpf: &mut Ebpf, module: &ElfModule) -> Result<(u32, u32), EbpfError> {
-        let Some((range, bytes)) = &module.unwind.eh_frame else {
-            self.stats.modules_without_rows += 1;
-            return Ok((0, 0));
+    fn load_rows(&mut self, ebpf: &mut Ebpf, key: FileKey) -> Result<(), EbpfError> {
+        let Some(path) = self.modules.get(&key).map(|e| e.path.clone()) else {
+            return Ok(());
         };
-        let text = module
-            .unwind
-            .text
-            .as_ref()
-            .map(|(r, _)| r.start)
-            .unwrap_or(0);
-        let (rows, _) = compile_eh_frame(bytes, range.start, text);
+        let rows = match ElfModule::open(&path) {
+            Ok(module) => match &module.unwind.eh_frame {
+                Some((range, bytes)) => {
+                    let text = module
+                        .unwind
+                        .text
+                        .as_ref()
+                        .map(|(r, _)| r.start)
+                        .unwrap_or(0);
+                    compile_eh_frame(bytes, range.start, text).0
+                }
+                None => Vec::new(),
+            },
+            Err(_) => Vec::new(),
+        };
         let fits_u32 = rows.last().is_none_or(|r| r.pc <= u64::from(u32::MAX));
         let len = u32::try_from(rows.len()).unwrap_or(u32::MAX);
-        if rows.is_empty() || !fits_u32 || self.capacity - self.next_row < len {
+        let placed = if rows.is_empty() || !fits_u32 || self.capacity - self.next_row < len {
             self.stats.modules_without_rows += 1;
-            return Ok((0, 0));
+            (0, 0)
+        } else {
+            if self.rows_map.is_none() {
+                self.rows_map = Some(RowsMmap::new(ebpf, self.capacity)?);
+            }
+            let start = self.next_row;
+            let packed: Vec<RowC> = rows.iter().map(row_c).collect();
+            if let Some(m) = &mut self.rows_map {
+                m.write(start as usize, &packed);
+            }
+            self.next_row += len;
+            self.stats.modules += 1;
+            self.stats.rows += u64::from(len);
+            (start, len)
+        };
+        if let Some(e) = self.modules.get_mut(&key) {
+            e.rows = Some(placed);
         }
-        let start = self.next_row;
-        let mut array: Array<&mut MapData, RowC> = crate::ebpf::map_mut(ebpf, "cfi_rows")?;
-        for (i, r) in rows.iter().enumerate() {
-            array
-                .set(start + i as u32, row_c(r), 0)
-                .map_err(|e| EbpfError::Map("cfi_rows", e.to_string()))?;
-        }
-        self.next_row += len;
-        self.stats.modules += 1;
-        self.stats.rows += u64::from(len);
-        Ok((start, len))
+        Ok(())
     }
 }
 
