@@ -148,8 +148,10 @@ fn is_gc(frames: &[String]) -> bool {
 /// * Python `gc`/`collect`, or a Python function with high β on a random
 ///   subset of workers → garbage-collection pauses (§6.2 P3).
 /// * Other Python function with high β on all workers → CPU-bound code (§6.2 P2).
-/// * Python function or CPU op, peer outlier on a subset whose workers get
-///   clearly less CPU over all their critical-path CPU work → contended host CPU.
+/// * Python function or CPU op on a subset whose workers get clearly less
+///   CPU over all their critical-path CPU work than their peers (whether
+///   flagged as peer outliers or above their expected range) → contended
+///   host CPU.
 /// * GPU kernel, peer outlier with lower μ on a subset → GPU throttling (§6.1 P1).
 /// * Intra-host communication (NVLink) with low μ, or communication over PCIe
 ///   with high μ, on a subset → NVLink degraded/down (§6.1 P2).
@@ -170,8 +172,9 @@ pub fn hint(f: &Finding, job: &Job) -> Option<String> {
             let frames = lower_frames(&f.function);
             // Starved of CPU in the rest of their work too: the host, even
             // when the function is the DataLoader's next (a storage wait
-            // leaves the other work's CPU share alone).
-            if !all && is_peer(f) && cpu_starved(f) {
+            // leaves the other work's CPU share alone), and whichever rule
+            // flagged it (the comparison with the peers is in resource_mu).
+            if !all && cpu_starved(f) {
                 return Some(CPU_STARVED.into());
             }
             if is_data_loading(&frames) {
@@ -330,7 +333,7 @@ pub fn hint(f: &Finding, job: &Job) -> Option<String> {
                      Remove syncs from the step loop."
                         .into(),
                 )
-            } else if !all && is_peer(f) && cpu_starved(f) {
+            } else if !all && cpu_starved(f) {
                 Some(CPU_STARVED.into())
             } else if is_annotation(&f.function) {
                 (all || matches!(f.reason, Reason::Unexpected)).then(|| {

@@ -819,6 +819,49 @@ fn storage_hint_needs_evidence_of_waiting() {
 /// under 80 % of its peers' CPU share: the host is contended, not the storage.
 /// A DataLoader that waits while the worker's other work runs at full CPU
 /// keeps the storage hint.
+/// A fresh-clone CI run of the cpu-hog testbed test (8 busy loops in host
+/// 2's cgroup, 2026-11-25) flagged DDP's `_run_ddp_forward` on worker 2 as
+/// above its expected range only (Eq. 7, not a peer outlier), with the rest
+/// of its CPU work at 0.188 of a CPU against its peers' 0.533: the host is
+/// contended, whichever rule named the function.
+#[test]
+fn a_starved_worker_is_contended_whichever_rule_flagged_it() {
+    let mut f = finding(
+        FunctionKind::Python,
+        "torch/nn/parallel/distributed.py(1732): _run_ddp_forward",
+        vec![2],
+        4,
+    );
+    f.reason = Reason::Unexpected;
+    f.util_source = UtilizationSource::Samples;
+    f.resource_mu = Some(Stat {
+        value: 0.188,
+        peers: 0.533,
+        peer_count: Some(3),
+    });
+    let h = hint(&f, &CPU_ONLY).unwrap();
+    assert!(h.contains("contended"), "{h}");
+    // Not starved: no contended-host hint.
+    f.resource_mu = Some(Stat {
+        value: 0.50,
+        peers: 0.533,
+        peer_count: Some(3),
+    });
+    assert!(!hint(&f, &CPU_ONLY)
+        .unwrap_or_default()
+        .contains("contended"));
+    // On every worker: not one host's contention.
+    f.workers = vec![0, 1, 2, 3];
+    f.resource_mu = Some(Stat {
+        value: 0.188,
+        peers: 0.533,
+        peer_count: Some(3),
+    });
+    assert!(!hint(&f, &CPU_ONLY)
+        .unwrap_or_default()
+        .contains("contended"));
+}
+
 #[test]
 fn a_starved_worker_is_contended_even_in_the_dataloader() {
     let mut f = finding(FunctionKind::Python, WAITING, vec![2], 4);
