@@ -6,9 +6,13 @@ as rank 0's local report. The server runs from the installed package
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
+
+import pytest
 
 from conftest import SIM_COMPUTE, finding_for, needs_torch, torchrun
 
@@ -54,6 +58,9 @@ def test_ranks_upload_fingerprints_and_the_server_reports_the_job(tmp_path):
         hits = finding_for(central, "injected_slow_rank_work")
         assert hits and hits[0]["workers"] == [2], [(f["function"][-60:], f["workers"]) for f in central["findings"]]
         assert finding_for(local, "injected_slow_rank_work")[0]["workers"] == [2]
+        # The UI shows the job's report in a real browser (sign-in link:
+        # the token in the URL's fragment, which no server sees).
+        _report_in_browser(tmp_path, url, token, job, session)
         # Without the token: 401.
         try:
             urllib.request.urlopen(url + "/api/v1/jobs", timeout=10)
@@ -63,3 +70,26 @@ def test_ranks_upload_fingerprints_and_the_server_reports_the_job(tmp_path):
     finally:
         srv.terminate()
         srv.wait(timeout=30)
+
+
+def _report_in_browser(tmp_path, url, token, job, session):
+    """Headless Chromium opens the session's page of the web UI: the job,
+    the session and the finding are on it, the token is not."""
+    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
+                    if shutil.which(b)), None)
+    if browser is None:
+        if os.environ.get("WHYSLOW_REQUIRE_BROWSER"):
+            pytest.fail("WHYSLOW_REQUIRE_BROWSER is set but no chromium is on PATH")
+        print("browser check skipped: no chromium on PATH (apt-get install chromium)")
+        return
+    page = "/ui/jobs/%s/sessions/%s" % (urllib.parse.quote(job, safe=""), urllib.parse.quote(session, safe=""))
+    out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                          "--user-data-dir=%s" % (tmp_path / "chromium"),
+                          "--virtual-time-budget=20000", "--dump-dom",
+                          "%s/ui/login?next=%s#token=%s" % (url, urllib.parse.quote(page, safe="/"), token)],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    dom = out.stdout
+    assert ("job %s" % job) in dom and ("session %s" % session) in dom, dom[:3000]
+    assert "injected_slow_rank_work" in dom, dom[:3000]
+    assert token not in dom
