@@ -1,5 +1,6 @@
 //! Uploads the stack profiles from the spool to `whyslow server` (the
-//! ranks' under their job, the node's under each job with a rank on it)
+//! ranks' under their job, the node's under each job with a rank on it),
+//! and the ranks' collective records once each period's file is complete
 //! (SysOM-AI §3.4: nodes send profiles to a central service that keeps and
 //! shows them; §7: a node buffers while the service is away). The spool is
 //! the buffer: a profile is uploaded after it is written, retried while the
@@ -50,8 +51,8 @@ fn id_part(s: &str) -> String {
 /// of `jobs`, the jobs with a rank on this node now (what ran beside them),
 /// when it is younger than [`HOST_MAX_AGE`] (an older period may be from
 /// before those jobs started).
-fn spooled(spool: &Path, jobs: &[String]) -> Vec<(String, PathBuf, String)> {
-    let mut out: Vec<(String, PathBuf, String)> = rank_profiles(spool)
+fn spooled(spool: &Path, jobs: &[String], last: bool) -> Vec<(String, PathBuf, String)> {
+    let mut out: Vec<(String, PathBuf, String)> = rank_files(spool, last)
         .into_iter()
         .map(|(j, p)| (j, p, String::new()))
         .collect();
@@ -73,8 +74,42 @@ fn spooled(spool: &Path, jobs: &[String]) -> Vec<(String, PathBuf, String)> {
     out
 }
 
-/// The rank profiles of the spool, by job directory.
-fn rank_profiles(spool: &Path) -> Vec<(String, PathBuf)> {
+/// Collective records are appended to one file per rank and period
+/// (`<stem>-<unix s>.collectives.jsonl`): a file is complete once a later
+/// period's file of the same rank exists, or it was left alone this long.
+const RECORDS_SETTLED: Duration = Duration::from_secs(60);
+
+const RECORDS: &str = ".collectives.jsonl";
+
+/// Whether a collective records file is complete (see [`RECORDS_SETTLED`]).
+fn records_complete(path: &Path, siblings: &[PathBuf]) -> bool {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Some((stem, t)) = name.trim_end_matches(RECORDS).rsplit_once('-') else {
+        return true;
+    };
+    let t: u64 = t.parse().unwrap_or(0);
+    let later = siblings.iter().any(|p| {
+        let n = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        n.ends_with(RECORDS)
+            && n.trim_end_matches(RECORDS)
+                .rsplit_once('-')
+                .is_some_and(|(s, u)| s == stem && u.parse::<u64>().unwrap_or(0) > t)
+    });
+    later
+        || fs::metadata(path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|m| m.elapsed().unwrap_or_default() >= RECORDS_SETTLED)
+}
+
+/// The rank profiles and complete collective record files of the spool
+/// (all record files on the `last` pass), by job directory.
+fn rank_files(spool: &Path, last: bool) -> Vec<(String, PathBuf)> {
     let mut out = Vec::new();
     let Ok(jobs) = fs::read_dir(spool) else {
         return out;
@@ -89,10 +124,13 @@ fn rank_profiles(spool: &Path) -> Vec<(String, PathBuf)> {
         let Ok(files) = fs::read_dir(job.path()) else {
             continue;
         };
-        for f in files.flatten() {
-            let p = f.path();
-            if p.to_string_lossy().ends_with(".pb.gz") {
-                out.push((name.clone(), p));
+        let files: Vec<PathBuf> = files.flatten().map(|f| f.path()).collect();
+        for p in &files {
+            let n = p.to_string_lossy();
+            if n.ends_with(".pb.gz")
+                || (n.ends_with(RECORDS) && (last || records_complete(p, &files)))
+            {
+                out.push((name.clone(), p.clone()));
             }
         }
     }
@@ -109,16 +147,18 @@ enum Refused {
     Later(String),
 }
 
-/// One profile to the server: `Ok(true)` stored now, `Ok(false)` it had it.
+/// One file to the server (`what`: `profiles` or `collectives`):
+/// `Ok(true)` stored now, `Ok(false)` it had it.
 fn post(
     up: &Upload,
     agent: &ureq::Agent,
+    what: &str,
     job: &str,
     batch: &str,
     body: &[u8],
 ) -> Result<bool, Refused> {
     let url = format!(
-        "{}/api/v1/jobs/{}/profiles/{}",
+        "{}/api/v1/jobs/{}/{what}/{}",
         up.server.trim_end_matches('/'),
         id_part(job),
         batch
@@ -166,7 +206,7 @@ pub fn run(
             .collect();
         jobs.sort();
         jobs.dedup();
-        let files = spooled(&spool, &jobs);
+        let files = spooled(&spool, &jobs, last);
         // Files the cap removed are forgotten.
         done.retain(|(p, _)| p.exists());
         for (job, path, suffix) in files {
@@ -184,12 +224,21 @@ pub fn run(
                 continue;
             }
             let Ok(body) = fs::read(&path) else { continue };
-            let stem = path
+            let name = path
                 .file_name()
-                .map(|n| n.to_string_lossy().trim_end_matches(".pb.gz").to_string())
+                .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
+            let (what, stem) = match name.strip_suffix(RECORDS) {
+                Some(stem) => ("collectives", stem.to_string()),
+                None => ("profiles", name.trim_end_matches(".pb.gz").to_string()),
+            };
+            // A period without a collective leaves an empty file: nothing to send.
+            if what == "collectives" && body.iter().all(u8::is_ascii_whitespace) {
+                done.insert(key);
+                continue;
+            }
             let batch = id_part(&format!("{}@{stem}{suffix}", up.node));
-            match post(&up, &agent, &job, &batch, &body) {
+            match post(&up, &agent, what, &job, &batch, &body) {
                 Ok(new) => {
                     if new {
                         stored += 1
@@ -259,7 +308,7 @@ mod tests {
             fs::create_dir_all(p.parent().unwrap()).unwrap();
             fs::write(p, b"x").unwrap();
         }
-        let got: Vec<_> = spooled(&d, &["job-a".to_string(), "job b".to_string()])
+        let got: Vec<_> = spooled(&d, &["job-a".to_string(), "job b".to_string()], false)
             .into_iter()
             .map(|(j, p, s)| (j, p.file_name().unwrap().to_string_lossy().into_owned(), s))
             .collect();
@@ -274,7 +323,42 @@ mod tests {
             ]
         );
         // No job on the node: host profiles wait.
-        assert_eq!(spooled(&d, &[]).len(), 2);
+        assert_eq!(spooled(&d, &[], false).len(), 2);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    /// A rank's collective records go once their period is over: a later
+    /// period's file exists, or the file was left alone a minute; the
+    /// current one only on the last pass.
+    #[test]
+    fn collective_records_go_when_their_period_is_complete() {
+        let d = std::env::temp_dir().join(format!("whyslow-upload-rec-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        for f in [
+            "job-a/h-rank0-pid1-100.collectives.jsonl",
+            "job-a/h-rank0-pid1-130.collectives.jsonl",
+            "job-a/h-rank1-pid2-130.collectives.jsonl",
+        ] {
+            let p = d.join(f);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, b"{}\n").unwrap();
+        }
+        let names = |last| -> Vec<String> {
+            rank_files(&d, last)
+                .into_iter()
+                .map(|(_, p)| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(names(false), vec!["h-rank0-pid1-100.collectives.jsonl"]);
+        assert_eq!(names(true).len(), 3);
+        // Left alone for a minute: complete.
+        let old = std::time::SystemTime::now() - Duration::from_secs(120);
+        let f = fs::File::options()
+            .write(true)
+            .open(d.join("job-a/h-rank1-pid2-130.collectives.jsonl"))
+            .unwrap();
+        f.set_modified(old).unwrap();
+        assert_eq!(names(false).len(), 2);
         let _ = fs::remove_dir_all(&d);
     }
 }

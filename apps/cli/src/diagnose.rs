@@ -1179,25 +1179,12 @@ fn entry_plot(
     g: &whyslow_diagnose::stragglers::GroupLateness,
     late: &[whyslow_diagnose::stragglers::Straggler],
 ) -> whyslow_report::diagnose::EntryPlot {
-    let t0 = g.instances.first().map(|x| x.0).unwrap_or(0.0);
-    let series = g
-        .ranks
+    let flagged: Vec<u32> = late
         .iter()
-        .enumerate()
-        .map(|(k, &rank)| whyslow_report::LineSeries {
-            label: format!("rank {rank}"),
-            flagged: late.iter().any(|s| s.group == g.group && s.rank == rank),
-            points: g
-                .instances
-                .iter()
-                .map(|(first, late)| ((first - t0) / 1e9, late[k] / 1e3))
-                .collect(),
-        })
+        .filter(|s| s.group == g.group)
+        .map(|s| s.rank)
         .collect();
-    whyslow_report::diagnose::EntryPlot {
-        group: g.group.clone(),
-        series,
-    }
+    whyslow_report::diagnose::EntryPlot::from_instances(&g.group, &g.ranks, &g.instances, &flagged)
 }
 
 fn write_table(out: &mut dyn std::io::Write, r: &Report) -> std::io::Result<()> {

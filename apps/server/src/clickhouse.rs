@@ -157,6 +157,12 @@ impl ClickHouseStore {
                  samples UInt64, pprof String CODEC(ZSTD(3)), uploaded_ns UInt64)
              ENGINE = ReplacingMergeTree ORDER BY (tenant, job, kind, batch) {ttl}"
         ))?;
+        s.exec(&format!(
+            "CREATE TABLE IF NOT EXISTS {db}.collectives (
+                 tenant Int64, job String, batch String, body String CODEC(ZSTD(3)),
+                 uploaded_ns UInt64)
+             ENGINE = ReplacingMergeTree ORDER BY (tenant, job, batch) {ttl}"
+        ))?;
         Ok(s)
     }
 
@@ -317,7 +323,8 @@ impl Store for ClickHouseStore {
         let (t, j) = (tenant.0, lit(job));
         let rows = self.rows(&format!(
             "SELECT 1 AS x FROM {db}.fingerprints WHERE tenant = {t} AND job = {j}
-             UNION ALL SELECT 1 FROM {db}.profiles WHERE tenant = {t} AND job = {j} LIMIT 1"
+             UNION ALL SELECT 1 FROM {db}.profiles WHERE tenant = {t} AND job = {j}
+             UNION ALL SELECT 1 FROM {db}.collectives WHERE tenant = {t} AND job = {j} LIMIT 1"
         ))?;
         Ok(!rows.is_empty())
     }
@@ -378,6 +385,51 @@ impl Store for ClickHouseStore {
             now_ns()
         ))?;
         Ok(true)
+    }
+
+    fn put_collectives(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        jsonl: &str,
+    ) -> Result<bool, StoreError> {
+        check_name("job", job)?;
+        check_name("batch", batch)?;
+        let db = &self.cfg.database;
+        let seen = self.rows(&format!(
+            "SELECT 1 AS x FROM {db}.collectives WHERE tenant = {} AND batch = {} LIMIT 1",
+            tenant.0,
+            lit(batch)
+        ))?;
+        if !seen.is_empty() {
+            return Ok(false);
+        }
+        self.exec(&format!(
+            "INSERT INTO {db}.collectives (tenant, job, batch, body, uploaded_ns) VALUES ({}, {}, {}, {}, {})",
+            tenant.0,
+            lit(job),
+            lit(batch),
+            lit(jsonl),
+            now_ns()
+        ))?;
+        Ok(true)
+    }
+
+    fn collectives(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = self.rows(&format!(
+            "SELECT body FROM {}.collectives FINAL WHERE tenant = {} AND job = {}
+             ORDER BY uploaded_ns DESC, batch DESC LIMIT {limit}",
+            self.cfg.database,
+            tenant.0,
+            lit(job)
+        ))?;
+        Ok(rows.iter().map(|r| text(&r["body"])).collect())
     }
 
     fn profiles(

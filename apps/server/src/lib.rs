@@ -70,6 +70,7 @@ pub struct Metrics {
     profile_samples: AtomicU64,
     profile_duplicates: AtomicU64,
     symbol_files: AtomicU64,
+    collective_records: AtomicU64,
 }
 
 impl Metrics {
@@ -141,6 +142,11 @@ impl Metrics {
                 "whyslow_server_symbol_files_indexed_total",
                 "uploaded ELF files indexed for symbols",
                 c(&self.symbol_files),
+            ),
+            (
+                "whyslow_server_collective_records_ingested_total",
+                "collective records stored (the agents' gloo and NCCL tracers)",
+                c(&self.collective_records),
             ),
         ] {
             s.push_str(&format!(
@@ -474,6 +480,117 @@ async fn get_flamegraph(
     r.into_response()
 }
 
+/// Batches of collective records a straggler verdict reads (the latest).
+pub const MAX_COLLECTIVE_BATCHES: usize = 2000;
+
+/// Parses a batch of collective records (JSON lines); the first bad line
+/// is the error, with its number.
+pub fn parse_collectives(
+    text: &str,
+) -> Result<Vec<whyslow_model::collective::CollectiveRecord>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push(
+            serde_json::from_str(line)
+                .map_err(|e| format!("line {}: not a collective record: {e}", i + 1))?,
+        );
+    }
+    Ok(out)
+}
+
+/// SysOM-AI §3.1's slow-rank detection over a job's latest collective
+/// records: the stragglers, and per group the entry-time plot data.
+pub fn stragglers_of(
+    batches: &[String],
+) -> (
+    usize,
+    Vec<whyslow_diagnose::stragglers::Straggler>,
+    Vec<whyslow_diagnose::stragglers::GroupLateness>,
+) {
+    let records: Vec<_> = batches
+        .iter()
+        .filter_map(|b| parse_collectives(b).ok())
+        .flatten()
+        .collect();
+    let cfg = whyslow_diagnose::stragglers::StragglerConfig::default();
+    let late = whyslow_diagnose::stragglers::slow_ranks(&records, &cfg);
+    let groups = whyslow_diagnose::stragglers::lateness(&records, &cfg);
+    (records.len(), late, groups)
+}
+
+async fn post_collectives(
+    State(state): State<Arc<AppState>>,
+    UrlPath((job, batch)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        store::check_name("job", &job)?;
+        store::check_name("batch", &batch)?;
+        let text = String::from_utf8(body.to_vec())
+            .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "the body is not UTF-8".into()))?;
+        let records = parse_collectives(&text).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+        if records.is_empty() {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "no collective record in the body".into(),
+            ));
+        }
+        let (st, j, b) = (state.clone(), job.clone(), batch.clone());
+        let stored = blocking(move || Ok(st.store.put_collectives(t, &j, &b, &text)?)).await?;
+        if stored {
+            state
+                .metrics
+                .collective_records
+                .fetch_add(records.len() as u64, Ordering::Relaxed);
+        }
+        Ok((
+            if stored {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            },
+            Json(json!({ "job": job, "batch": batch, "records": records.len(), "stored": stored })),
+        ))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
+}
+
+async fn get_stragglers(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        store::check_name("job", &job)?;
+        let (st, j) = (state.clone(), job.clone());
+        let batches = blocking(move || Ok(st.store.collectives(t, &j, MAX_COLLECTIVE_BATCHES)?)).await?;
+        if batches.is_empty() {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no collective records of job {job:?}"),
+            ));
+        }
+        let (records, late, groups) = stragglers_of(&batches);
+        Ok(Json(json!({
+            "job": job,
+            "records": records,
+            "groups": groups.iter().map(|g| json!({"group": g.group, "ranks": g.ranks, "instances": g.instances.len()})).collect::<Vec<_>>(),
+            "stragglers": late,
+        })))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
+}
+
 impl From<symbols::SymbolError> for ApiError {
     fn from(e: symbols::SymbolError) -> Self {
         match e {
@@ -584,6 +701,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/v1/jobs/{job}/profiles/{batch}", post(post_profile))
         .route("/api/v1/jobs/{job}/flamegraph.svg", get(get_flamegraph))
+        .route(
+            "/api/v1/jobs/{job}/collectives/{batch}",
+            post(post_collectives),
+        )
+        .route("/api/v1/jobs/{job}/stragglers", get(get_stragglers))
         .route("/api/v1/symbols/{build_id}", get(get_symbols))
         .route(
             "/api/v1/symbols/{build_id}/parts/{part}",

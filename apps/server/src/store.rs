@@ -126,6 +126,24 @@ pub trait Store: Send + Sync {
         kind: &str,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, StoreError>;
+    /// Stores one batch of collective records (JSON lines of
+    /// `whyslow_model::collective::CollectiveRecord`, as the agents write
+    /// them) of a job; `false` when the batch was stored before.
+    fn put_collectives(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        jsonl: &str,
+    ) -> Result<bool, StoreError>;
+    /// The job's most recent `limit` batches of collective records, newest
+    /// first.
+    fn collectives(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
 }
 
 /// Checks a job, session or tenant name: 1–200 bytes of letters, digits,
@@ -197,7 +215,12 @@ impl SqliteStore {
                  kind TEXT NOT NULL, rank TEXT, host TEXT, start_unix_ns INTEGER NOT NULL,
                  samples INTEGER NOT NULL, pprof BLOB NOT NULL, uploaded_unix_s INTEGER NOT NULL,
                  PRIMARY KEY (tenant, batch));
-             CREATE INDEX IF NOT EXISTS profiles_by_job ON profiles (tenant, job, kind, start_unix_ns);",
+             CREATE INDEX IF NOT EXISTS profiles_by_job ON profiles (tenant, job, kind, start_unix_ns);
+             CREATE TABLE IF NOT EXISTS collectives (
+                 tenant INTEGER NOT NULL, job TEXT NOT NULL, batch TEXT NOT NULL,
+                 body TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL, seq INTEGER NOT NULL,
+                 PRIMARY KEY (tenant, batch));
+             CREATE INDEX IF NOT EXISTS collectives_by_job ON collectives (tenant, job, seq);",
         )?;
         Ok(SqliteStore { db: Mutex::new(db) })
     }
@@ -317,6 +340,15 @@ impl Store for SqliteStore {
                     |_| Ok(()),
                 )
                 .optional()?
+                .is_some()
+            || self
+                .db()
+                .query_row(
+                    "SELECT 1 FROM collectives WHERE tenant = ?1 AND job = ?2 LIMIT 1",
+                    params![tenant.0, job],
+                    |_| Ok(()),
+                )
+                .optional()?
                 .is_some())
     }
 
@@ -362,6 +394,39 @@ impl Store for SqliteStore {
              ORDER BY start_unix_ns DESC LIMIT ?4",
         )?;
         let rows = st.query_map(params![tenant.0, job, kind, limit as i64], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn put_collectives(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        jsonl: &str,
+    ) -> Result<bool, StoreError> {
+        check_name("job", job)?;
+        check_name("batch", batch)?;
+        // seq: arrival order (rowid-like), so "newest" does not depend on
+        // the clock's resolution.
+        let n = self.db().execute(
+            "INSERT OR IGNORE INTO collectives (tenant, job, batch, body, uploaded_unix_s, seq)
+             VALUES (?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(seq), 0) + 1 FROM collectives))",
+            params![tenant.0, job, batch, jsonl, now_unix()],
+        )?;
+        Ok(n == 1)
+    }
+
+    fn collectives(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(
+            "SELECT body FROM collectives WHERE tenant = ?1 AND job = ?2 ORDER BY seq DESC LIMIT ?3",
+        )?;
+        let rows = st.query_map(params![tenant.0, job, limit as i64], |r| r.get(0))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
@@ -454,6 +519,15 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
         .ok_or("conformance: job2 is not listed")?;
     check!((job2.sessions, job2.fingerprints, job2.profiles) == (0, 0, 2));
     check!(s.put_profile(a, "job2", &meta("../x", 3), b"x").is_err());
+    // Collective records: a batch once, newest first, per tenant.
+    check!(ok!(s.put_collectives(a, "job3", "c1", "{\"r\":1}\n")));
+    check!(ok!(s.put_collectives(a, "job3", "c2", "{\"r\":2}\n")));
+    check!(!ok!(s.put_collectives(a, "job3", "c1", "{\"r\":1}\n")));
+    check!(ok!(s.collectives(a, "job3", 10)) == vec!["{\"r\":2}\n", "{\"r\":1}\n"]);
+    check!(ok!(s.collectives(a, "job3", 1)).len() == 1);
+    check!(ok!(s.collectives(b, "job3", 10)).is_empty());
+    check!(ok!(s.has_job(a, "job3")) && !ok!(s.has_job(b, "job3")));
+    check!(s.put_collectives(a, "job3", "../c", "{}").is_err());
     for bad in ["", "../x", ".hidden", "a/b", "a'b", &"x".repeat(201)] {
         check!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err());
     }

@@ -265,6 +265,55 @@ async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
     page("Jobs", &body).into_response()
 }
 
+/// The job's stragglers (SysOM-AI §3.1) and the per-rank entry-time plot
+/// of each group (Fig. 5), from its uploaded collective records.
+fn stragglers_section(batches: &[String]) -> String {
+    let (records, late, groups) = crate::stragglers_of(batches);
+    let mut out = format!(
+        "<h2>Stragglers</h2><p class=\"muted\">From {records} collective records of the \
+         ranks (the node agents' gloo/NCCL tracers): a rank that enters its group's collectives \
+         later than the others, beyond μ + 2σ of them, over the last 100 instances.</p>"
+    );
+    if late.is_empty() {
+        out.push_str("<p>No rank makes its group wait.</p>");
+    } else {
+        let rows: String = late
+            .iter()
+            .map(|s| {
+                format!(
+                    "<tr><td>{}</td><td>{}</td><td>{:.1} ms</td><td>{:.1} ms</td></tr>",
+                    esc(&s.group),
+                    s.rank,
+                    s.late_us / 1e3,
+                    s.peers_late_us / 1e3
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "<table><tr><th>group</th><th>rank</th><th>late by (mean)</th><th>its peers</th></tr>{rows}</table>"
+        ));
+    }
+    for g in groups.iter().take(8) {
+        let flagged: Vec<u32> = late
+            .iter()
+            .filter(|s| s.group == g.group)
+            .map(|s| s.rank)
+            .collect();
+        let plot = whyslow_report::diagnose::EntryPlot::from_instances(
+            &g.group,
+            &g.ranks,
+            &g.instances,
+            &flagged,
+        );
+        out.push_str(&format!(
+            "<h3>group {}: entry into collectives, per rank</h3>{}",
+            esc(&g.group),
+            plot.svg()
+        ));
+    }
+    out
+}
+
 async fn job_page(
     State(state): State<Arc<AppState>>,
     UrlPath(job): UrlPath<String>,
@@ -287,18 +336,22 @@ async fn job_page(
                 kinds.push(k);
             }
         }
-        Ok((sessions, kinds))
+        let collectives = st.store.collectives(t, &j, crate::MAX_COLLECTIVE_BATCHES)?;
+        Ok((sessions, kinds, collectives))
     })
     .await;
-    let (sessions, kinds) = match found {
+    let (sessions, kinds, collectives) = match found {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return server_error(&e.to_string()),
         Err(e) => return server_error(&e.to_string()),
     };
-    if sessions.is_empty() && kinds.is_empty() {
+    if sessions.is_empty() && kinds.is_empty() && collectives.is_empty() {
         return not_found(&format!("No job {job:?}."));
     }
     let mut body = String::new();
+    if !collectives.is_empty() {
+        body.push_str(&stragglers_section(&collectives));
+    }
     if sessions.is_empty() {
         body.push_str("<p class=\"muted\">No fingerprints uploaded (no profiling window of the ranks yet).</p>");
     } else {

@@ -19,6 +19,41 @@ pub struct EntryPlot {
     pub series: Vec<LineSeries>,
 }
 
+impl EntryPlot {
+    /// The plot of one group from its instances: per instance, the time of
+    /// its first entry (ns) and each rank's lateness behind it (ns, in the
+    /// order of `ranks`); `flagged` ranks drawn red.
+    pub fn from_instances(
+        group: &str,
+        ranks: &[u32],
+        instances: &[(f64, Vec<f64>)],
+        flagged: &[u32],
+    ) -> Self {
+        let t0 = instances.first().map(|x| x.0).unwrap_or(0.0);
+        let series = ranks
+            .iter()
+            .enumerate()
+            .map(|(k, &rank)| LineSeries {
+                label: format!("rank {rank}"),
+                flagged: flagged.contains(&rank),
+                points: instances
+                    .iter()
+                    .filter_map(|(first, late)| Some(((first - t0) / 1e9, late.get(k)? / 1e3)))
+                    .collect(),
+            })
+            .collect();
+        EntryPlot {
+            group: group.to_string(),
+            series,
+        }
+    }
+
+    /// The plot as an SVG line chart.
+    pub fn svg(&self) -> String {
+        line_chart_svg(&self.series, "seconds", "entry after the first rank (ms)")
+    }
+}
+
 /// A flame graph to show: a title and the SVG document.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlameGraph {
