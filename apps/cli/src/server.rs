@@ -43,7 +43,8 @@ struct ClickHouseArgs {
     /// ClickHouse user; the password comes from $WHYSLOW_CLICKHOUSE_PASSWORD.
     #[arg(long, value_name = "USER")]
     clickhouse_user: Option<String>,
-    /// Days ClickHouse keeps fingerprints and profiles (TTL).
+    /// Days fingerprints, profiles and collective records are kept
+    /// (ClickHouse: a TTL; the embedded store: removed every hour).
     #[arg(long, default_value_t = 30, value_name = "DAYS")]
     retention_days: u32,
 }
@@ -176,6 +177,7 @@ pub fn run(args: ServerArgs) -> Result<u8> {
                 None => None,
             };
             let state = Arc::new(AppState {
+                retention_days: args.clickhouse.retention_days,
                 store,
                 symbols,
                 metrics: Default::default(),

@@ -1035,3 +1035,200 @@ fn collective_records_name_the_straggler_on_the_server_and_the_job_page() {
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A profile of `frames` distinct frames (names that do not compress), as
+/// pprof bytes.
+fn bulky_profile(seed: u64, frames: usize) -> Vec<u8> {
+    use whyslow_model::stack::{Frame, StackProfileBuilder};
+    let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    let mut b = StackProfileBuilder::new();
+    b.label("rank", "0");
+    let t = b.frame(Frame::label("main"));
+    for i in 0..frames {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let f = b.frame(Frame::label(format!(
+            "f{i}_{x:016x}{:016x}",
+            x.rotate_left(17)
+        )));
+        b.add(vec![t, f], 1 + i as u64 % 7);
+    }
+    whyslow_stack_output::to_pprof(&b.finish(99.0, 1_700_000_000_000_000_000 + seed, 1_000_000_000))
+}
+
+fn profiles_of(srv: &Server, token: &str, job: &str) -> u64 {
+    let (_, body) = srv.request("GET", "/api/v1/jobs", Some(token), b"");
+    let jobs: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    jobs.as_array()
+        .and_then(|a| a.iter().find(|j| j["job"] == job))
+        .and_then(|j| j["profiles"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Issue 14's faults: `kill -9` of the server in the middle of concurrent
+/// uploads. After a restart every acknowledged upload is there, and a
+/// retry of every batch (the agents' behaviour) stores none twice.
+#[test]
+fn a_killed_server_loses_no_acknowledged_upload_and_counts_none_twice() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let dir = std::env::temp_dir().join(format!("whyslow-kill9-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ta = token(&dir, "team-a");
+    let mut srv = Server::start(&dir);
+    let total = 240u64;
+    let bodies: Arc<Vec<Vec<u8>>> = Arc::new((0..total).map(|i| bulky_profile(i, 200)).collect());
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let dead = Arc::new(AtomicBool::new(false));
+    let addr = srv.addr.clone();
+    let workers: Vec<_> = (0..6)
+        .map(|_| {
+            let (bodies, acked, next, dead, addr, ta) =
+                (bodies.clone(), acked.clone(), next.clone(), dead.clone(), addr.clone(), ta.clone());
+            std::thread::spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total || dead.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut s) = TcpStream::connect(&addr) else { return };
+                let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+                let head = format!(
+                    "POST /api/v1/jobs/j9/profiles/b{i} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ta}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    bodies[i as usize].len()
+                );
+                if s.write_all(head.as_bytes()).is_err() || s.write_all(&bodies[i as usize]).is_err() {
+                    continue;
+                }
+                let mut resp = Vec::new();
+                let _ = s.read_to_end(&mut resp);
+                if resp.starts_with(b"HTTP/1.1 201") {
+                    acked.lock().unwrap().push(i);
+                }
+            })
+        })
+        .collect();
+    // Kill it once about a third is acknowledged.
+    let t0 = std::time::Instant::now();
+    while acked.lock().unwrap().len() < (total / 3) as usize
+        && t0.elapsed() < Duration::from_secs(60)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = srv.child.kill(); // SIGKILL
+    let _ = srv.child.wait();
+    dead.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        !acked.is_empty() && (acked.len() as u64) < total,
+        "{} acknowledged",
+        acked.len()
+    );
+    srv = Server::start(&dir);
+    let before = profiles_of(&srv, &ta, "j9");
+    assert!(
+        before >= acked.len() as u64,
+        "{before} stored, {} acknowledged",
+        acked.len()
+    );
+    // Every batch again: the acknowledged ones were stored (200), the rest
+    // are stored now or were stored without an answer.
+    for i in 0..total {
+        let (code, body) = srv.request(
+            "POST",
+            &format!("/api/v1/jobs/j9/profiles/b{i}"),
+            Some(&ta),
+            &bodies[i as usize],
+        );
+        if acked.contains(&i) {
+            assert_eq!(code, 200, "acknowledged batch b{i} was lost: {body}");
+        } else {
+            assert!(code == 200 || code == 201, "b{i}: {code} {body}");
+        }
+    }
+    assert_eq!(
+        profiles_of(&srv, &ta, "j9"),
+        total,
+        "a batch counted twice or lost"
+    );
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 14's faults: the data disk fills up under uploads (a 3 MiB tmpfs).
+/// The server refuses what it cannot store (5xx, never an acknowledgement
+/// of a lost upload), keeps answering, and after a restart every
+/// acknowledged upload is there. Needs root (mount); skips with the reason
+/// otherwise.
+#[test]
+fn a_full_disk_loses_no_acknowledged_upload() {
+    let dir = std::env::temp_dir().join(format!("whyslow-fulldisk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs (needs root)");
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _unmount = Unmount(dir.clone());
+    let data = dir.join("data");
+    let ta = token(&data, "team-a");
+    let mut srv = Server::start(&data);
+    let (mut acked, mut refused) = (Vec::new(), 0);
+    for i in 0..400u64 {
+        let body = bulky_profile(i, 300);
+        let (code, text) = srv.request(
+            "POST",
+            &format!("/api/v1/jobs/jd/profiles/b{i}"),
+            Some(&ta),
+            &body,
+        );
+        match code {
+            201 => acked.push((i, body)),
+            500..=599 => {
+                refused += 1;
+                if refused >= 5 {
+                    break;
+                }
+            }
+            _ => panic!("b{i}: {code} {text}"),
+        }
+    }
+    assert!(
+        refused >= 5,
+        "the disk never filled ({} stored)",
+        acked.len()
+    );
+    assert!(!acked.is_empty());
+    let (code, _) = srv.request("GET", "/healthz", None, b"");
+    assert_eq!(code, 200, "the server stopped answering on a full disk");
+    let _ = srv.child.kill();
+    let _ = srv.child.wait();
+    srv = Server::start(&data);
+    assert_eq!(profiles_of(&srv, &ta, "jd"), acked.len() as u64);
+    for (i, body) in &acked {
+        let (code, text) = srv.request(
+            "POST",
+            &format!("/api/v1/jobs/jd/profiles/b{i}"),
+            Some(&ta),
+            body,
+        );
+        assert_eq!(code, 200, "acknowledged batch b{i} was lost: {text}");
+    }
+    drop(srv);
+}

@@ -159,6 +159,9 @@ impl Metrics {
 
 /// Shared state of the handlers.
 pub struct AppState {
+    /// Days uploads are kept (the embedded store's retention; ClickHouse
+    /// applies its TTL itself).
+    pub retention_days: u32,
     /// The store.
     pub store: Box<dyn Store>,
     /// Uploaded symbols (None: symbol upload is off).
@@ -718,6 +721,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+fn now_unix_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
 /// Serves `router` on `listen` until SIGINT/SIGTERM; `on_bound` gets the
 /// bound address (port 0 picks a free one).
 pub async fn serve(
@@ -726,6 +736,24 @@ pub async fn serve(
     on_bound: impl FnOnce(SocketAddr),
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
+    // Retention: every hour, uploads older than the retention go.
+    let keeper = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+        loop {
+            tick.tick().await;
+            let st = keeper.clone();
+            let cutoff = now_unix_s() - i64::from(st.retention_days.max(1)) * 86_400;
+            match tokio::task::spawn_blocking(move || st.store.expire(cutoff)).await {
+                Ok(Ok(n)) if n > 0 => eprintln!(
+                    "whyslow: retention: removed {n} uploads older than {} days",
+                    keeper.retention_days
+                ),
+                Ok(Err(e)) => eprintln!("whyslow: retention failed: {e}"),
+                _ => {}
+            }
+        }
+    });
     on_bound(listener.local_addr()?);
     axum::serve(listener, router(state))
         .with_graceful_shutdown(async {

@@ -144,6 +144,13 @@ pub trait Store: Send + Sync {
         job: &str,
         limit: usize,
     ) -> Result<Vec<String>, StoreError>;
+    /// Deletes fingerprints, profiles and collective records uploaded
+    /// before `before_unix_s` (retention); returns how many. A store with
+    /// its own expiry (ClickHouse's TTL) does nothing here.
+    fn expire(&self, before_unix_s: i64) -> Result<u64, StoreError> {
+        let _ = before_unix_s;
+        Ok(0)
+    }
 }
 
 /// Checks a job, session or tenant name: 1–200 bytes of letters, digits,
@@ -430,6 +437,18 @@ impl Store for SqliteStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    fn expire(&self, before_unix_s: i64) -> Result<u64, StoreError> {
+        let db = self.db();
+        let mut n = 0;
+        for table in ["fingerprints", "profiles", "collectives"] {
+            n += db.execute(
+                &format!("DELETE FROM {table} WHERE uploaded_unix_s < ?1"),
+                params![before_unix_s],
+            )? as u64;
+        }
+        Ok(n)
+    }
+
     fn sessions(&self, tenant: TenantId, job: &str) -> Result<Vec<SessionSummary>, StoreError> {
         let db = self.db();
         let mut st = db.prepare_cached(
@@ -547,6 +566,14 @@ mod tests {
         let t = s.create_token("team-c").unwrap();
         drop(s);
         let s = SqliteStore::open(&d).unwrap();
+        assert!(s.tenant_of_token(&t).unwrap().is_some());
+        // Retention: nothing is older than an hour ago; everything is older
+        // than a minute from now; tokens stay.
+        assert_eq!(s.expire(now_unix() - 3600).unwrap(), 0);
+        let a = s.tenant_of_token(&t).unwrap().unwrap();
+        s.put_fingerprint(a, "old", "s1", 0, "{}").unwrap();
+        assert!(s.expire(now_unix() + 60).unwrap() >= 1);
+        assert!(s.jobs(a).unwrap().is_empty());
         assert!(s.tenant_of_token(&t).unwrap().is_some());
         let _ = std::fs::remove_dir_all(&d);
     }
