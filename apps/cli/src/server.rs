@@ -28,6 +28,12 @@ pub struct ServerArgs {
     /// Address to listen on (port 0: any free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 /// The scale-out store instead of `--data`.
@@ -187,8 +193,16 @@ pub fn run(args: ServerArgs) -> Result<u8> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            rt.block_on(whyslow_server::serve(state, args.listen, |addr| {
-                eprintln!("whyslow: server listening on http://{addr} ({data})");
+            let tls = match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => Some(whyslow_server::Tls {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }),
+                _ => None,
+            };
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            rt.block_on(whyslow_server::serve(state, args.listen, tls, |addr| {
+                eprintln!("whyslow: server listening on {scheme}://{addr} ({data})");
             }))
             .with_context(|| format!("serving on {}", args.listen))?;
             eprintln!("whyslow: server stopped");

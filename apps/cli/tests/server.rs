@@ -1232,3 +1232,106 @@ fn a_full_disk_loses_no_acknowledged_upload() {
     }
     drop(srv);
 }
+
+/// TLS when configured (rustls): with --tls-cert/--tls-key the API answers
+/// over HTTPS (curl checks the certificate against its CA file) and a
+/// plain-HTTP request to the same port gets no answer. The certificate is
+/// made for the test by openssl; curl and openssl come with the system.
+#[test]
+fn the_server_speaks_https_when_given_a_certificate() {
+    let dir = std::env::temp_dir().join(format!("whyslow-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let data = dir.join("data");
+    let ta = token(&data, "team-a");
+    let mut child = whyslow()
+        .args(["server", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("https://")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no https address in {line:?}"))
+        .to_string();
+    let curl = |args: &[&str]| {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "20", "--cacert"])
+            .arg(&cert)
+            .args(args)
+            .output()
+            .expect("curl runs")
+    };
+    let ok = curl(&[&format!("https://{addr}/healthz")]);
+    assert_eq!(
+        String::from_utf8_lossy(&ok.stdout),
+        "ok\n",
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let fp = std::fs::read(fixtures().join("slow-link-busy-host/rank-0.fingerprint.json")).unwrap();
+    let fp_file = dir.join("fp.json");
+    std::fs::write(&fp_file, fp).unwrap();
+    let up = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-H",
+        &format!("Authorization: Bearer {ta}"),
+        "--data-binary",
+        &format!("@{}", fp_file.display()),
+        &format!("https://{addr}/api/v1/jobs/j/sessions/s/fingerprints"),
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&up.stdout),
+        "201",
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let plain = Command::new("curl")
+        .args(["-sS", "--max-time", "10", &format!("http://{addr}/healthz")])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&plain.stdout).contains("ok"),
+        "plain HTTP was served on the TLS port"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -728,11 +728,12 @@ fn now_unix_s() -> i64 {
         .unwrap_or(0)
 }
 
-/// Serves `router` on `listen` until SIGINT/SIGTERM; `on_bound` gets the
-/// bound address (port 0 picks a free one).
+/// Serves `router` on `listen` (over TLS with `tls`) until SIGINT/SIGTERM;
+/// `on_bound` gets the bound address (port 0 picks a free one).
 pub async fn serve(
     state: Arc<AppState>,
     listen: SocketAddr,
+    tls: Option<Tls>,
     on_bound: impl FnOnce(SocketAddr),
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
@@ -754,15 +755,53 @@ pub async fn serve(
             }
         }
     });
-    on_bound(listener.local_addr()?);
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-        })
+    let stopped = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+    };
+    let Some(tls) = tls else {
+        on_bound(listener.local_addr()?);
+        return axum::serve(listener, router(state))
+            .with_graceful_shutdown(stopped)
+            .await;
+    };
+    // rustls with the ring provider (installed once per process).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(&tls.cert, &tls.key)
         .await
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "TLS certificate {} / key {}: {e}",
+                    tls.cert.display(),
+                    tls.key.display()
+                ),
+            )
+        })?;
+    let std_listener = listener.into_std()?;
+    on_bound(std_listener.local_addr()?);
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        stopped.await;
+        stopper.graceful_shutdown(Some(std::time::Duration::from_secs(10)));
+    });
+    axum_server::from_tcp_rustls(std_listener, config)
+        .handle(handle)
+        .serve(router(state).into_make_service())
+        .await
+}
+
+/// A PEM certificate chain and its private key, for HTTPS.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// Certificate chain (PEM).
+    pub cert: std::path::PathBuf,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: std::path::PathBuf,
 }
