@@ -88,6 +88,17 @@ fn stacks(p: &StackProfile) -> Vec<(Vec<&Frame>, u64)> {
 /// on a loaded machine the target gets less CPU, not fewer samples per CPU
 /// second.
 fn run(target: Target, rate: f64, secs: f64, ticks: u64) -> (StackProfile, ebpf::EbpfStats) {
+    run_with(target, rate, secs, ticks, Default::default())
+}
+
+/// [`run`] with a user stack walk of choice.
+fn run_with(
+    target: Target,
+    rate: f64,
+    secs: f64,
+    ticks: u64,
+    unwind: ebpf::UserUnwind,
+) -> (StackProfile, ebpf::EbpfStats) {
     let mut secs = secs;
     loop {
         let opts = EbpfOptions {
@@ -96,8 +107,8 @@ fn run(target: Target, rate: f64, secs: f64, ticks: u64) -> (StackProfile, ebpf:
             target: target.clone(),
             measure: true,
             off_cpu: false,
-            unwind: Default::default(),
-            max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
+            unwind,
+            max_cfi_rows: ebpf::DEFAULT_MAX_CFI_ROWS,
         };
         let got = ebpf::profile(
             &opts,
@@ -429,31 +440,10 @@ fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
     drop(reader);
 }
 
-/// Profiles `pid` with one user unwinding, until its threads had 300 ticks.
+/// Profiles `pid` with one user stack walk, until its threads had 300
+/// samples (up to 81 s).
 fn run_unwind(pid: u32, unwind: ebpf::UserUnwind) -> (StackProfile, ebpf::EbpfStats) {
-    let mut secs = 3.0;
-    loop {
-        let opts = EbpfOptions {
-            hz: 99,
-            sampling_rate: 1.0,
-            target: Target::Pids(vec![pid]),
-            measure: false,
-            off_cpu: false,
-            unwind,
-            max_cfi_rows: ebpf::DEFAULT_MAX_CFI_ROWS,
-        };
-        let got = ebpf::profile(
-            &opts,
-            Duration::from_secs_f64(secs),
-            Duration::from_secs(1),
-            &AtomicBool::new(false),
-        )
-        .expect("eBPF profile");
-        if got.1.samples >= 300 || secs >= 27.0 {
-            return got;
-        }
-        secs *= 3.0;
-    }
+    run_with(Target::Pids(vec![pid]), 1.0, 3.0, 300, unwind)
 }
 
 /// Share of `thread`'s samples whose user stack holds every one of `want`
