@@ -255,12 +255,25 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
         unwind: args.unwind,
         max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
     };
-    let (profile, stats) = ebpf::profile(
-        &opts,
-        Duration::from_secs_f64(args.duration.max(0.0)),
-        Duration::from_secs(5),
-        stop,
-    )
+    let duration = Duration::from_secs_f64(args.duration.max(0.0));
+    let mut unwind = args.unwind;
+    let (profile, stats) = match ebpf::profile(&opts, duration, Duration::from_secs(5), stop) {
+        // A kernel without bpf_loop or mmap-able arrays (before 5.17) loads
+        // the program only without the in-kernel unwinder: say so, go on.
+        Err(ebpf::EbpfError::Load(reason)) if unwind != ebpf::UserUnwind::FramePointer => {
+            eprintln!(
+                "whyslow: in-kernel DWARF unwinding is not available here ({}); user stacks by frame pointers",
+                reason.lines().next().unwrap_or("")
+            );
+            unwind = ebpf::UserUnwind::FramePointer;
+            let fp = ebpf::EbpfOptions {
+                unwind,
+                ..opts.clone()
+            };
+            ebpf::profile(&fp, duration, Duration::from_secs(5), stop)
+        }
+        other => other,
+    }
     .with_context(|| format!("profiling {what} with eBPF"))?;
     let title = format!(
         "{what}, {} samples at {} Hz (eBPF, {} % of ticks)",
@@ -278,11 +291,11 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
         profile.stacks.len(),
         args.output.display()
     );
-    if args.unwind != ebpf::UserUnwind::FramePointer {
+    if unwind != ebpf::UserUnwind::FramePointer {
         let u = &stats.unwind;
         eprintln!(
             "whyslow: eBPF {} unwinding: {} modules' rows ({} rows, {} modules without, {} large ones never sampled: not loaded), {} frames from rows, {} from frame pointers; walks: {} to the outermost frame, {} at a gap in the rows, {} at an unsupported rule, {} at a bad return address, {} at unreadable memory, {} cut at the depth limit, {} before the process's tables were loaded",
-            match args.unwind {
+            match unwind {
                 ebpf::UserUnwind::Dwarf => "DWARF",
                 _ => "hybrid",
             },
