@@ -330,33 +330,20 @@ impl Store for SqliteStore {
     }
 
     fn has_job(&self, tenant: TenantId, job: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .db()
-            .query_row(
-                "SELECT 1 FROM fingerprints WHERE tenant = ?1 AND job = ?2 LIMIT 1",
-                params![tenant.0, job],
-                |_| Ok(()),
-            )
-            .optional()?
-            .is_some()
-            || self
-                .db()
+        let db = self.db();
+        for table in ["fingerprints", "profiles", "collectives"] {
+            let found = db
                 .query_row(
-                    "SELECT 1 FROM profiles WHERE tenant = ?1 AND job = ?2 LIMIT 1",
+                    &format!("SELECT 1 FROM {table} WHERE tenant = ?1 AND job = ?2 LIMIT 1"),
                     params![tenant.0, job],
                     |_| Ok(()),
                 )
-                .optional()?
-                .is_some()
-            || self
-                .db()
-                .query_row(
-                    "SELECT 1 FROM collectives WHERE tenant = ?1 AND job = ?2 LIMIT 1",
-                    params![tenant.0, job],
-                    |_| Ok(()),
-                )
-                .optional()?
-                .is_some())
+                .optional()?;
+            if found.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     fn put_profile(
