@@ -362,7 +362,7 @@ fn host_loop(
         let mut failed = None;
         while t0.elapsed() < period && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
-            sampler.track_cgroups();
+            sampler.poll();
             if last.elapsed() >= drain_every {
                 last = std::time::Instant::now();
                 match sampler.drain() {

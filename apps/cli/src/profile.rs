@@ -294,7 +294,7 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
     if unwind != ebpf::UserUnwind::FramePointer {
         let u = &stats.unwind;
         eprintln!(
-            "whyslow: eBPF {} unwinding: {} modules' rows ({} rows, {} modules without, {} large ones never sampled: not loaded), {} frames from rows, {} from frame pointers; walks: {} to the outermost frame, {} at a gap in the rows, {} at an unsupported rule, {} at a bad return address, {} at unreadable memory, {} cut at the depth limit, {} before the process's tables were loaded",
+            "whyslow: eBPF {} unwinding: {} modules' rows ({} rows, {} modules without, {} large ones never sampled: not loaded), {} frames from rows, {} from frame pointers; walks: {} to the outermost frame, {} at a gap in the rows, {} at an unsupported rule ({} finished in userspace on a copied stack with {} more frames, {} not copied: ring buffer full), {} at a bad return address, {} at unreadable memory, {} cut at the depth limit, {} before the process's tables were loaded",
             match unwind {
                 ebpf::UserUnwind::Dwarf => "DWARF",
                 _ => "hybrid",
@@ -308,6 +308,9 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
             u.complete,
             u.no_cfi,
             u.unsupported,
+            u.fallback.walks,
+            u.fallback.frames,
+            u.copy_lost,
             u.bad_address,
             u.read_errors,
             u.truncated,

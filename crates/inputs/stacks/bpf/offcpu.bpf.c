@@ -10,6 +10,10 @@
 // runnable) is not counted: that is run-queue delay, which the OS signals
 // measure.
 //
+// A user stack that meets a CFI rule the in-kernel unwinder does not
+// evaluate is kept as far as it got (the userspace fallback of on-CPU samples
+// needs the stack copied when the thread blocks, and the count comes later).
+//
 // `next`'s pid and tgid are read from its task_struct with CO-RE (the
 // loader relocates the field offsets against the kernel's BTF); prev_state
 // is the tracepoint's fourth argument (Linux 5.18 and later).
@@ -73,7 +77,7 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 				b.since_ns = now;
 				b.tgid = prev_tgid;
 				b.kernel = take_stack(ctx, s, 0, STAT_KSTACK_ERR);
-				b.user = take_user_stack(ctx, 0, s, prev_tgid);
+				b.user = take_user_stack(ctx, 0, s, prev_tgid, 0);
 				bpf_map_update_elem(&off, &prev_tid, &b, BPF_ANY);
 			}
 		}

@@ -52,8 +52,10 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 	key.tid = tid;
 	key.generation = *generation;
 	key.kernel = take_stack(ctx, s, 0, STAT_KSTACK_ERR);
-	key.user = take_user_stack(ctx, (struct pt_regs *)&ctx->regs, s, tgid);
+	key.user = take_user_stack(ctx, (struct pt_regs *)&ctx->regs, s, tgid, &key);
 	count(STAT_SAMPLES);
+	if (key.user == COPIED_TO_USERSPACE)
+		return 0; /* counted by the drain */
 	__u64 *c = bpf_map_lookup_elem(&counts, &key);
 	if (c) {
 		__sync_fetch_and_add(c, 1);

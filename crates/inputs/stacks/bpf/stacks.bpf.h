@@ -37,7 +37,9 @@
 #define STAT_UNW_NOT_LOADED 15 /* no tables for the process yet: kernel FP walk */
 #define STAT_UNW_DWARF_STEPS 16
 #define STAT_UNW_FP_STEPS 17
-#define N_STATS 18
+#define STAT_UNW_COPIED 18     /* stopped at an unsupported rule: stack copied to userspace */
+#define STAT_UNW_COPY_LOST 19  /* ... but the ring buffer was full: the partial stack is counted */
+#define N_STATS 20
 
 /* Set at load time. */
 volatile const __u32 FILTER = FILTER_ALL;
@@ -131,7 +133,8 @@ static __always_inline __u64 stack_hash(const struct stack *s, __u32 depth)
 		h ^= s->ips[i];
 		h *= 0x100000001b3ULL;
 	}
-	return h ? h : 1;
+	/* 0: no stack; ~0: COPIED_TO_USERSPACE (unwind.bpf.h). */
+	return (h == 0 || h == ~0ULL) ? 1 : h;
 }
 
 /* Stores the first `depth` addresses of s under their hash and returns the

@@ -19,6 +19,15 @@
 // frame pointers, and a frame-pointer step through such code can pass that
 // validation with a wrong caller (rbp holds data).
 //
+// Rules the program does not evaluate (DWARF expressions such as the
+// stack-realigning prologue's CFA = *(rbp − 8), the CFA in another register)
+// end the walk in the kernel; on-CPU samples then go to userspace whole
+// instead of being counted: the frames found so far, the registers of the
+// frame that stopped the walk and up to 16 KiB of the stack above it, through
+// the `copied` ring buffer. The drain unwinds the rest with gimli's complete
+// CFI evaluator on that copy (whyslow_stacks::cfi_eval) and counts the
+// sample there. A full ring buffer keeps the partial stack, counted.
+//
 // The per-frame loop runs under bpf_loop (Linux 5.17+): the verifier checks
 // the step once instead of unrolling 127 frames of two binary searches,
 // which is what the paper's tail calls work around.
@@ -106,9 +115,36 @@ struct unwind_state {
 	__u32 rows_len;
 	__u32 lo; /* the row search's bounds */
 	__u32 hi;
-	__u32 pad;
+	__u32 unsupported; /* the walk stopped at a rule the program does not evaluate */
 	struct cfi_row row;
 };
+
+/* A walk stopped at an unsupported rule, for userspace to finish
+ * (whyslow_stacks::ebpf's CopiedStack has the same layout). */
+#define PAGE_BYTES 4096
+#define STACK_COPY (4 * PAGE_BYTES)
+struct copied_stack {
+	__u32 tgid;
+	__u32 tid;
+	__u64 kernel;
+	__u32 generation;
+	__u32 depth; /* frames found; the last one is the frame at ip */
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u64 len; /* bytes of stack copied from sp */
+	__u64 ips[MAX_DEPTH];
+	/* Up to STACK_COPY bytes, plus the rest of sp's page. */
+	__u8 stack[STACK_COPY + PAGE_BYTES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} copied SEC(".maps");
+
+/* take_user_stack's answer for a sample handed to userspace whole. */
+#define COPIED_TO_USERSPACE (~0ULL)
 
 static __always_inline int read_user(__u64 *out, __u64 addr)
 {
@@ -242,6 +278,7 @@ static __always_inline long step(struct unwind_state *st)
 		return ra == 0;
 	default:
 		count(STAT_UNW_UNSUPPORTED);
+		st->unsupported = 1;
 		return 1;
 	}
 	if (cfa <= st->sp) {
@@ -297,11 +334,52 @@ static __always_inline int user_regs(struct pt_regs *sampled, struct unwind_stat
 	return 0;
 }
 
+/* Hands the sample to userspace: the frames found, the registers of the
+ * frame at which the walk stopped and the stack above it, page by page up to
+ * the first unreadable one. 0 when it went. */
+static __always_inline int copy_to_userspace(const struct count_key *key, const struct stack *s,
+					     const struct unwind_state *st)
+{
+	struct copied_stack *c = bpf_ringbuf_reserve(&copied, sizeof(*c), 0);
+	if (!c) {
+		count(STAT_UNW_COPY_LOST);
+		return -1;
+	}
+	c->tgid = key->tgid;
+	c->tid = key->tid;
+	c->kernel = key->kernel;
+	c->generation = key->generation;
+	__u64 n = s->depth;
+	c->depth = n > MAX_DEPTH ? MAX_DEPTH : n;
+	bpf_probe_read_kernel(c->ips, sizeof(c->ips), s->ips);
+	c->ip = st->ip;
+	c->sp = st->sp;
+	c->bp = st->bp;
+	/* The rest of sp's page first: the stack's top may be anywhere. */
+	__u64 first = PAGE_BYTES - (st->sp & (PAGE_BYTES - 1));
+	__u64 len = 0;
+	if (!bpf_probe_read_user(c->stack, first, (const void *)st->sp)) {
+		len = first;
+		for (int i = 0; i < STACK_COPY / PAGE_BYTES; i++) {
+			if (bpf_probe_read_user(c->stack + first + i * PAGE_BYTES, PAGE_BYTES,
+						(const void *)(st->sp + first + i * PAGE_BYTES)))
+				break;
+			len += PAGE_BYTES;
+		}
+	}
+	c->len = len;
+	bpf_ringbuf_submit(c, 0);
+	count(STAT_UNW_COPIED);
+	return 0;
+}
+
 /* The user stack into s (innermost first), stored under its hash; 0 when
- * there is none. `sampled`: the registers of the interrupted context (NULL
- * when there are none, e.g. in a tracepoint). */
+ * there is none, COPIED_TO_USERSPACE when the walk met a rule the program
+ * does not evaluate and the sample went to userspace (only with a `key`:
+ * on-CPU samples, whose count is one). `sampled`: the registers of the
+ * interrupted context (NULL when there are none, e.g. in a tracepoint). */
 static __always_inline __u64 take_user_stack(void *ctx, struct pt_regs *sampled, struct stack *s,
-					      __u32 tgid)
+					      __u32 tgid, const struct count_key *key)
 {
 	if (UNWIND == UNWIND_KERNEL_FP || !bpf_map_lookup_elem(&proc_maps, &tgid)) {
 		if (UNWIND != UNWIND_KERNEL_FP)
@@ -317,6 +395,8 @@ static __always_inline __u64 take_user_stack(void *ctx, struct pt_regs *sampled,
 	st.hi = MAX_MAPPINGS;
 	s->depth = 0;
 	bpf_loop(LOOPS_PER_FRAME * MAX_DEPTH, unwind_step, &st, 0);
+	if (key && st.unsupported && !copy_to_userspace(key, s, &st))
+		return COPIED_TO_USERSPACE;
 	__u64 n = s->depth;
 	if (n == 0 || n > MAX_DEPTH)
 		return 0;

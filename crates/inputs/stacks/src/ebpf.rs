@@ -25,13 +25,15 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{
     perf_sw_ids::PERF_COUNT_SW_CPU_CLOCK, PerfEventScope, PerfTypeId, SamplePolicy,
 };
 use aya::programs::PerfEvent;
 use aya::{Ebpf, EbpfLoader, Pod};
 
+pub use crate::ebpf_fallback::FallbackCounters;
+use crate::ebpf_fallback::{CopiedStack, Fallback};
 use crate::ebpf_tables::UnwindTables;
 pub use crate::ebpf_tables::{TableStats, UserUnwind};
 
@@ -166,6 +168,14 @@ pub struct UnwindCounters {
     pub dwarf_steps: u64,
     /// Frames found with a frame-pointer step.
     pub fp_steps: u64,
+    /// Walks stopped at an unsupported rule whose sample went to userspace
+    /// with a copy of the stack (on-CPU samples).
+    pub copied: u64,
+    /// ... of which the ring buffer had no room for: counted with the
+    /// frames found in the kernel.
+    pub copy_lost: u64,
+    /// What userspace did with the copies.
+    pub fallback: FallbackCounters,
 }
 
 /// One aggregated stack of one thread.
@@ -215,6 +225,13 @@ pub struct EbpfSampler {
     /// Cgroup v1 targets, filtered here: the directories and the processes
     /// seen in them.
     members: Option<CgroupMembers>,
+    /// Samples whose walk the program handed over (`copied`), and the
+    /// unwinder that finishes them.
+    copied: Option<RingBuf<MapData>>,
+    fallback: Fallback,
+    /// Finished samples not drained yet, by (process, thread, kernel stack
+    /// hash, user stack).
+    pending: HashMap<(u32, u32, u64, Vec<u64>), u64>,
 }
 
 /// Processes seen in a set of cgroup directories (any version), by their
@@ -364,12 +381,24 @@ impl EbpfSampler {
                 .map_err(|e| EbpfError::Attach(cpu, chain(&e)))?;
             }
         }
+        let copied = match &tables {
+            Some(_) => {
+                let map = ebpf
+                    .take_map("copied")
+                    .ok_or_else(|| EbpfError::Map("copied", "not in the object".into()))?;
+                Some(RingBuf::try_from(map).map_err(|e| EbpfError::Map("copied", chain(&e)))?)
+            }
+            None => None,
+        };
         Ok(EbpfSampler {
             ebpf,
             tables,
             generation: 0,
             stacks: HashMap::new(),
             members,
+            copied,
+            fallback: Fallback::default(),
+            pending: HashMap::new(),
         })
     }
 
@@ -380,6 +409,16 @@ impl EbpfSampler {
         if let Some(m) = &mut self.members {
             m.refresh();
         }
+    }
+
+    /// The work between drains, to call every 50–100 ms: re-reads cgroup
+    /// v1 members ([`Self::track_cgroups`]) and finishes the samples the
+    /// program handed to userspace (its ring buffer holds about 190 of them:
+    /// read often, it rarely fills; a full one keeps the frames the kernel
+    /// found, counted in [`UnwindCounters::copy_lost`]).
+    pub fn poll(&mut self) {
+        self.track_cgroups();
+        self.take_copied();
     }
 
     /// Adds a process to a [`Target::Pids`] sampler.
@@ -444,6 +483,7 @@ impl EbpfSampler {
 
     /// Reads and deletes the counts of generation `old`, with their stacks.
     fn drain_generation(&mut self, old: u32) -> Result<Vec<CountedStack>, EbpfError> {
+        let finished = self.finish_copied();
         let mut counts: BpfHashMap<&mut MapData, CountKey, u64> =
             map_mut(&mut self.ebpf, "counts")?;
         let mut taken: Vec<(CountKey, u64)> = Vec::new();
@@ -456,9 +496,11 @@ impl EbpfSampler {
         for (k, _) in &taken {
             let _ = counts.remove(k);
         }
+        let mut finished = finished;
         if let Some(m) = &mut self.members {
             m.refresh();
             taken.retain(|(k, _)| m.pids.contains(&k.tgid));
+            finished.retain(|k, _| m.pids.contains(&k.0));
         }
         // The copy of stacks stays bounded: cleared before a drain, never in
         // the middle of one (a count may name a stack only the copy holds).
@@ -492,12 +534,50 @@ impl EbpfSampler {
                 count,
             });
         }
+        for ((pid, tid, kernel, user), count) in finished {
+            out.push(CountedStack {
+                pid,
+                tid,
+                kernel: read(kernel, &mut self.stacks),
+                user,
+                count,
+            });
+        }
         // Copied stacks leave the kernel's map (a sample re-inserts one it
         // needs again), which then holds only what one period brings.
         for h in copied {
             let _ = stacks.remove(&h);
         }
         Ok(out)
+    }
+
+    /// Finishes the samples the program handed over, into `pending`.
+    fn take_copied(&mut self) {
+        let Some(ring) = &mut self.copied else {
+            return;
+        };
+        // Bounded: the ring buffer holds a few hundred records.
+        while let Some(item) = ring.next() {
+            let Some(c) = CopiedStack::parse(&item) else {
+                continue;
+            };
+            drop(item);
+            let user = self.fallback.finish(&c);
+            *self
+                .pending
+                .entry((c.tgid, c.tid, c.kernel, user))
+                .or_default() += 1;
+        }
+    }
+
+    /// The samples finished in userspace since the last drain, counted by
+    /// (process, thread, kernel stack hash, user stack).
+    #[allow(clippy::type_complexity)]
+    fn finish_copied(&mut self) -> HashMap<(u32, u32, u64, Vec<u64>), u64> {
+        self.take_copied();
+        // Mappings are read again for the next period's samples.
+        self.fallback.new_drain();
+        std::mem::take(&mut self.pending)
     }
 
     /// Stops counting and returns what was counted since the last drain:
@@ -520,7 +600,7 @@ impl EbpfSampler {
     /// The program's counters, summed over CPUs.
     pub fn stats(&self) -> Result<EbpfStats, EbpfError> {
         let map: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, "stats")?;
-        let mut v = [0u64; 18];
+        let mut v = [0u64; 20];
         for (i, slot) in v.iter_mut().enumerate() {
             *slot = map
                 .get(&(i as u32), 0)
@@ -549,6 +629,9 @@ impl EbpfSampler {
                 not_loaded: v[15],
                 dwarf_steps: v[16],
                 fp_steps: v[17],
+                copied: v[18],
+                copy_lost: v[19],
+                fallback: self.fallback.counters,
             },
             tables: self.tables.as_ref().map(|t| t.stats()).unwrap_or_default(),
         })
@@ -767,8 +850,15 @@ pub fn profile(
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    // The period starts before the program is attached (not after loading
-    // kernel symbols, which can take a while): it covers all it counts.
+    // Kernel symbols first (they can take a while to load): once attached,
+    // the loop below must run at once, to read the ring buffer of samples
+    // handed to userspace before it fills.
+    let mut symbols = Symbolizer::new(
+        crate::Shared::new(),
+        !matches!(&opts.target, Target::Pids(p) if p.len() == 1),
+    );
+    // The period starts before the program is attached: it covers all it
+    // counts.
     let t0 = Instant::now();
     let measuring = if opts.measure {
         Some(enable_run_time_stats()?)
@@ -778,10 +868,6 @@ pub fn profile(
     let mut sampler = EbpfSampler::open(opts)?;
     // Sampling lasts `duration` from here, the program attached.
     let attached = Instant::now();
-    let mut symbols = Symbolizer::new(
-        crate::Shared::new(),
-        !matches!(&opts.target, Target::Pids(p) if p.len() == 1),
-    );
     let mut builder = whyslow_model::stack::StackProfileBuilder::new();
     if let Target::Pids(p) = &opts.target {
         if let [pid] = p.as_slice() {
@@ -810,7 +896,7 @@ pub fn profile(
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
-        sampler.track_cgroups();
+        sampler.poll();
     }
     // The rest, counting stopped: increments that raced the last drain.
     let counted = sampler.finish()?;

@@ -13,7 +13,9 @@
 #![deny(missing_docs)]
 
 pub mod cfi;
+pub mod cfi_eval;
 pub mod ebpf;
+mod ebpf_fallback;
 mod ebpf_tables;
 pub mod elf;
 pub mod maps;

@@ -30,7 +30,7 @@ pub struct ModuleCache {
 }
 
 impl ModuleCache {
-    fn get(&self, file: &std::path::Path) -> Result<Arc<ElfModule>, crate::StackError> {
+    pub(crate) fn get(&self, file: &std::path::Path) -> Result<Arc<ElfModule>, crate::StackError> {
         use std::os::unix::fs::MetadataExt;
         let md = std::fs::metadata(file)
             .map_err(|e| crate::StackError::Io(file.display().to_string(), e))?;

@@ -539,3 +539,74 @@ fn cfi_rows_in_the_kernel_unwind_python_without_frame_pointers() {
         "frame pointers reached the root in {fp_c:.2}: is this CPython built with them?"
     );
 }
+
+/// SysOM-AI §3.3, Algorithm 1's last resort: a frame whose CFI the kernel
+/// side does not evaluate (gcc's stack-realigning prologue: CFA and rbp by
+/// DWARF expressions) sends the sample to userspace with a copy of the
+/// stack, and gimli's evaluator finishes the walk there. Samples in `spin`,
+/// under `realigned`, reach `main`.
+#[test]
+fn complex_cfi_rules_are_finished_in_userspace_on_a_copied_stack() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/realign.c");
+    let dir = std::env::temp_dir().join(format!("whyslow-realign-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("realign");
+    let status = Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .status()
+        .expect("gcc runs (apt-get install gcc)");
+    assert!(status.success(), "gcc failed on {src}");
+    // The premise: the binary holds rules the kernel side cannot evaluate.
+    {
+        use object::{Object, ObjectSection};
+        let bytes = std::fs::read(&exe).unwrap();
+        let obj = object::File::parse(&bytes[..]).unwrap();
+        let eh = obj.section_by_name(".eh_frame").unwrap();
+        let text = obj.section_by_name(".text").unwrap();
+        let (_, summary) =
+            whyslow_stacks::cfi::compile_eh_frame(eh.data().unwrap(), eh.address(), text.address());
+        assert!(
+            summary.unsupported > 0,
+            "no DWARF expression in {exe:?}: {summary:?}"
+        );
+    }
+    let child = Kill(Command::new(&exe).spawn().expect("the test program runs"));
+    let (p, stats) = run_unwind(child.0.id(), ebpf::UserUnwind::Hybrid);
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut in_spin, mut to_main) = (0u64, 0u64);
+    for (frames, c) in stacks(&p) {
+        let names: Vec<&str> = frames
+            .iter()
+            .filter(|f| f.kind == FrameKind::Native)
+            .filter_map(|f| f.name.as_deref())
+            .collect();
+        if names.last() != Some(&"spin") {
+            continue;
+        }
+        in_spin += c;
+        if names.contains(&"realigned") && names.contains(&"main") {
+            to_main += c;
+        }
+    }
+    eprintln!("{in_spin} samples in spin, {to_main} reach main\n{stats:?}");
+    assert!(
+        in_spin >= 100,
+        "too few samples in spin: {in_spin}\n{stats:?}"
+    );
+    assert!(stats.unwind.copied > 0, "{stats:?}");
+    assert_eq!(
+        stats.unwind.fallback.walks, stats.unwind.copied,
+        "{stats:?}"
+    );
+    assert!(
+        to_main as f64 >= 0.95 * in_spin as f64,
+        "{to_main} of {in_spin} samples in spin reach main through realigned"
+    );
+}
