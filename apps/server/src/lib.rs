@@ -394,6 +394,12 @@ async fn post_profile(
         let t = tenant(&state, &headers).await?;
         store::check_name("job", &job)?;
         store::check_name("batch", &batch)?;
+        if body.is_empty() {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "empty body: expected a pprof profile (gzip or raw protobuf)".into(),
+            ));
+        }
         let profile = whyslow_stack_output::from_pprof_limited(&body, MAX_PROFILE_DECOMPRESSED)
             .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("not a pprof profile: {e}")))?;
         let meta = profile_meta(&batch, &profile);
@@ -440,10 +446,12 @@ impl FlameQuery {
                 "kind must be one of {PROFILE_KINDS:?}, not {kind:?}"
             ));
         }
-        let limit = self
-            .limit
-            .unwrap_or(MAX_FLAME_PROFILES)
-            .clamp(1, MAX_FLAME_PROFILES);
+        let limit = self.limit.unwrap_or(MAX_FLAME_PROFILES);
+        if !(1..=MAX_FLAME_PROFILES).contains(&limit) {
+            return Err(format!(
+                "limit must be 1..={MAX_FLAME_PROFILES}, not {limit}"
+            ));
+        }
         Ok((kind, limit))
     }
 }
@@ -684,6 +692,38 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     )
 }
 
+/// Errors that axum's extractors answer by themselves (a query string or
+/// path that does not parse, a body over the limit, a wrong content type)
+/// come as plain text; under `/api` every error is JSON, `{"error": …}` (the
+/// OpenAPI description's `Error`), so scripts parse one shape.
+async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let api = req.uri().path().starts_with("/api/");
+    let resp = next.run(req).await;
+    let text = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"));
+    if !(api && resp.status().is_client_error() && text) {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let mut out = ApiError(
+        parts.status,
+        String::from_utf8_lossy(&bytes).trim().to_string(),
+    )
+    .into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
 /// The service's routes over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -718,6 +758,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(ui::routes())
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(json_errors))
         .with_state(state)
 }
 
