@@ -89,7 +89,8 @@ pub struct ProfilerArgs {
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     pub os_interval: f64,
     /// Upload the ranks' profiles from the spool to this `whyslow server`
-    /// (`http://host:7070`), every 5 s; while it
+    /// (`http://host:7070`, or `https://…` when the server has TLS), every
+    /// 5 s; while it
     /// does not answer they wait in the spool (bounded by
     /// --profile-spool-mib). The token comes from --token-file or
     /// `$WHYSLOW_TOKEN`.
@@ -98,6 +99,10 @@ pub struct ProfilerArgs {
     /// File holding the tenant's token for --server.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// PEM file of the CA certificates an https:// --server's certificate
+    /// must chain to (default: Mozilla's root certificates).
+    #[arg(long, value_name = "PEM")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// This node's name: --node-name, else the kernel's hostname.
@@ -117,10 +122,8 @@ pub fn upload_target(args: &ProfilerArgs) -> anyhow::Result<Option<crate::upload
     let Some(server) = args.server.clone().filter(|s| !s.trim().is_empty()) else {
         return Ok(None);
     };
-    if !server.starts_with("http://") {
-        anyhow::bail!(
-            "--server {server}: only http:// URLs are supported (the server has no TLS yet)"
-        );
+    if !(server.starts_with("http://") || server.starts_with("https://")) {
+        anyhow::bail!("--server {server}: expected an http:// or https:// URL");
     }
     let token = match &args.token_file {
         Some(f) => std::fs::read_to_string(f)
@@ -139,6 +142,7 @@ pub fn upload_target(args: &ProfilerArgs) -> anyhow::Result<Option<crate::upload
         server,
         token,
         node: node_name(args),
+        ca_file: args.ca_file.clone(),
     }))
 }
 

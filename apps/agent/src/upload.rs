@@ -24,12 +24,49 @@ const HOST_MAX_AGE: Duration = Duration::from_secs(120);
 /// Where and as whom to upload.
 #[derive(Debug, Clone)]
 pub struct Upload {
-    /// The server's base URL (`http://host:7070`).
+    /// The server's base URL (`http://host:7070` or `https://…`).
     pub server: String,
     /// The tenant's bearer token.
     pub token: String,
     /// This node's name (part of each batch id).
     pub node: String,
+    /// PEM file of the CA certificates an `https://` server's certificate
+    /// must chain to; `None`: Mozilla's root certificates.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// An HTTP client for `whyslow server`: plain HTTP, or HTTPS (rustls)
+/// checked against the certificates of `ca_file` (PEM), else against
+/// Mozilla's root certificates. An unreadable or empty CA file is an error
+/// naming it.
+pub fn http_client(
+    timeout: Duration,
+    status_as_error: bool,
+    ca_file: Option<&Path>,
+) -> anyhow::Result<ureq::Agent> {
+    use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
+    let roots = match ca_file {
+        None => RootCerts::WebPki,
+        Some(f) => {
+            let pem = fs::read(f).map_err(|e| anyhow::anyhow!("--ca-file {}: {e}", f.display()))?;
+            let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if certs.is_empty() {
+                anyhow::bail!("--ca-file {}: no PEM certificate in it", f.display());
+            }
+            RootCerts::new_with_certs(&certs)
+        }
+    };
+    Ok(ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(status_as_error)
+        .tls_config(TlsConfig::builder().root_certs(roots).build())
+        .build()
+        .into())
 }
 
 /// The characters a batch id may hold (the server's name rule).
@@ -189,11 +226,13 @@ pub fn run(
     every: Duration,
     stop: Arc<AtomicBool>,
 ) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(30)))
-        .http_status_as_error(true)
-        .build()
-        .into();
+    let agent = match http_client(Duration::from_secs(30), true, up.ca_file.as_deref()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("whyslow agent: uploads off: {e}");
+            return;
+        }
+    };
     let mut done: HashSet<(PathBuf, String)> = HashSet::new();
     let mut failing = false;
     loop {

@@ -24,12 +24,16 @@ enum SymbolsCommand {
         /// ELF files (executables, shared libraries, separate debug files).
         #[arg(required = true)]
         files: Vec<PathBuf>,
-        /// The server, e.g. http://host:7070.
+        /// The server, e.g. http://host:7070 or https://host:7070.
         #[arg(long)]
         server: String,
         /// File holding the tenant's bearer token.
         #[arg(long, value_name = "FILE")]
         token_file: PathBuf,
+        /// PEM file of the CA certificates an https:// server's certificate
+        /// must chain to (default: Mozilla's root certificates).
+        #[arg(long, value_name = "PEM")]
+        ca_file: Option<PathBuf>,
         /// Size of the parts a file is sent in (at most 64 MiB).
         #[arg(long, default_value_t = 64.0, value_name = "MIB")]
         part_mib: f64,
@@ -42,6 +46,7 @@ pub fn run(args: SymbolsArgs) -> Result<u8> {
         files,
         server,
         token_file,
+        ca_file,
         part_mib,
     } = args.command;
     if !(part_mib > 0.0 && part_mib <= 64.0) {
@@ -52,11 +57,8 @@ pub fn run(args: SymbolsArgs) -> Result<u8> {
         .with_context(|| format!("reading the token from {}", token_file.display()))?
         .trim()
         .to_string();
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(300)))
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent =
+        whyslow_agent::upload::http_client(Duration::from_secs(300), false, ca_file.as_deref())?;
     let base = server.trim_end_matches('/');
     let auth = format!("Bearer {token}");
     let mut failed = 0;

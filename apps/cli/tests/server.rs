@@ -1234,8 +1234,9 @@ fn a_full_disk_loses_no_acknowledged_upload() {
 }
 
 /// TLS when configured (rustls): with --tls-cert/--tls-key the API answers
-/// over HTTPS (curl checks the certificate against its CA file) and a
-/// plain-HTTP request to the same port gets no answer. The certificate is
+/// over HTTPS (curl checks the certificate against its CA file), a
+/// plain-HTTP request to the same port gets no answer, and whyslow's own
+/// uploads go over HTTPS with --ca-file. The certificate is
 /// made for the test by openssl; curl and openssl come with the system.
 #[test]
 fn the_server_speaks_https_when_given_a_certificate() {
@@ -1255,7 +1256,10 @@ fn the_server_speaks_https_when_given_a_certificate() {
             "-subj",
             "/CN=127.0.0.1",
         ])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1", "-keyout"])
+        // Not a CA: rustls (whyslow's client) refuses a CA certificate as
+        // a server's own.
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE", "-keyout"])
         .arg(&key)
         .arg("-out")
         .arg(&cert)
@@ -1331,6 +1335,36 @@ fn the_server_speaks_https_when_given_a_certificate() {
         !String::from_utf8_lossy(&plain.stdout).contains("ok"),
         "plain HTTP was served on the TLS port"
     );
+    // whyslow's own client (the agent's uploads, `whyslow symbols upload`)
+    // speaks HTTPS too: trusting the certificate given by --ca-file, and
+    // refusing it with Mozilla's roots alone.
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &ta).unwrap();
+    let elf = std::env::current_exe().unwrap();
+    let upload = |ca: Option<&std::path::Path>| {
+        let mut c = whyslow();
+        c.args(["symbols", "upload"])
+            .arg(&elf)
+            .args(["--server", &format!("https://{addr}"), "--token-file"])
+            .arg(&token_file);
+        if let Some(ca) = ca {
+            c.arg("--ca-file").arg(ca);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = upload(Some(&cert));
+    assert!(ok && err.contains("indexed"), "{err}");
+    let (ok, err) = upload(None);
+    assert!(
+        !ok && err.to_lowercase().contains("certificate"),
+        "an unknown CA was trusted: {err}"
+    );
+    let (ok, err) = upload(Some(&fp_file));
+    assert!(!ok && err.contains("no PEM certificate"), "{err}");
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
