@@ -1369,3 +1369,109 @@ fn the_server_speaks_https_when_given_a_certificate() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Flow analyses (LLMPrism) on the server: `whyslow flows analyze --format
+/// json` of a real testbed capture (a throttled uplink) is uploaded once per
+/// batch, read back as it was, exported to Perfetto, and drawn on the job's
+/// page with the finding; another tenant sees none of it; a body that is not
+/// a flow analysis is refused with the reason.
+#[test]
+fn flow_analyses_are_stored_and_shown_on_the_job_page() {
+    let capture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/flows/testbed-slow-uplink-150mbit");
+    let out = whyslow()
+        .args(["flows", "analyze", "--format", "json", "--topology"])
+        .arg(capture.join("topology.json"))
+        .arg(capture.join("flows.csv.gz"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let analysis: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        !analysis["findings"].as_array().unwrap().is_empty(),
+        "the capture's analysis has no finding: {analysis}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("whyslow-flows-srv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.join("data");
+    let (ta, tb) = (token(&data, "team-a"), token(&data, "team-b"));
+    let srv = Server::start(&data);
+    let path = "/api/v1/jobs/job-f/flows/n0@w1";
+    let (code, body) = srv.request("POST", path, Some(&ta), &out.stdout);
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = srv.request("POST", path, Some(&ta), &out.stdout);
+    assert_eq!(code, 200, "a retried batch: {body}");
+    assert!(body.contains("\"stored\":false"), "{body}");
+
+    let (code, body) = srv.request("GET", "/api/v1/jobs/job-f/flows", Some(&ta), b"");
+    assert_eq!(code, 200, "{body}");
+    let back: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        back, analysis,
+        "the stored analysis differs from the upload"
+    );
+    assert_eq!(
+        srv.request("GET", "/api/v1/jobs/job-f/flows", Some(&tb), b"")
+            .0,
+        404
+    );
+    assert_eq!(
+        srv.request("GET", "/api/v1/jobs/job-f/flows", None, b"").0,
+        401
+    );
+
+    let (code, trace) = srv.request(
+        "GET",
+        "/api/v1/jobs/job-f/flows.perfetto.json",
+        Some(&ta),
+        b"",
+    );
+    assert_eq!(code, 200, "{trace}");
+    let trace: Value = serde_json::from_str(&trace).unwrap();
+    assert!(
+        trace["traceEvents"]
+            .as_array()
+            .is_some_and(|e| !e.is_empty()),
+        "no trace events"
+    );
+
+    let jar = format!("Cookie: whyslow_token={ta}\r\n");
+    let (st, _, page) = srv.raw("GET", "/ui/jobs/job-f", &jar, b"");
+    assert_eq!(st, 200, "{page}");
+    let finding = analysis["findings"][0]["subject"]
+        .as_str()
+        .unwrap()
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    assert!(
+        page.contains("<h2>Flows</h2>") && page.contains("<svg"),
+        "{page}"
+    );
+    assert!(page.contains(&finding), "{finding} not on the page");
+    let (st, _, _) = srv.raw("GET", "/ui/jobs/job-f/flows.perfetto.json", &jar, b"");
+    assert_eq!(st, 200);
+    assert_eq!(
+        srv.raw(
+            "GET",
+            "/ui/jobs/job-f",
+            &format!("Cookie: whyslow_token={tb}\r\n"),
+            b""
+        )
+        .0,
+        404
+    );
+
+    for bad in [&b"{}"[..], b"not json", b"{\"jobs\": 3}"] {
+        let (code, body) = srv.request("POST", "/api/v1/jobs/job-f/flows/bad", Some(&ta), bad);
+        assert_eq!(code, 400, "{body}");
+        assert!(body.contains("not a flow analysis"), "{body}");
+    }
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -163,6 +163,12 @@ impl ClickHouseStore {
                  uploaded_ns UInt64)
              ENGINE = ReplacingMergeTree ORDER BY (tenant, job, batch) {ttl}"
         ))?;
+        s.exec(&format!(
+            "CREATE TABLE IF NOT EXISTS {db}.flows (
+                 tenant Int64, job String, batch String, body String CODEC(ZSTD(3)),
+                 uploaded_ns UInt64)
+             ENGINE = ReplacingMergeTree ORDER BY (tenant, job, batch) {ttl}"
+        ))?;
         Ok(s)
     }
 
@@ -223,6 +229,56 @@ impl ClickHouseStore {
                 })
             })
             .collect()
+    }
+
+    /// Stores a text batch of a job in `table` (collectives, flows) once:
+    /// `false` when the tenant stored that batch before.
+    fn put_blob(
+        &self,
+        table: &str,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        body: &str,
+    ) -> Result<bool, StoreError> {
+        check_name("job", job)?;
+        check_name("batch", batch)?;
+        let db = &self.cfg.database;
+        let seen = self.rows(&format!(
+            "SELECT 1 AS x FROM {db}.{table} WHERE tenant = {} AND batch = {} LIMIT 1",
+            tenant.0,
+            lit(batch)
+        ))?;
+        if !seen.is_empty() {
+            return Ok(false);
+        }
+        self.exec(&format!(
+            "INSERT INTO {db}.{table} (tenant, job, batch, body, uploaded_ns) VALUES ({}, {}, {}, {}, {})",
+            tenant.0,
+            lit(job),
+            lit(batch),
+            lit(body),
+            now_ns()
+        ))?;
+        Ok(true)
+    }
+
+    /// The job's latest `limit` batches in `table`, newest first.
+    fn blobs(
+        &self,
+        table: &str,
+        tenant: TenantId,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = self.rows(&format!(
+            "SELECT body FROM {}.{table} FINAL WHERE tenant = {} AND job = {}
+             ORDER BY uploaded_ns DESC, batch DESC LIMIT {limit}",
+            self.cfg.database,
+            tenant.0,
+            lit(job)
+        ))?;
+        Ok(rows.iter().map(|r| text(&r["body"])).collect())
     }
 }
 
@@ -324,7 +380,8 @@ impl Store for ClickHouseStore {
         let rows = self.rows(&format!(
             "SELECT 1 AS x FROM {db}.fingerprints WHERE tenant = {t} AND job = {j}
              UNION ALL SELECT 1 FROM {db}.profiles WHERE tenant = {t} AND job = {j}
-             UNION ALL SELECT 1 FROM {db}.collectives WHERE tenant = {t} AND job = {j} LIMIT 1"
+             UNION ALL SELECT 1 FROM {db}.collectives WHERE tenant = {t} AND job = {j}
+             UNION ALL SELECT 1 FROM {db}.flows WHERE tenant = {t} AND job = {j} LIMIT 1"
         ))?;
         Ok(!rows.is_empty())
     }
@@ -394,26 +451,7 @@ impl Store for ClickHouseStore {
         batch: &str,
         jsonl: &str,
     ) -> Result<bool, StoreError> {
-        check_name("job", job)?;
-        check_name("batch", batch)?;
-        let db = &self.cfg.database;
-        let seen = self.rows(&format!(
-            "SELECT 1 AS x FROM {db}.collectives WHERE tenant = {} AND batch = {} LIMIT 1",
-            tenant.0,
-            lit(batch)
-        ))?;
-        if !seen.is_empty() {
-            return Ok(false);
-        }
-        self.exec(&format!(
-            "INSERT INTO {db}.collectives (tenant, job, batch, body, uploaded_ns) VALUES ({}, {}, {}, {}, {})",
-            tenant.0,
-            lit(job),
-            lit(batch),
-            lit(jsonl),
-            now_ns()
-        ))?;
-        Ok(true)
+        self.put_blob("collectives", tenant, job, batch, jsonl)
     }
 
     fn collectives(
@@ -422,14 +460,21 @@ impl Store for ClickHouseStore {
         job: &str,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        let rows = self.rows(&format!(
-            "SELECT body FROM {}.collectives FINAL WHERE tenant = {} AND job = {}
-             ORDER BY uploaded_ns DESC, batch DESC LIMIT {limit}",
-            self.cfg.database,
-            tenant.0,
-            lit(job)
-        ))?;
-        Ok(rows.iter().map(|r| text(&r["body"])).collect())
+        self.blobs("collectives", tenant, job, limit)
+    }
+
+    fn put_flows(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        json: &str,
+    ) -> Result<bool, StoreError> {
+        self.put_blob("flows", tenant, job, batch, json)
+    }
+
+    fn flows(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.blobs("flows", tenant, job, limit)
     }
 
     fn profiles(

@@ -71,6 +71,7 @@ pub struct Metrics {
     profile_duplicates: AtomicU64,
     symbol_files: AtomicU64,
     collective_records: AtomicU64,
+    flow_analyses: AtomicU64,
 }
 
 impl Metrics {
@@ -147,6 +148,11 @@ impl Metrics {
                 "whyslow_server_collective_records_ingested_total",
                 "collective records stored (the agents' gloo and NCCL tracers)",
                 c(&self.collective_records),
+            ),
+            (
+                "whyslow_server_flow_analyses_ingested_total",
+                "flow analyses stored (`whyslow flows analyze --format json`)",
+                c(&self.flow_analyses),
             ),
         ] {
             s.push_str(&format!(
@@ -573,6 +579,101 @@ async fn post_collectives(
     r.into_response()
 }
 
+/// Most a flow analysis may hold: jobs, and steps per rank.
+const MAX_FLOW_JOBS: usize = 1000;
+
+/// Parses a flow analysis as `whyslow flows analyze --format json` writes it.
+pub fn parse_flow_report(text: &str) -> Result<whyslow_model::flow::FlowReport, String> {
+    let r: whyslow_model::flow::FlowReport = serde_json::from_str(text)
+        .map_err(|e| format!("not a flow analysis (`whyslow flows analyze --format json`): {e}"))?;
+    if r.jobs.len() > MAX_FLOW_JOBS {
+        return Err(format!(
+            "{} jobs in one flow analysis: at most {MAX_FLOW_JOBS}",
+            r.jobs.len()
+        ));
+    }
+    Ok(r)
+}
+
+async fn post_flows(
+    State(state): State<Arc<AppState>>,
+    UrlPath((job, batch)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        store::check_name("job", &job)?;
+        store::check_name("batch", &batch)?;
+        let text = String::from_utf8(body.to_vec())
+            .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "the body is not UTF-8".into()))?;
+        let report = parse_flow_report(&text).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+        let (st, j, b) = (state.clone(), job.clone(), batch.clone());
+        let stored = blocking(move || Ok(st.store.put_flows(t, &j, &b, &text)?)).await?;
+        if stored {
+            state.metrics.flow_analyses.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok((
+            if stored {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            },
+            Json(json!({
+                "job": job, "batch": batch, "jobs": report.jobs.len(),
+                "findings": report.findings.len(), "stored": stored,
+            })),
+        ))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
+}
+
+/// The job's latest flow analysis, or 404.
+async fn latest_flows(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    job: &str,
+) -> ApiResult<whyslow_model::flow::FlowReport> {
+    let t = tenant(state, headers).await?;
+    store::check_name("job", job)?;
+    let (st, j) = (state.clone(), job.to_string());
+    let mut latest = blocking(move || Ok(st.store.flows(t, &j, 1)?)).await?;
+    let Some(text) = latest.pop() else {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no flow analysis of job {job:?}"),
+        ));
+    };
+    parse_flow_report(&text).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))
+}
+
+async fn get_flows(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    let r = latest_flows(&state, &headers, &job).await.map(Json);
+    count(&state, &r);
+    r.into_response()
+}
+
+async fn get_flows_perfetto(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    let r = latest_flows(&state, &headers, &job).await.map(|report| {
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            whyslow_report::flows::to_perfetto_trace(&report),
+        )
+    });
+    count(&state, &r);
+    r.into_response()
+}
+
 async fn get_stragglers(
     State(state): State<Arc<AppState>>,
     UrlPath(job): UrlPath<String>,
@@ -749,6 +850,12 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(post_collectives),
         )
         .route("/api/v1/jobs/{job}/stragglers", get(get_stragglers))
+        .route("/api/v1/jobs/{job}/flows/{batch}", post(post_flows))
+        .route("/api/v1/jobs/{job}/flows", get(get_flows))
+        .route(
+            "/api/v1/jobs/{job}/flows.perfetto.json",
+            get(get_flows_perfetto),
+        )
         .route("/api/v1/symbols/{build_id}", get(get_symbols))
         .route(
             "/api/v1/symbols/{build_id}/parts/{part}",

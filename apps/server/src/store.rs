@@ -144,8 +144,20 @@ pub trait Store: Send + Sync {
         job: &str,
         limit: usize,
     ) -> Result<Vec<String>, StoreError>;
-    /// Deletes fingerprints, profiles and collective records uploaded
-    /// before `before_unix_s` (retention); returns how many. A store with
+    /// Stores one flow analysis of a job (the JSON of `whyslow flows
+    /// analyze --format json`: LLMPrism's jobs, steps, timelines and
+    /// findings); `false` when the batch was stored before.
+    fn put_flows(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        json: &str,
+    ) -> Result<bool, StoreError>;
+    /// The job's most recent `limit` flow analyses, newest first.
+    fn flows(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError>;
+    /// Deletes fingerprints, profiles, collective records and flow analyses
+    /// uploaded before `before_unix_s` (retention); returns how many. A store with
     /// its own expiry (ClickHouse's TTL) does nothing here.
     fn expire(&self, before_unix_s: i64) -> Result<u64, StoreError> {
         let _ = before_unix_s;
@@ -227,7 +239,12 @@ impl SqliteStore {
                  tenant INTEGER NOT NULL, job TEXT NOT NULL, batch TEXT NOT NULL,
                  body TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL, seq INTEGER NOT NULL,
                  PRIMARY KEY (tenant, batch));
-             CREATE INDEX IF NOT EXISTS collectives_by_job ON collectives (tenant, job, seq);",
+             CREATE INDEX IF NOT EXISTS collectives_by_job ON collectives (tenant, job, seq);
+             CREATE TABLE IF NOT EXISTS flows (
+                 tenant INTEGER NOT NULL, job TEXT NOT NULL, batch TEXT NOT NULL,
+                 body TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL, seq INTEGER NOT NULL,
+                 PRIMARY KEY (tenant, batch));
+             CREATE INDEX IF NOT EXISTS flows_by_job ON flows (tenant, job, seq);",
         )?;
         Ok(SqliteStore { db: Mutex::new(db) })
     }
@@ -331,7 +348,7 @@ impl Store for SqliteStore {
 
     fn has_job(&self, tenant: TenantId, job: &str) -> Result<bool, StoreError> {
         let db = self.db();
-        for table in ["fingerprints", "profiles", "collectives"] {
+        for table in ["fingerprints", "profiles", "collectives", "flows"] {
             let found = db
                 .query_row(
                     &format!("SELECT 1 FROM {table} WHERE tenant = ?1 AND job = ?2 LIMIT 1"),
@@ -424,10 +441,36 @@ impl Store for SqliteStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    fn put_flows(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        json: &str,
+    ) -> Result<bool, StoreError> {
+        check_name("job", job)?;
+        check_name("batch", batch)?;
+        let n = self.db().execute(
+            "INSERT OR IGNORE INTO flows (tenant, job, batch, body, uploaded_unix_s, seq)
+             VALUES (?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(seq), 0) + 1 FROM flows))",
+            params![tenant.0, job, batch, json, now_unix()],
+        )?;
+        Ok(n == 1)
+    }
+
+    fn flows(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(
+            "SELECT body FROM flows WHERE tenant = ?1 AND job = ?2 ORDER BY seq DESC LIMIT ?3",
+        )?;
+        let rows = st.query_map(params![tenant.0, job, limit as i64], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     fn expire(&self, before_unix_s: i64) -> Result<u64, StoreError> {
         let db = self.db();
         let mut n = 0;
-        for table in ["fingerprints", "profiles", "collectives"] {
+        for table in ["fingerprints", "profiles", "collectives", "flows"] {
             n += db.execute(
                 &format!("DELETE FROM {table} WHERE uploaded_unix_s < ?1"),
                 params![before_unix_s],
@@ -534,6 +577,15 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
     check!(ok!(s.collectives(b, "job3", 10)).is_empty());
     check!(ok!(s.has_job(a, "job3")) && !ok!(s.has_job(b, "job3")));
     check!(s.put_collectives(a, "job3", "../c", "{}").is_err());
+    // Flow analyses: the same rules.
+    check!(ok!(s.put_flows(a, "job4", "f1", "{\"n\":1}")));
+    check!(ok!(s.put_flows(a, "job4", "f2", "{\"n\":2}")));
+    check!(!ok!(s.put_flows(a, "job4", "f1", "{\"n\":1}")));
+    check!(ok!(s.flows(a, "job4", 10)) == vec!["{\"n\":2}", "{\"n\":1}"]);
+    check!(ok!(s.flows(a, "job4", 1)).len() == 1);
+    check!(ok!(s.flows(b, "job4", 10)).is_empty());
+    check!(ok!(s.has_job(a, "job4")) && !ok!(s.has_job(b, "job4")));
+    check!(s.put_flows(a, "job4", "../f", "{}").is_err());
     for bad in ["", "../x", ".hidden", "a/b", "a'b", &"x".repeat(201)] {
         check!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err());
     }

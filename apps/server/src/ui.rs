@@ -337,20 +337,24 @@ async fn job_page(
             }
         }
         let collectives = st.store.collectives(t, &j, crate::MAX_COLLECTIVE_BATCHES)?;
-        Ok((sessions, kinds, collectives))
+        let flows = st.store.flows(t, &j, 1)?;
+        Ok((sessions, kinds, collectives, flows))
     })
     .await;
-    let (sessions, kinds, collectives) = match found {
+    let (sessions, kinds, collectives, flows) = match found {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return server_error(&e.to_string()),
         Err(e) => return server_error(&e.to_string()),
     };
-    if sessions.is_empty() && kinds.is_empty() && collectives.is_empty() {
+    if sessions.is_empty() && kinds.is_empty() && collectives.is_empty() && flows.is_empty() {
         return not_found(&format!("No job {job:?}."));
     }
     let mut body = String::new();
     if !collectives.is_empty() {
         body.push_str(&stragglers_section(&collectives));
+    }
+    if let Some(text) = flows.first() {
+        body.push_str(&flows_section(&job, text));
     }
     if sessions.is_empty() {
         body.push_str("<p class=\"muted\">No fingerprints uploaded (no profiling window of the ranks yet).</p>");
@@ -388,6 +392,73 @@ async fn job_page(
         ));
     }
     page(&format!("Job {job}"), &body).into_response()
+}
+
+/// The job's latest flow analysis (LLMPrism): its table (jobs, steps,
+/// pair types, findings), the per-switch DP bandwidth plot (Fig. 5) and the
+/// per-rank timelines as a Perfetto file (Fig. 4).
+fn flows_section(job: &str, text: &str) -> String {
+    let report = match crate::parse_flow_report(text) {
+        Ok(r) => r,
+        Err(e) => {
+            return format!(
+                "<h2>Flows</h2><p>The stored flow analysis cannot be read: {}</p>",
+                esc(&e)
+            )
+        }
+    };
+    let series: Vec<whyslow_report::LineSeries> =
+        whyslow_report::flows::switch_bandwidth_series(&report)
+            .into_iter()
+            .map(|s| whyslow_report::LineSeries {
+                label: s.switch,
+                flagged: s.flagged,
+                points: s.points,
+            })
+            .collect();
+    let plot = if series.is_empty() {
+        String::new()
+    } else {
+        whyslow_report::line_chart_svg(
+            &series,
+            "time since window start (s)",
+            "mean DP bandwidth (Gb/s)",
+        )
+    };
+    format!(
+        "<h2>Flows</h2><p class=\"muted\">The latest flow analysis uploaded for this job          (<code>whyslow flows analyze --format json</code>, LLMPrism): the training jobs and          their ranks found in the switches' flow records, their steps, and the switches or links          that slow them. <a href=\"/ui/jobs/{j}/flows.perfetto.json\" download>Per-rank          timelines</a> (open in <a href=\"https://ui.perfetto.dev\">ui.perfetto.dev</a>).</p>         <pre>{table}</pre>{plot}",
+        j = esc(job),
+        table = esc(&whyslow_report::flows::render_table(&report)),
+    )
+}
+
+async fn flows_perfetto(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    if store::check_name("job", &job).is_err() {
+        return not_found("No such job.");
+    }
+    let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}")).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let (st, j) = (state.clone(), job.clone());
+    let flows = match tokio::task::spawn_blocking(move || st.store.flows(t, &j, 1)).await {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => return server_error(&e.to_string()),
+        Err(e) => return server_error(&e.to_string()),
+    };
+    let Some(report) = flows.first().and_then(|f| crate::parse_flow_report(f).ok()) else {
+        return not_found(&format!("No flow analysis of job {job:?}."));
+    };
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        whyslow_report::flows::to_perfetto_trace(&report),
+    )
+        .into_response()
 }
 
 async fn flamegraph(
@@ -482,6 +553,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/ui/logout", get(logout))
         .route("/ui/jobs/{job}", get(job_page))
         .route("/ui/jobs/{job}/flamegraph.svg", get(flamegraph))
+        .route("/ui/jobs/{job}/flows.perfetto.json", get(flows_perfetto))
         .route("/ui/jobs/{job}/sessions/{session}", get(session_page))
 }
 
