@@ -254,6 +254,45 @@ impl SqliteStore {
         // transactions); keep serving.
         self.db.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Stores a text batch of a job in `table` (collectives, flows) once:
+    /// `false` when the tenant stored that batch before. `seq` keeps the
+    /// arrival order, so "newest" does not depend on the clock's resolution.
+    fn put_batch(
+        &self,
+        table: &str,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        body: &str,
+    ) -> Result<bool, StoreError> {
+        check_name("job", job)?;
+        check_name("batch", batch)?;
+        let n = self.db().execute(
+            &format!(
+                "INSERT OR IGNORE INTO {table} (tenant, job, batch, body, uploaded_unix_s, seq)
+                 VALUES (?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(seq), 0) + 1 FROM {table}))"
+            ),
+            params![tenant.0, job, batch, body, now_unix()],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// The job's latest `limit` batches in `table`, newest first.
+    fn batches(
+        &self,
+        table: &str,
+        tenant: TenantId,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let db = self.db();
+        let mut st = db.prepare_cached(&format!(
+            "SELECT body FROM {table} WHERE tenant = ?1 AND job = ?2 ORDER BY seq DESC LIMIT ?3"
+        ))?;
+        let rows = st.query_map(params![tenant.0, job, limit as i64], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
 }
 
 impl Store for SqliteStore {
@@ -415,16 +454,7 @@ impl Store for SqliteStore {
         batch: &str,
         jsonl: &str,
     ) -> Result<bool, StoreError> {
-        check_name("job", job)?;
-        check_name("batch", batch)?;
-        // seq: arrival order (rowid-like), so "newest" does not depend on
-        // the clock's resolution.
-        let n = self.db().execute(
-            "INSERT OR IGNORE INTO collectives (tenant, job, batch, body, uploaded_unix_s, seq)
-             VALUES (?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(seq), 0) + 1 FROM collectives))",
-            params![tenant.0, job, batch, jsonl, now_unix()],
-        )?;
-        Ok(n == 1)
+        self.put_batch("collectives", tenant, job, batch, jsonl)
     }
 
     fn collectives(
@@ -433,12 +463,7 @@ impl Store for SqliteStore {
         job: &str,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        let db = self.db();
-        let mut st = db.prepare_cached(
-            "SELECT body FROM collectives WHERE tenant = ?1 AND job = ?2 ORDER BY seq DESC LIMIT ?3",
-        )?;
-        let rows = st.query_map(params![tenant.0, job, limit as i64], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.batches("collectives", tenant, job, limit)
     }
 
     fn put_flows(
@@ -448,23 +473,11 @@ impl Store for SqliteStore {
         batch: &str,
         json: &str,
     ) -> Result<bool, StoreError> {
-        check_name("job", job)?;
-        check_name("batch", batch)?;
-        let n = self.db().execute(
-            "INSERT OR IGNORE INTO flows (tenant, job, batch, body, uploaded_unix_s, seq)
-             VALUES (?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(seq), 0) + 1 FROM flows))",
-            params![tenant.0, job, batch, json, now_unix()],
-        )?;
-        Ok(n == 1)
+        self.put_batch("flows", tenant, job, batch, json)
     }
 
     fn flows(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError> {
-        let db = self.db();
-        let mut st = db.prepare_cached(
-            "SELECT body FROM flows WHERE tenant = ?1 AND job = ?2 ORDER BY seq DESC LIMIT ?3",
-        )?;
-        let rows = st.query_map(params![tenant.0, job, limit as i64], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.batches("flows", tenant, job, limit)
     }
 
     fn expire(&self, before_unix_s: i64) -> Result<u64, StoreError> {
