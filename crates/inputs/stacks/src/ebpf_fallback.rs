@@ -79,7 +79,9 @@ pub(crate) struct Fallback {
     modules: ModuleCache,
     /// Mappings of the processes seen in this drain (read once per drain).
     maps: HashMap<u32, Option<Vec<Mapping>>>,
-    elves: HashMap<String, Option<Arc<ElfModule>>>,
+    /// By process and path: the same path may name another file in another
+    /// container (the cache below shares one file's module by inode).
+    elves: HashMap<(u32, String), Option<Arc<ElfModule>>>,
     pub counters: FallbackCounters,
 }
 
