@@ -166,7 +166,7 @@ impl Fallback {
     fn module(&mut self, pid: u32, m: &Mapping, maps: &[Mapping]) -> Option<(Arc<ElfModule>, u64)> {
         let elf = self
             .elves
-            .entry(m.path.clone())
+            .entry((pid, m.path.clone()))
             .or_insert_with(|| self.modules.get(&maps::file_path(pid as i32, &m.path)).ok())
             .clone()?;
         // Any mapping of the file gives the bias: its start holds file
