@@ -22,9 +22,12 @@ pub struct ServerArgs {
     #[command(flatten)]
     clickhouse: ClickHouseArgs,
     /// Where uploaded symbols are kept (default: DATA/symbols with --data;
-    /// with --clickhouse, symbol upload is off unless this is given).
-    #[arg(long, value_name = "DIR")]
+    /// with --clickhouse, symbol upload is off unless this or
+    /// --object-store is given).
+    #[arg(long, value_name = "DIR", conflicts_with = "object_store")]
     symbols: Option<PathBuf>,
+    #[command(flatten)]
+    objects: ObjectArgs,
     /// Address to listen on (port 0: any free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
@@ -34,6 +37,34 @@ pub struct ServerArgs {
     /// The certificate's private key (PEM).
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+}
+
+/// Object storage for symbol files and raw uploads.
+#[derive(Args, Debug, Clone)]
+struct ObjectArgs {
+    /// Object storage for symbol files (under symbols/) and an archive of
+    /// every accepted upload as it came (under raw/): s3://BUCKET[/PREFIX]
+    /// (credentials and region from AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION; unsigned requests without them)
+    /// or file:///DIR.
+    #[arg(long, value_name = "URL")]
+    object_store: Option<String>,
+    /// The endpoint of an S3-compatible server (MinIO, SeaweedFS, …), e.g.
+    /// http://127.0.0.1:8333 (path-style requests).
+    #[arg(long, value_name = "URL", requires = "object_store")]
+    s3_endpoint: Option<String>,
+}
+
+impl ObjectArgs {
+    fn open(&self) -> Result<Option<whyslow_server::objects::Objects>> {
+        let Some(url) = &self.object_store else {
+            return Ok(None);
+        };
+        let loc = whyslow_server::objects::ObjectLocation::parse(url, self.s3_endpoint.as_deref())?;
+        let o = whyslow_server::objects::Objects::open(&loc)
+            .with_context(|| format!("opening the object store {loc}"))?;
+        Ok(Some(o))
+    }
 }
 
 /// The scale-out store instead of `--data`.
@@ -99,6 +130,10 @@ enum ServerCommand {
     CheckStore {
         #[command(flatten)]
         clickhouse: ClickHouseArgs,
+        /// Also check this object store (objects are written under a
+        /// scratch prefix and deleted).
+        #[command(flatten)]
+        objects: ObjectArgs,
     },
 }
 
@@ -118,6 +153,11 @@ enum TokenCommand {
     },
 }
 
+fn open_symbols(dir: &std::path::Path) -> Result<whyslow_server::symbols::SymbolStore> {
+    whyslow_server::symbols::SymbolStore::open(dir)
+        .with_context(|| format!("opening the symbol store {}", dir.display()))
+}
+
 /// Runs `whyslow server …`.
 pub fn run(args: ServerArgs) -> Result<u8> {
     match args.command {
@@ -132,7 +172,18 @@ pub fn run(args: ServerArgs) -> Result<u8> {
             println!("{token}");
             Ok(0)
         }
-        Some(ServerCommand::CheckStore { clickhouse }) => {
+        Some(ServerCommand::CheckStore {
+            clickhouse,
+            objects,
+        }) => {
+            if let Some(o) = objects.open()? {
+                whyslow_server::objects::conformance(&o)
+                    .map_err(|e| anyhow::anyhow!("the object store {}: {e}", o.location()))?;
+                eprintln!(
+                    "whyslow: the object store {} passes the conformance checks",
+                    o.location()
+                );
+            }
             let scratch = format!(
                 "whyslow_check_{}_{}",
                 std::process::id(),
@@ -171,21 +222,38 @@ pub fn run(args: ServerArgs) -> Result<u8> {
         }
         None => {
             let (store, data) = open_store(args.data.as_ref(), &args.clickhouse)?;
-            let symbols_dir = args
-                .symbols
-                .clone()
-                .or_else(|| args.data.as_ref().map(|d| d.join("symbols")));
-            let symbols = match &symbols_dir {
-                Some(dir) => Some(
-                    whyslow_server::symbols::SymbolStore::open(dir)
-                        .with_context(|| format!("opening the symbol store {}", dir.display()))?,
-                ),
-                None => None,
+            let objects = args.objects.open()?.map(Arc::new);
+            let symbols = match (&objects, &args.symbols, &args.data) {
+                (Some(o), _, _) => {
+                    // Index copies are local; per data directory, or per
+                    // process without one (tenant ids are per store).
+                    let cache = match &args.data {
+                        Some(d) => d.join("symbol-cache"),
+                        None => std::env::temp_dir()
+                            .join(format!("whyslow-symbol-cache-{}", std::process::id())),
+                    };
+                    Some(
+                        whyslow_server::symbols::SymbolStore::with_objects(
+                            o.clone(),
+                            "symbols",
+                            &cache,
+                        )
+                        .with_context(|| format!("opening the symbol store in {}", o.location()))?,
+                    )
+                }
+                (None, Some(dir), _) => Some(open_symbols(dir)?),
+                (None, None, Some(data)) => Some(open_symbols(&data.join("symbols"))?),
+                (None, None, None) => None,
+            };
+            let data = match &objects {
+                Some(o) => format!("{data}; objects in {}", o.location()),
+                None => data,
             };
             let state = Arc::new(AppState {
                 retention_days: args.clickhouse.retention_days,
                 store,
                 symbols,
+                raw: objects,
                 metrics: Default::default(),
             });
             let rt = tokio::runtime::Builder::new_multi_thread()

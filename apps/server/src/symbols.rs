@@ -6,23 +6,31 @@
 //! (a stripped binary on the node) gets one from its Build-ID's index, so
 //! symbols uploaded after the profiles still apply.
 //!
-//! On disk: `ROOT/t<tenant>/<build-id>/part-<n>-of-<m>` while parts arrive,
-//! then `ROOT/t<tenant>/<build-id>/index`. Tenants never see each other's
-//! symbols (the tenant is part of every path).
+//! Objects (a local directory by default, S3-compatible storage at scale):
+//! `t<tenant>/<build-id>/part-<n>-of-<m>` while parts arrive, then
+//! `t<tenant>/<build-id>/index`. Tenants never see each other's symbols
+//! (the tenant is part of every key). An index in a local directory is
+//! mapped in place; one in object storage is fetched once into a local
+//! cache and mapped from there, so a lookup never reads a whole file.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use whyslow_model::stack::{FrameKind, StackProfile};
 use whyslow_stacks::symindex::{build_index, SymbolIndex};
 
+use crate::objects::{ObjectError, Objects};
 use crate::store::TenantId;
 
 /// Largest part of an upload.
 pub const MAX_PART_BYTES: usize = 64 << 20;
 /// Most parts of one file (64 GiB at the largest part size).
 pub const MAX_PARTS: u32 = 1024;
+/// How long a Build-ID found missing is not asked for again (a profile read
+/// would otherwise ask object storage once per unnamed frame).
+const MISSING_FOR: Duration = Duration::from_secs(30);
 
 /// What a part upload achieved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,16 +47,25 @@ pub enum SymbolError {
     /// The request itself is wrong (Build-ID, part numbers, the file).
     #[error("{0}")]
     Bad(String),
-    /// The disk failed.
+    /// The local disk failed.
     #[error("symbol store {0}: {1}")]
     Io(String, std::io::Error),
+    /// The object store failed.
+    #[error("symbol store: {0}")]
+    Objects(#[from] ObjectError),
 }
 
-/// Symbol indexes on local disk.
+/// Symbol indexes in object storage.
 pub struct SymbolStore {
-    root: PathBuf,
+    objects: Arc<Objects>,
+    /// Key prefix inside `objects` (empty, or `symbols` in a shared bucket).
+    prefix: String,
+    /// Local copies of remote indexes, and scratch space for assembling.
+    cache: PathBuf,
     /// Opened indexes (mapped read-only), by (tenant, Build-ID).
     open: Mutex<HashMap<(i64, String), Arc<memmap2::Mmap>>>,
+    /// Build-IDs found without an index, and when.
+    missing: Mutex<HashMap<(i64, String), Instant>>,
     /// One file assembled at a time.
     assembling: Mutex<()>,
 }
@@ -73,18 +90,37 @@ fn io(p: &Path, e: std::io::Error) -> SymbolError {
 }
 
 impl SymbolStore {
-    /// A store in `root` (created).
+    /// A store in a local directory (created): the embedded default.
     pub fn open(root: &Path) -> Result<Self, SymbolError> {
-        std::fs::create_dir_all(root).map_err(|e| io(root, e))?;
+        let objects = Objects::open(&crate::objects::ObjectLocation::Dir(root.to_path_buf()))?;
+        Self::with_objects(Arc::new(objects), "", &root.join(".cache"))
+    }
+
+    /// A store under `prefix` in `objects`, with local copies of its
+    /// indexes in `cache` (created).
+    pub fn with_objects(
+        objects: Arc<Objects>,
+        prefix: &str,
+        cache: &Path,
+    ) -> Result<Self, SymbolError> {
+        std::fs::create_dir_all(cache).map_err(|e| io(cache, e))?;
         Ok(SymbolStore {
-            root: root.to_path_buf(),
+            objects,
+            prefix: prefix.trim_matches('/').to_string(),
+            cache: cache.to_path_buf(),
             open: Mutex::new(HashMap::new()),
+            missing: Mutex::new(HashMap::new()),
             assembling: Mutex::new(()),
         })
     }
 
-    fn dir(&self, tenant: TenantId, build_id: &str) -> PathBuf {
-        self.root.join(format!("t{}", tenant.0)).join(build_id)
+    fn key(&self, tenant: TenantId, build_id: &str, name: &str) -> String {
+        let k = format!("t{}/{build_id}/{name}", tenant.0);
+        if self.prefix.is_empty() {
+            k
+        } else {
+            format!("{}/{k}", self.prefix)
+        }
     }
 
     /// Stores part `part` (0-based) of `of`; when all are there, joins them,
@@ -109,18 +145,22 @@ impl SymbolStore {
                 bytes.len()
             )));
         }
-        let dir = self.dir(tenant, build_id);
         if let Some(n) = self.symbols(tenant, build_id)? {
             return Ok(PartStatus::Indexed { symbols: n });
         }
-        std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-        let path = dir.join(format!("part-{part}-of-{of}"));
-        let tmp = dir.join(format!(".part-{part}-of-{of}.{}", std::process::id()));
-        std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
-        let received = (0..of)
-            .filter(|i| dir.join(format!("part-{i}-of-{of}")).is_file())
-            .count() as u32;
+        let part_name = |i: u32| format!("part-{i}-of-{of}");
+        self.objects.put(
+            &self.key(tenant, build_id, &part_name(part)),
+            bytes.to_vec(),
+        )?;
+        let dir = self.key(tenant, build_id, "");
+        let present: std::collections::HashSet<String> = self
+            .objects
+            .list(dir.trim_end_matches('/'))?
+            .into_iter()
+            .filter_map(|(k, _)| k.rsplit('/').next().map(str::to_string))
+            .collect();
+        let received = (0..of).filter(|i| present.contains(&part_name(*i))).count() as u32;
         if received < of {
             return Ok(PartStatus::Waiting { received, of });
         }
@@ -128,71 +168,131 @@ impl SymbolStore {
         if let Some(n) = self.symbols(tenant, build_id)? {
             return Ok(PartStatus::Indexed { symbols: n });
         }
-        let elf = dir.join("elf");
+        let elf = self
+            .cache
+            .join(format!(".assemble-t{}-{build_id}", tenant.0));
+        let cleanup = |elf: &Path| {
+            for i in 0..of {
+                let _ = self
+                    .objects
+                    .delete(&self.key(tenant, build_id, &part_name(i)));
+            }
+            let _ = std::fs::remove_file(elf);
+        };
         {
             use std::io::Write;
             let mut out = std::fs::File::create(&elf).map_err(|e| io(&elf, e))?;
             for i in 0..of {
-                let p = dir.join(format!("part-{i}-of-{of}"));
-                let b = std::fs::read(&p).map_err(|e| io(&p, e))?;
+                let k = self.key(tenant, build_id, &part_name(i));
+                let Some(b) = self.objects.get(&k)? else {
+                    let _ = std::fs::remove_file(&elf);
+                    return Ok(PartStatus::Waiting { received: i, of });
+                };
                 out.write_all(&b).map_err(|e| io(&elf, e))?;
             }
         }
-        let cleanup = |dir: &Path| {
-            for i in 0..of {
-                let _ = std::fs::remove_file(dir.join(format!("part-{i}-of-{of}")));
-            }
-            let _ = std::fs::remove_file(dir.join("elf"));
-        };
-        let built = build_index(&elf);
-        let (index, summary) = match built {
+        let (index, summary) = match build_index(&elf) {
             Ok(x) => x,
             Err(e) => {
-                cleanup(&dir);
+                cleanup(&elf);
                 return Err(SymbolError::Bad(format!(
                     "the uploaded file is not a readable ELF file: {e}"
                 )));
             }
         };
         if summary.build_id.as_deref() != Some(build_id) {
-            cleanup(&dir);
+            cleanup(&elf);
             return Err(SymbolError::Bad(format!(
                 "the uploaded file's Build-ID is {:?}, not {build_id}",
                 summary.build_id
             )));
         }
-        let tmp = dir.join(".index.tmp");
-        std::fs::write(&tmp, &index).map_err(|e| io(&tmp, e))?;
-        std::fs::rename(&tmp, dir.join("index")).map_err(|e| io(&dir, e))?;
-        cleanup(&dir);
+        self.objects
+            .put(&self.key(tenant, build_id, "index"), index)?;
+        cleanup(&elf);
+        self.missing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(tenant.0, build_id.to_string()));
         Ok(PartStatus::Indexed {
             symbols: summary.symbols,
         })
     }
 
-    fn index(&self, tenant: TenantId, build_id: &str) -> Option<Arc<memmap2::Mmap>> {
-        let key = (tenant.0, build_id.to_string());
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = open.get(&key) {
-            return Some(m.clone());
+    /// The index file to map: in place for a local store, else a local copy
+    /// fetched once.
+    fn index_file(&self, tenant: TenantId, build_id: &str) -> Result<Option<PathBuf>, SymbolError> {
+        let key = self.key(tenant, build_id, "index");
+        if let Some(p) = self.objects.local_file(&key) {
+            return Ok(p.is_file().then_some(p));
         }
-        let f = std::fs::File::open(self.dir(tenant, build_id).join("index")).ok()?;
-        // SAFETY: read-only map of a file this store wrote once and renames
-        // into place, never rewrites.
-        let m = Arc::new(unsafe { memmap2::Mmap::map(&f) }.ok()?);
-        SymbolIndex::parse(&m).ok()?;
+        let copy = self.cache.join(format!("t{}-{build_id}.index", tenant.0));
+        if copy.is_file() {
+            return Ok(Some(copy));
+        }
+        let Some(bytes) = self.objects.get(&key)? else {
+            return Ok(None);
+        };
+        let tmp = self
+            .cache
+            .join(format!(".t{}-{build_id}.{}", tenant.0, std::process::id()));
+        std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, &copy).map_err(|e| io(&copy, e))?;
+        Ok(Some(copy))
+    }
+
+    fn index(
+        &self,
+        tenant: TenantId,
+        build_id: &str,
+    ) -> Result<Option<Arc<memmap2::Mmap>>, SymbolError> {
+        let key = (tenant.0, build_id.to_string());
+        if let Some(m) = self
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(Some(m.clone()));
+        }
+        {
+            let mut missing = self.missing.lock().unwrap_or_else(|p| p.into_inner());
+            match missing.get(&key) {
+                Some(t) if t.elapsed() < MISSING_FOR => return Ok(None),
+                Some(_) => {
+                    missing.remove(&key);
+                }
+                None => {}
+            }
+        }
+        let Some(path) = self.index_file(tenant, build_id)? else {
+            let mut missing = self.missing.lock().unwrap_or_else(|p| p.into_inner());
+            if missing.len() > 65_536 {
+                missing.clear();
+            }
+            missing.insert(key, Instant::now());
+            return Ok(None);
+        };
+        let f = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+        // SAFETY: read-only map of a file written once and renamed into
+        // place, never rewritten.
+        let m = Arc::new(unsafe { memmap2::Mmap::map(&f) }.map_err(|e| io(&path, e))?);
+        if SymbolIndex::parse(&m).is_err() {
+            return Ok(None);
+        }
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if open.len() > 4096 {
             open.clear();
         }
         open.insert(key, m.clone());
-        Some(m)
+        Ok(Some(m))
     }
 
     /// Symbols indexed for this Build-ID, or `None` when it was not uploaded.
     pub fn symbols(&self, tenant: TenantId, build_id: &str) -> Result<Option<u64>, SymbolError> {
         check_build_id(build_id)?;
         Ok(self
-            .index(tenant, build_id)
+            .index(tenant, build_id)?
             .and_then(|m| SymbolIndex::parse(&m).ok().map(|i| i.len() as u64)))
     }
 
@@ -210,7 +310,7 @@ impl SymbolStore {
             if check_build_id(id).is_err() {
                 continue;
             }
-            let Some(m) = self.index(tenant, id) else {
+            let Ok(Some(m)) = self.index(tenant, id) else {
                 continue;
             };
             if let Some(name) = SymbolIndex::parse(&m)
