@@ -1069,3 +1069,19 @@ pub struct Tls {
     /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: std::path::PathBuf,
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn archive_dates_are_civil_utc_dates() {
+        for (t, d) in [
+            (0, "1970-01-01"),
+            (951_782_400, "2000-02-29"),
+            (1_795_634_709, "2026-11-25"),
+            (4_107_542_400, "2100-03-01"),
+            (-86_400, "1969-12-31"),
+        ] {
+            assert_eq!(super::utc_date(t), d, "{t}");
+        }
+    }
+}
