@@ -823,6 +823,10 @@ impl From<symbols::SymbolError> for ApiError {
     fn from(e: symbols::SymbolError) -> Self {
         match e {
             symbols::SymbolError::Bad(m) => ApiError(StatusCode::BAD_REQUEST, m),
+            // The object store is away: the client retries later.
+            e @ symbols::SymbolError::Objects(_) => {
+                ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
             other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
         }
     }
@@ -832,7 +836,7 @@ fn symbol_store(state: &AppState) -> ApiResult<&symbols::SymbolStore> {
     state.symbols.as_ref().ok_or_else(|| {
         ApiError(
             StatusCode::NOT_FOUND,
-            "this server keeps no symbols (start it with --data or --symbols DIR)".into(),
+            "this server keeps no symbols (start it with --data, --symbols DIR or --object-store URL)".into(),
         )
     })
 }
