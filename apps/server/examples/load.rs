@@ -122,7 +122,7 @@ fn main() {
                 if i >= bodies.len() {
                     break;
                 }
-                let (st, _) = request(
+                let (st, body) = request(
                     &addr,
                     "POST",
                     "/api/v1/jobs/load/sessions/s1/fingerprints",
@@ -130,7 +130,12 @@ fn main() {
                     &bodies[i],
                 );
                 if st != 201 {
-                    failed.fetch_add(1, Ordering::Relaxed);
+                    let n = failed.fetch_add(1, Ordering::Relaxed);
+                    if n < 5 {
+                        let text = String::from_utf8_lossy(&body);
+                        let tail = text.split("\r\n\r\n").nth(1).unwrap_or(&text);
+                        eprintln!("worker {i}: status {st}: {}", tail.trim());
+                    }
                 }
             })
         })

@@ -182,16 +182,33 @@ impl ClickHouseStore {
             "{}/?output_format_json_quote_64bit_integers=0",
             self.cfg.url.trim_end_matches('/')
         );
-        let mut req = self.agent.post(&url);
-        if let Some(u) = &self.cfg.user {
-            req = req.header("X-ClickHouse-User", u);
-        }
-        if let Some(p) = &self.cfg.password {
-            req = req.header("X-ClickHouse-Key", p);
-        }
-        let mut resp = req
-            .send(sql.as_bytes())
-            .map_err(|e| StoreError::Backend(format!("ClickHouse at {}: {e}", self.cfg.url)))?;
+        // A connection refused or reset (a restarting server, a full
+        // listen backlog) is retried: every statement here is idempotent
+        // (DDL with IF NOT EXISTS; inserts into ReplacingMergeTree tables
+        // read with FINAL). An answer, whatever its status, is not.
+        let mut attempt = 0;
+        let mut resp = loop {
+            let mut req = self.agent.post(&url);
+            if let Some(u) = &self.cfg.user {
+                req = req.header("X-ClickHouse-User", u);
+            }
+            if let Some(p) = &self.cfg.password {
+                req = req.header("X-ClickHouse-Key", p);
+            }
+            match req.send(sql.as_bytes()) {
+                Ok(r) => break r,
+                Err(ureq::Error::Io(_) | ureq::Error::ConnectionFailed) if attempt < 3 => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50 << attempt));
+                }
+                Err(e) => {
+                    return Err(StoreError::Backend(format!(
+                        "ClickHouse at {}: {e}",
+                        self.cfg.url
+                    )))
+                }
+            }
+        };
         let status = resp.status().as_u16();
         let body = resp
             .body_mut()
