@@ -85,9 +85,17 @@ pub(crate) enum AgentEvent<'a> {
         cap: f64,
         action: &'static str,
     },
+    /// Symbol files of the profiled modules went to `whyslow server`
+    /// (`--upload-symbols`), or were not sent (`skipped` says why).
+    SymbolsUploaded {
+        server: &'a str,
+        sent: &'a [(String, std::path::PathBuf)],
+        had: usize,
+        skipped: &'a [String],
+    },
 }
 
-const KINDS: usize = 18;
+const KINDS: usize = 19;
 static COUNTS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
 impl AgentEvent<'_> {
@@ -116,6 +124,7 @@ impl AgentEvent<'_> {
             AgentEvent::Uploaded { .. } => 15,
             AgentEvent::UploadFailed { .. } => 16,
             AgentEvent::Capped { .. } => 17,
+            AgentEvent::SymbolsUploaded { .. } => 18,
         }
     }
 
@@ -267,6 +276,29 @@ impl AgentEvent<'_> {
                 action,
                 "the agent's own {what} is {value:.1} (cap {cap}): {action}"
             ),
+            AgentEvent::SymbolsUploaded {
+                server,
+                sent,
+                had,
+                skipped,
+            } => {
+                let files: Vec<String> = sent
+                    .iter()
+                    .map(|(id, f)| format!("{id} from {}", f.display()))
+                    .collect();
+                info!(
+                    event,
+                    server,
+                    sent = sent.len(),
+                    had,
+                    skipped = skipped.len(),
+                    "symbols to {server}: sent {} ({}), {had} it had, {} not sent ({})",
+                    sent.len(),
+                    files.join(", "),
+                    skipped.len(),
+                    skipped.join("; ")
+                )
+            }
         }
     }
 }
@@ -290,6 +322,7 @@ const NAMES: [&str; KINDS] = [
     "uploaded",
     "upload_failed",
     "capped",
+    "symbols_uploaded",
 ];
 
 /// How many of each event so far, in [`AgentEvent`] order.

@@ -9,6 +9,7 @@ mod daemon;
 pub mod events;
 pub mod governor;
 pub mod profiler;
+pub mod symbols;
 pub mod upload;
 
 pub use daemon::{run, AgentArgs, LogFormat};

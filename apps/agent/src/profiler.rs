@@ -103,6 +103,20 @@ pub struct ProfilerArgs {
     /// must chain to (default: Mozilla's root certificates).
     #[arg(long, value_name = "PEM")]
     pub ca_file: Option<PathBuf>,
+    /// With --server: also send the symbols of every module in the uploaded
+    /// profiles to the server's store, once per Build-ID (it is asked
+    /// first): the separate debug file under --debug-dir when the node has
+    /// one, else the module file. The server then names frames that came
+    /// without a name (SysOM-AI §3.4).
+    #[arg(long)]
+    pub upload_symbols: bool,
+    /// Root of separate debug files, looked up as
+    /// `DIR/.build-id/xx/yyyy.debug` (Debian's -dbgsym, Fedora's -debuginfo).
+    #[arg(long, default_value = "/usr/lib/debug", value_name = "DIR")]
+    pub debug_dir: PathBuf,
+    /// Symbol files larger than this are not sent, MiB.
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    pub upload_symbols_max_mib: u64,
 }
 
 /// This node's name: --node-name, else the kernel's hostname.
@@ -120,6 +134,9 @@ pub fn upload_target(args: &ProfilerArgs) -> anyhow::Result<Option<crate::upload
     // Not $WHYSLOW_SERVER: the ranks' setting, which an agent started
     // from their environment must not pick up without its own token.
     let Some(server) = args.server.clone().filter(|s| !s.trim().is_empty()) else {
+        if args.upload_symbols {
+            anyhow::bail!("--upload-symbols sends them to --server URL: add it");
+        }
         return Ok(None);
     };
     if !(server.starts_with("http://") || server.starts_with("https://")) {
@@ -143,6 +160,10 @@ pub fn upload_target(args: &ProfilerArgs) -> anyhow::Result<Option<crate::upload
         token,
         node: node_name(args),
         ca_file: args.ca_file.clone(),
+        symbols: args.upload_symbols.then(|| crate::symbols::SymbolUploads {
+            debug_dir: args.debug_dir.clone(),
+            max_bytes: args.upload_symbols_max_mib.saturating_mul(1 << 20),
+        }),
     }))
 }
 

@@ -33,6 +33,9 @@ pub struct Upload {
     /// PEM file of the CA certificates an `https://` server's certificate
     /// must chain to; `None`: Mozilla's root certificates.
     pub ca_file: Option<PathBuf>,
+    /// Also send the symbol files of the profiled modules
+    /// (`--upload-symbols`).
+    pub symbols: Option<crate::symbols::SymbolUploads>,
 }
 
 /// An HTTP client for `whyslow server`: plain HTTP, or HTTPS (rustls)
@@ -215,6 +218,33 @@ fn post(
     }
 }
 
+/// Sends the symbol files of the modules in `body` (a stored profile) that
+/// the server may lack; a server that went away is logged by the next
+/// profile upload, and the modules are offered again with a later profile.
+fn offer_symbols(
+    up: &Upload,
+    agent: &ureq::Agent,
+    symbols: &mut crate::symbols::SymbolUploader,
+    body: &[u8],
+) {
+    // Profiles are the agent's own: a bound on their decompressed size only
+    // guards against a spool file replaced by something else.
+    let Ok(profile) = whyslow_stack_output::from_pprof_limited(body, 256 << 20) else {
+        return;
+    };
+    if let Ok(o) = symbols.offer(agent, &up.server, &up.token, &profile) {
+        if !o.sent.is_empty() || !o.skipped.is_empty() {
+            AgentEvent::SymbolsUploaded {
+                server: &up.server,
+                sent: &o.sent,
+                had: o.had,
+                skipped: &o.skipped,
+            }
+            .emit();
+        }
+    }
+}
+
 /// Uploads what the spool holds every `every` until `stop`; the last pass
 /// runs after `stop` so a short job's profiles still go.
 /// `registrations` is the agent's directory, whose live registrations name
@@ -235,6 +265,7 @@ pub fn run(
     };
     let mut done: HashSet<(PathBuf, String)> = HashSet::new();
     let mut failing = false;
+    let mut symbols = up.symbols.clone().map(crate::symbols::SymbolUploader::new);
     loop {
         let last = stop.load(Ordering::Relaxed);
         let (mut stored, mut dup) = (0usize, 0usize);
@@ -286,6 +317,9 @@ pub fn run(
                     }
                     done.insert(key);
                     failing = false;
+                    if let (Some(s), "profiles") = (symbols.as_mut(), what) {
+                        offer_symbols(&up, &agent, s, &body);
+                    }
                 }
                 Err(Refused::This(reason)) => {
                     // A profile the server cannot take (a file cut short by

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use whyslow_agent::symbols;
 
 /// `whyslow symbols`.
 #[derive(Args, Debug)]
@@ -37,6 +38,12 @@ enum SymbolsCommand {
         /// Size of the parts a file is sent in (at most 64 MiB).
         #[arg(long, default_value_t = 64.0, value_name = "MIB")]
         part_mib: f64,
+        /// The program or library a separate debug file among FILES belongs
+        /// to (same Build-ID; repeat for several): profiles carry offsets in
+        /// the program's file, which only its load segments map to the debug
+        /// file's addresses.
+        #[arg(long, value_name = "FILE")]
+        module: Vec<PathBuf>,
     },
 }
 
@@ -48,6 +55,7 @@ pub fn run(args: SymbolsArgs) -> Result<u8> {
         token_file,
         ca_file,
         part_mib,
+        module,
     } = args.command;
     if !(part_mib > 0.0 && part_mib <= 64.0) {
         bail!("--part-mib {part_mib}: expected more than 0 and at most 64");
@@ -59,71 +67,63 @@ pub fn run(args: SymbolsArgs) -> Result<u8> {
         .to_string();
     let agent =
         whyslow_agent::upload::http_client(Duration::from_secs(300), false, ca_file.as_deref())?;
-    let base = server.trim_end_matches('/');
-    let auth = format!("Bearer {token}");
     let mut failed = 0;
     for f in &files {
-        let id = match whyslow_stacks::elf::ElfModule::open(f) {
-            Ok(m) => m.build_id,
+        let id = match whyslow_stacks::elf::build_id_of(f) {
+            Ok(Some(id)) => id,
+            Ok(None) => {
+                eprintln!(
+                    "whyslow: {}: skipped: the file has no Build-ID",
+                    f.display()
+                );
+                failed += 1;
+                continue;
+            }
             Err(e) => {
                 eprintln!("whyslow: {}: skipped: {e}", f.display());
                 failed += 1;
                 continue;
             }
         };
-        let Some(id) = id else {
-            eprintln!(
-                "whyslow: {}: skipped: the file has no Build-ID",
-                f.display()
-            );
-            failed += 1;
-            continue;
+        // A separate debug file needs the load segments of its program.
+        let layout = match whyslow_stacks::elf::ElfModule::open(f) {
+            Ok(m) if !m.code_in_file => {
+                let of_module = module.iter().find(|p| {
+                    whyslow_stacks::elf::build_id_of(p)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|b| b == id)
+                });
+                let Some(p) = of_module else {
+                    eprintln!(
+                        "whyslow: {}: skipped: a separate debug file; pass the program or library \
+                         with Build-ID {id} as --module FILE",
+                        f.display()
+                    );
+                    failed += 1;
+                    continue;
+                };
+                Some(
+                    whyslow_stacks::symindex::layout_of(p)
+                        .with_context(|| format!("reading {}", p.display()))?,
+                )
+            }
+            _ => None,
         };
-        let url = format!("{base}/api/v1/symbols/{id}");
-        let mut r = agent
-            .get(&url)
-            .header("Authorization", &auth)
-            .call()
-            .with_context(|| format!("asking {url}"))?;
-        match r.status().as_u16() {
-            200 => {
-                eprintln!(
-                    "whyslow: {}: the server has Build-ID {id} already",
-                    f.display()
-                );
-                continue;
-            }
-            404 => {}
-            code => bail!(
-                "{url} answered {code}: {}",
-                r.body_mut().read_to_string().unwrap_or_default()
+        match symbols::send(&agent, &server, &token, &id, (f, layout.as_deref()), part) {
+            Ok(symbols::Sent::Had) => eprintln!(
+                "whyslow: {}: the server has Build-ID {id} already",
+                f.display()
             ),
-        }
-        let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
-        let parts: Vec<&[u8]> = bytes.chunks(part).collect();
-        let of = parts.len();
-        for (i, p) in parts.iter().enumerate() {
-            let url = format!("{base}/api/v1/symbols/{id}/parts/{i}?of={of}");
-            let mut r = agent
-                .put(&url)
-                .header("Authorization", &auth)
-                .send(*p)
-                .with_context(|| format!("sending part {i} of {of} of {}", f.display()))?;
-            let code = r.status().as_u16();
-            let body = r.body_mut().read_to_string().unwrap_or_default();
-            match code {
-                201 => eprintln!(
-                    "whyslow: {}: Build-ID {id}: {of} part(s), indexed: {}",
-                    f.display(),
-                    body.trim()
-                ),
-                202 => {}
-                _ => bail!(
-                    "{}: part {i} of {of}: {url} answered {code}: {}",
-                    f.display(),
-                    body.trim()
-                ),
+            Ok(symbols::Sent::Indexed { parts, answer }) => eprintln!(
+                "whyslow: {}: Build-ID {id}: {parts} part(s), indexed: {answer}",
+                f.display()
+            ),
+            Err(symbols::SendError::Read(e)) => {
+                eprintln!("whyslow: {}: skipped: {e}", f.display());
+                failed += 1;
             }
+            Err(e) => bail!("{}: {e}", f.display()),
         }
     }
     Ok(if failed > 0 { 1 } else { 0 })

@@ -792,6 +792,186 @@ fn symbols_uploaded_in_parts_name_the_frames_of_profiles_stored_before() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// SysOM-AI §3.4 from the node's side: an agent with `--upload-symbols`
+/// sends, for the modules of the profiles it uploads, the separate debug
+/// file the node keeps under `.build-id/` — so a static function of a
+/// stripped program, nameless in the node's profile, is named on the
+/// server's flame graph — and asks before sending, so a second agent sends
+/// nothing.
+#[test]
+fn agents_send_the_debug_files_of_stripped_programs_and_the_server_names_their_frames() {
+    if !common::perf_events_allowed() {
+        eprintln!("skipped: perf events need root or perf_event_paranoid <= 1");
+        return;
+    }
+    let data = std::env::temp_dir().join(format!("whyslow-agent-syms-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let (dir, spool, debug) = (data.join("agent"), data.join("spool"), data.join("debug"));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A program whose hot function is static: after `strip` no symbol table
+    // of the binary names it; only its debug file does.
+    let src = data.join("hidden.c");
+    std::fs::write(
+        &src,
+        "static volatile unsigned long sink;\n\
+         __attribute__((noinline)) static void whyslow_hidden_spin(void) {\n\
+           for (unsigned long i = 0; i < 200000000UL; i++) sink += i * i;\n}\n\
+         int main(void) { for (;;) whyslow_hidden_spin(); }\n",
+    )
+    .unwrap();
+    let (full, exe) = (data.join("hidden.full"), data.join("hidden"));
+    let run = |cmd: &str, args: &[&std::ffi::OsStr]| {
+        let st = Command::new(cmd)
+            .args(args)
+            .status()
+            .unwrap_or_else(|e| panic!("{cmd} runs (apt-get install gcc binutils): {e}"));
+        assert!(st.success(), "{cmd} {args:?} failed");
+    };
+    run(
+        "gcc",
+        &[
+            "-O2".as_ref(),
+            "-g".as_ref(),
+            "-Wl,--build-id".as_ref(),
+            "-o".as_ref(),
+            full.as_os_str(),
+            src.as_os_str(),
+        ],
+    );
+    let id = whyslow_stacks::elf::build_id_of(&full)
+        .unwrap()
+        .expect("gcc wrote a Build-ID");
+    let debug_file = debug
+        .join(".build-id")
+        .join(&id[..2])
+        .join(format!("{}.debug", &id[2..]));
+    std::fs::create_dir_all(debug_file.parent().unwrap()).unwrap();
+    run(
+        "objcopy",
+        &[
+            "--only-keep-debug".as_ref(),
+            full.as_os_str(),
+            debug_file.as_os_str(),
+        ],
+    );
+    run(
+        "strip",
+        &[
+            "--strip-all".as_ref(),
+            "-o".as_ref(),
+            exe.as_os_str(),
+            full.as_os_str(),
+        ],
+    );
+
+    let ta = token(&data.join("db"), "team-a");
+    let token_file = data.join("token");
+    std::fs::write(&token_file, &ta).unwrap();
+    let srv = Server::start_on(&data.join("db"), "127.0.0.1:0");
+    let agent = |log: &str| {
+        whyslow()
+            .args(["agent", "--samples-dir"])
+            .arg(&dir)
+            .args(["--profile-period", "1", "--profile-spool"])
+            .arg(&spool)
+            .args(["--server", &format!("http://{}", srv.addr), "--token-file"])
+            .arg(&token_file)
+            .args(["--upload-symbols", "--debug-dir"])
+            .arg(&debug)
+            .stderr(std::fs::File::create(data.join(log)).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let mut prog = Command::new(&exe).spawn().unwrap();
+    let pid = prog.id();
+    std::fs::write(
+        dir.join(format!("proc-{pid}.json")),
+        format!(
+            r#"{{"pid": {pid}, "proc_start_ticks": {}, "rank": 0, "local_rank": 0, "world_size": 1, "job": "job-syms", "host": "h0"}}"#,
+            common::start_ticks(pid)
+        ),
+    )
+    .unwrap();
+    let symbols_path = format!("/api/v1/symbols/{id}");
+    // A debug file alone says nothing of where code lies in the program's
+    // file: the server refuses it without the program's segments, and so
+    // does the CLI without --module.
+    let debug_bytes = std::fs::read(&debug_file).unwrap();
+    let (code, body) = srv.request(
+        "PUT",
+        &format!("{symbols_path}/parts/0?of=1"),
+        Some(&ta),
+        &debug_bytes,
+    );
+    assert!(code == 400 && body.contains("debug file"), "{code} {body}");
+    let out = whyslow()
+        .args(["symbols", "upload"])
+        .arg(&debug_file)
+        .args(["--server", &format!("http://{}", srv.addr), "--token-file"])
+        .arg(&token_file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--module"), "{err}");
+    assert_eq!(srv.request("GET", &symbols_path, Some(&ta), b"").0, 404);
+    let mut a = agent("agent1.log");
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while srv.request("GET", &symbols_path, Some(&ta), b"").0 != 200 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the agent sent no symbols for {id}\n{}",
+            std::fs::read_to_string(data.join("agent1.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    terminate(&mut a);
+    let log1 = std::fs::read_to_string(data.join("agent1.log")).unwrap();
+    assert!(
+        log1.contains(&format!("{id} from {}", debug_file.display())),
+        "the debug file was not what went\n{log1}"
+    );
+    // The node's own profile has no name for the hot frame: only the
+    // server's symbols give it one.
+    let local: Vec<_> = std::fs::read_dir(spool.join("job-syms"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".pb.gz"))
+        .collect();
+    let local = whyslow_stack_output::from_pprof(&std::fs::read(local[0].path()).unwrap()).unwrap();
+    assert!(
+        local
+            .frames
+            .iter()
+            .all(|f| f.name.as_deref() != Some("whyslow_hidden_spin")),
+        "the stripped program was named on the node"
+    );
+    let (code, svg) = srv.request(
+        "GET",
+        "/api/v1/jobs/job-syms/flamegraph.svg",
+        Some(&ta),
+        b"",
+    );
+    assert_eq!(code, 200);
+    assert!(
+        svg.contains("whyslow_hidden_spin"),
+        "{}",
+        &svg[..svg.len().min(3000)]
+    );
+    // A second agent asks first and sends nothing again.
+    let mut b = agent("agent2.log");
+    std::thread::sleep(Duration::from_secs(4));
+    terminate(&mut b);
+    let _ = prog.kill();
+    let _ = prog.wait();
+    let log2 = std::fs::read_to_string(data.join("agent2.log")).unwrap();
+    assert!(
+        !log2.contains(&format!("{id} from")),
+        "the symbols were sent twice\n{log2}"
+    );
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
 /// Uploads libz's symbols in parts to a server started with `extra`
 /// arguments and checks that they name the frames of a profile stored
 /// before; returns the data directory, the Build-ID and tenant a's token.

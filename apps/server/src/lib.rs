@@ -846,6 +846,9 @@ fn symbol_store(state: &AppState) -> ApiResult<&symbols::SymbolStore> {
 pub struct PartQuery {
     /// How many parts the file has.
     pub of: u32,
+    /// For a separate debug file: the load segments of the program or
+    /// library it belongs to (`whyslow_stacks::symindex::format_layout`).
+    pub segments: Option<String>,
 }
 
 async fn put_symbol_part(
@@ -861,7 +864,13 @@ async fn put_symbol_part(
         let st = state.clone();
         let status = blocking(move || {
             let store = symbol_store(&st)?;
-            Ok(store.put_part(t, &build_id, part, q.of, &body)?)
+            let layout = q
+                .segments
+                .as_deref()
+                .map(whyslow_stacks::symindex::parse_layout)
+                .transpose()
+                .map_err(|e| symbols::SymbolError::Bad(format!("segments: {e}")))?;
+            Ok(store.put_part(t, &build_id, part, q.of, &body, layout.as_deref())?)
         })
         .await?;
         Ok(match status {

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use whyslow_model::stack::{FrameKind, StackProfile};
+use whyslow_stacks::elf::Segment;
 use whyslow_stacks::symindex::{build_index, SymbolIndex};
 
 use crate::objects::{ObjectError, Objects};
@@ -124,7 +125,9 @@ impl SymbolStore {
     }
 
     /// Stores part `part` (0-based) of `of`; when all are there, joins them,
-    /// checks that the file is an ELF file with this Build-ID, and indexes it.
+    /// checks that the file is an ELF file with this Build-ID, and indexes it
+    /// — with `layout`, the load segments of the program a separate debug
+    /// file belongs to, given with the part that completes the file.
     pub fn put_part(
         &self,
         tenant: TenantId,
@@ -132,6 +135,7 @@ impl SymbolStore {
         part: u32,
         of: u32,
         bytes: &[u8],
+        layout: Option<&[Segment]>,
     ) -> Result<PartStatus, SymbolError> {
         check_build_id(build_id)?;
         if of == 0 || of > MAX_PARTS || part >= of {
@@ -191,7 +195,7 @@ impl SymbolStore {
                 out.write_all(&b).map_err(|e| io(&elf, e))?;
             }
         }
-        let (index, summary) = match build_index(&elf) {
+        let (index, summary) = match build_index(&elf, layout) {
             Ok(x) => x,
             Err(e) => {
                 cleanup(&elf);
@@ -338,12 +342,12 @@ mod tests {
         let d = std::env::temp_dir().join(format!("whyslow-sym-{}", std::process::id()));
         let s = SymbolStore::open(&d).unwrap();
         let t = TenantId(1);
-        assert!(s.put_part(t, "abcd", 1, 1, b"x").is_err());
-        assert!(s.put_part(t, "abcd", 0, 0, b"x").is_err());
-        assert!(s.put_part(t, "abcd", 0, MAX_PARTS + 1, b"x").is_err());
+        assert!(s.put_part(t, "abcd", 1, 1, b"x", None).is_err());
+        assert!(s.put_part(t, "abcd", 0, 0, b"x", None).is_err());
+        assert!(s.put_part(t, "abcd", 0, MAX_PARTS + 1, b"x", None).is_err());
         // Not an ELF file: refused, nothing kept.
         let e = s
-            .put_part(t, "abcd", 0, 1, b"not an elf")
+            .put_part(t, "abcd", 0, 1, b"not an elf", None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("not a readable ELF"), "{e}");

@@ -84,10 +84,25 @@ pub struct ElfModule {
     pub symbols: Vec<Symbol>,
     /// Unwind sections.
     pub unwind: UnwindSections,
+    /// Whether the file holds its code: false for a separate debug file
+    /// (`objcopy --only-keep-debug`: `.text` is NOBITS and the load segments
+    /// no longer say where code lies in the program's file).
+    pub code_in_file: bool,
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The GNU Build-ID of the ELF file at `path` (lowercase hex), without
+/// reading its symbols: the key of the symbol store (SysOM-AI §3.4).
+pub fn build_id_of(path: &Path) -> Result<Option<String>, StackError> {
+    let shown = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|e| StackError::Io(shown.clone(), e))?;
+    // SAFETY: as in `ElfModule::open`: mapped read-only, only the notes read.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| StackError::Io(shown.clone(), e))?;
+    let obj = object::File::parse(&map[..]).map_err(|e| StackError::Elf(shown, e.to_string()))?;
+    Ok(obj.build_id().ok().flatten().map(hex))
 }
 
 impl ElfModule {
@@ -163,6 +178,9 @@ impl ElfModule {
                 }
             }
         }
+        let code_in_file = obj
+            .section_by_name(".text")
+            .is_none_or(|t| t.file_range().is_some());
         symbols.sort_by_key(|s| (s.address, std::cmp::Reverse(s.size)));
         symbols.dedup_by_key(|s| s.address);
         symbols.shrink_to_fit();
@@ -172,6 +190,7 @@ impl ElfModule {
             segments,
             symbols,
             unwind,
+            code_in_file,
         })
     }
 

@@ -17,15 +17,34 @@
 
 use std::path::Path;
 
-use crate::elf::{demangle, ElfModule};
+use crate::elf::{demangle, ElfModule, Segment};
 use crate::StackError;
 
 const MAGIC: &[u8; 8] = b"WSYMIDX1";
 const HEADER: usize = 24;
 
-/// Builds the index of the ELF file at `path`.
-pub fn build_index(path: &Path) -> Result<(Vec<u8>, IndexSummary), StackError> {
+/// Builds the index of the ELF file at `path`. `layout`: the load segments
+/// of the program or library the file belongs to, needed when it is a
+/// separate debug file (whose own segments no longer say where code lies in
+/// the program's file: frames carry file offsets of the program); `None`
+/// takes the file's own, and refuses a debug file.
+pub fn build_index(
+    path: &Path,
+    layout: Option<&[Segment]>,
+) -> Result<(Vec<u8>, IndexSummary), StackError> {
     let m = ElfModule::open(path)?;
+    let segments = match layout {
+        Some(l) => l,
+        None if !m.code_in_file => {
+            return Err(StackError::Elf(
+                path.display().to_string(),
+                "a separate debug file (its code is not in it): the load segments of the \
+                 program or library it belongs to are needed"
+                    .into(),
+            ))
+        }
+        None => &m.segments[..],
+    };
     let mut names: Vec<u8> = Vec::new();
     let mut rows: Vec<(u64, u32, u32)> = Vec::with_capacity(m.symbols.len());
     for s in &m.symbols {
@@ -40,12 +59,12 @@ pub fn build_index(path: &Path) -> Result<(Vec<u8>, IndexSummary), StackError> {
         rows.push((s.address, size, at));
     }
     let mut out =
-        Vec::with_capacity(HEADER + 24 * m.segments.len() + 16 * rows.len() + names.len() + 4);
+        Vec::with_capacity(HEADER + 24 * segments.len() + 16 * rows.len() + names.len() + 4);
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&(m.segments.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(segments.len() as u32).to_le_bytes());
     out.extend_from_slice(&(rows.len() as u32).to_le_bytes());
     out.extend_from_slice(&(names.len() as u64).to_le_bytes());
-    for s in &m.segments {
+    for s in segments {
         out.extend_from_slice(&s.offset.to_le_bytes());
         out.extend_from_slice(&s.filesz.to_le_bytes());
         out.extend_from_slice(&s.vaddr.to_le_bytes());
@@ -63,6 +82,57 @@ pub fn build_index(path: &Path) -> Result<(Vec<u8>, IndexSummary), StackError> {
             symbols: rows.len() as u64,
         },
     ))
+}
+
+/// Most load segments a layout may name.
+pub const MAX_LAYOUT_SEGMENTS: usize = 64;
+
+/// The load segments of the ELF file at `path` (file offset, bytes in the
+/// file, virtual address), as [`format_layout`] sends them with a separate
+/// debug file.
+pub fn layout_of(path: &Path) -> Result<Vec<Segment>, StackError> {
+    Ok(ElfModule::open(path)?.segments)
+}
+
+/// `segments` as the symbol upload's `segments` query parameter: one
+/// `offset-filesz-vaddr` triple in hex per segment, comma-separated.
+pub fn format_layout(segments: &[Segment]) -> String {
+    segments
+        .iter()
+        .map(|s| format!("{:x}-{:x}-{:x}", s.offset, s.filesz, s.vaddr))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Reads [`format_layout`]'s text; the error says which triple is wrong.
+pub fn parse_layout(text: &str) -> Result<Vec<Segment>, String> {
+    let out: Vec<Segment> = text
+        .split(',')
+        .map(|t| {
+            let v: Vec<u64> = t
+                .split('-')
+                .map(|h| u64::from_str_radix(h, 16))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("segment {t:?}: {e}"))?;
+            match v[..] {
+                [offset, filesz, vaddr] if offset.checked_add(filesz).is_some() => Ok(Segment {
+                    offset,
+                    filesz,
+                    vaddr,
+                }),
+                _ => Err(format!(
+                    "segment {t:?}: expected offset-filesz-vaddr in hex"
+                )),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    if out.len() > MAX_LAYOUT_SEGMENTS {
+        return Err(format!(
+            "{} segments: at most {MAX_LAYOUT_SEGMENTS}",
+            out.len()
+        ));
+    }
+    Ok(out)
 }
 
 /// What an index holds.
@@ -187,7 +257,7 @@ mod tests {
     #[test]
     fn this_binary_indexes_and_its_functions_are_found_gaps_are_not() {
         let exe = std::env::current_exe().unwrap();
-        let (bytes, summary) = build_index(&exe).unwrap();
+        let (bytes, summary) = build_index(&exe, None).unwrap();
         assert!(
             summary.symbols > 1000 && summary.build_id.is_some(),
             "{summary:?}"
@@ -224,5 +294,19 @@ mod tests {
             .unwrap_err()
             .contains("header says"));
         assert!(SymbolIndex::parse(b"garbage garbage garbage!").is_err());
+    }
+
+    #[test]
+    fn layouts_round_trip_and_bad_ones_say_which_segment() {
+        let exe = std::env::current_exe().unwrap();
+        let l = layout_of(&exe).unwrap();
+        assert!(!l.is_empty());
+        assert_eq!(parse_layout(&format_layout(&l)).unwrap(), l);
+        assert!(parse_layout("10-20").unwrap_err().contains("\"10-20\""));
+        assert!(parse_layout("10-zz-30").unwrap_err().contains("zz"));
+        assert!(parse_layout("ffffffffffffffff-2-0").is_err());
+        assert!(parse_layout(&vec!["0-1-0"; 65].join(","))
+            .unwrap_err()
+            .contains("at most 64"));
     }
 }
