@@ -76,6 +76,8 @@ pub struct UnwindSections {
 /// An ELF file's identity, layout, unwind data and symbols.
 pub struct ElfModule {
     map: Arc<Mmap>,
+    /// The file the symbols' names are in: `map`, or a separate debug file's.
+    names: Arc<Mmap>,
     /// GNU Build-ID, lowercase hex (None when the file has none).
     pub build_id: Option<String>,
     /// Load segments, by file offset.
@@ -93,6 +95,9 @@ pub struct ElfModule {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Where separate debug files are looked up by Build-ID when profiling.
+pub const DEBUG_DIR: &str = "/usr/lib/debug";
 
 /// The GNU Build-ID of the ELF file at `path` (lowercase hex), without
 /// reading its symbols: the key of the symbol store (SysOM-AI §3.4).
@@ -185,6 +190,7 @@ impl ElfModule {
         symbols.dedup_by_key(|s| s.address);
         symbols.shrink_to_fit();
         Ok(ElfModule {
+            names: map.clone(),
             map: map.clone(),
             build_id,
             segments,
@@ -202,10 +208,38 @@ impl ElfModule {
             .map(|s| s.vaddr + (offset - s.offset))
     }
 
+    /// The separate debug file of this module under `debug_dir`
+    /// (`.build-id/xx/yyyy.debug`, where `-dbg`/`-dbgsym` packages put
+    /// them), when one exists with the same Build-ID.
+    pub fn debug_file(&self, debug_dir: &Path) -> Option<std::path::PathBuf> {
+        let id = self.build_id.as_deref().filter(|id| id.len() > 2)?;
+        let p = debug_dir
+            .join(".build-id")
+            .join(&id[..2])
+            .join(format!("{}.debug", &id[2..]));
+        (build_id_of(&p).ok()?.as_deref() == Some(id)).then_some(p)
+    }
+
+    /// Names this module's code from `debug`, its separate debug file, when
+    /// that has the same Build-ID and more symbols (a stripped library's
+    /// static functions: glibc's `_int_malloc`); returns whether it did.
+    /// Addresses stay this module's: a debug file keeps the symbols' SVMAs.
+    pub fn use_symbols_of(&mut self, debug: ElfModule) -> bool {
+        if debug.build_id.is_none()
+            || debug.build_id != self.build_id
+            || debug.symbols.len() <= self.symbols.len()
+        {
+            return false;
+        }
+        self.symbols = debug.symbols;
+        self.names = debug.map;
+        true
+    }
+
     /// The name of `sym` (as in the file: mangled C++ stays mangled).
     pub fn symbol_name(&self, sym: &Symbol) -> Option<&str> {
         let start = usize::try_from(sym.name_at).ok()?;
-        let bytes = self.map.get(start..)?;
+        let bytes = self.names.get(start..)?;
         let end = bytes.iter().take(4096).position(|&b| b == 0)?;
         std::str::from_utf8(&bytes[..end]).ok()
     }

@@ -41,7 +41,16 @@ impl ModuleCache {
         if let Some(m) = map.get(&key) {
             return Ok(m.clone());
         }
-        let m = Arc::new(ElfModule::open(file)?);
+        let mut m = ElfModule::open(file)?;
+        // A stripped module's separate debug file names what its own
+        // tables cannot (as perf and gdb do).
+        if let Some(d) = m
+            .debug_file(std::path::Path::new(crate::elf::DEBUG_DIR))
+            .and_then(|p| ElfModule::open(&p).ok())
+        {
+            m.use_symbols_of(d);
+        }
+        let m = Arc::new(m);
         map.insert(key, m.clone());
         Ok(m)
     }
