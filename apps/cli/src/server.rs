@@ -28,6 +28,11 @@ pub struct ServerArgs {
     symbols: Option<PathBuf>,
     #[command(flatten)]
     objects: ObjectArgs,
+    /// Seconds after upload when the embedded store moves a profile from
+    /// its SQLite row into a compressed columnar segment under
+    /// DATA/segments (checked every minute at most).
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    compact_after: u64,
     /// Address to listen on (port 0: any free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
@@ -251,6 +256,7 @@ pub fn run(args: ServerArgs) -> Result<u8> {
             };
             let state = Arc::new(AppState {
                 retention_days: args.clickhouse.retention_days,
+                compact_after_s: args.compact_after,
                 store,
                 symbols,
                 raw: objects,

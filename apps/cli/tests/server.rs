@@ -1458,6 +1458,78 @@ fn bulky_profile(seed: u64, frames: usize) -> Vec<u8> {
     whyslow_stack_output::to_pprof(&b.finish(99.0, 1_700_000_000_000_000_000 + seed, 1_000_000_000))
 }
 
+/// The embedded store moves profiles older than --compact-after into
+/// compressed columnar segments (issue 14): the flame graph drawn from the
+/// segments is the one drawn from the uploads, a retry of a compacted batch
+/// is still stored once, and the segments outlive a restart.
+#[test]
+fn profiles_moved_into_columnar_segments_draw_the_same_flame_graph() {
+    let data = std::env::temp_dir().join(format!("whyslow-server-seg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let ta = token(&data, "team-a");
+    let extra = ["--compact-after".to_string(), "1".to_string()];
+    let srv = Server::start_with(&data, "127.0.0.1:0", &extra);
+    let profiles: Vec<Vec<u8>> = (0..6).map(|i| bulky_profile(i, 300)).collect();
+    for (i, p) in profiles.iter().enumerate() {
+        let (code, body) = srv.request(
+            "POST",
+            &format!("/api/v1/jobs/job-seg/profiles/n0@p{i}"),
+            Some(&ta),
+            p,
+        );
+        assert_eq!(code, 201, "{body}");
+    }
+    let graph = |srv: &Server| {
+        let (code, svg) = srv.request(
+            "GET",
+            "/api/v1/jobs/job-seg/flamegraph.svg?limit=6",
+            Some(&ta),
+            b"",
+        );
+        assert_eq!(code, 200, "{svg}");
+        svg
+    };
+    let from_rows = graph(&srv);
+    let metric = |srv: &Server, name: &str| -> u64 {
+        let (_, m) = srv.request("GET", "/metrics", None, b"");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{m}"))
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while metric(&srv, "whyslow_server_profiles_compacted_total") < 6 {
+        assert!(
+            std::time::Instant::now() < until,
+            "no profile was compacted"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(metric(&srv, "whyslow_server_segment_files") >= 1);
+    let segment_bytes = metric(&srv, "whyslow_server_segment_bytes");
+    let uploaded: usize = profiles.iter().map(Vec::len).sum();
+    assert!(segment_bytes > 0, "no segment on disk");
+    eprintln!("6 profiles: {uploaded} bytes uploaded (pprof), {segment_bytes} bytes of segments");
+    assert_eq!(
+        graph(&srv),
+        from_rows,
+        "the flame graph changed with compaction"
+    );
+    let (code, _) = srv.request(
+        "POST",
+        "/api/v1/jobs/job-seg/profiles/n0@p0",
+        Some(&ta),
+        &profiles[0],
+    );
+    assert_eq!(code, 200, "a retry of a compacted batch was stored again");
+    drop(srv);
+    let srv = Server::start_with(&data, "127.0.0.1:0", &extra);
+    assert_eq!(graph(&srv), from_rows);
+    assert_eq!(profiles_of(&srv, &ta, "job-seg"), 6);
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
 fn profiles_of(srv: &Server, token: &str, job: &str) -> u64 {
     let (_, body) = srv.request("GET", "/api/v1/jobs", Some(token), b"");
     let jobs: Value = serde_json::from_str(&body).unwrap_or(Value::Null);

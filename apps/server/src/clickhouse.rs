@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::store::{
     check_name, new_token, token_hash, JobSummary, ProfileMeta, SessionSummary, Store, StoreError,
-    TenantId,
+    StoredProfile, TenantId,
 };
 
 /// How to reach ClickHouse.
@@ -500,7 +500,7 @@ impl Store for ClickHouseStore {
         job: &str,
         kind: &str,
         limit: usize,
-    ) -> Result<Vec<Vec<u8>>, StoreError> {
+    ) -> Result<Vec<StoredProfile>, StoreError> {
         let rows = self.rows(&format!(
             "SELECT hex(pprof) AS p FROM {}.profiles FINAL
              WHERE tenant = {} AND job = {} AND kind = {}
@@ -511,7 +511,7 @@ impl Store for ClickHouseStore {
             lit(kind)
         ))?;
         rows.iter()
-            .map(|r| unhex(r["p"].as_str().unwrap_or("")))
+            .map(|r| unhex(r["p"].as_str().unwrap_or("")).map(StoredProfile::Pprof))
             .collect()
     }
 }

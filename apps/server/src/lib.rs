@@ -28,6 +28,7 @@
 
 pub mod clickhouse;
 pub mod objects;
+pub mod segments;
 pub mod store;
 pub mod symbols;
 pub mod ui;
@@ -75,6 +76,7 @@ pub struct Metrics {
     flow_analyses: AtomicU64,
     raw_archived: AtomicU64,
     raw_archived_bytes: AtomicU64,
+    profiles_compacted: AtomicU64,
 }
 
 impl Metrics {
@@ -167,6 +169,11 @@ impl Metrics {
                 "bytes of uploads kept in the object store",
                 c(&self.raw_archived_bytes),
             ),
+            (
+                "whyslow_server_profiles_compacted_total",
+                "stack profiles moved into columnar segments (the embedded store)",
+                c(&self.profiles_compacted),
+            ),
         ] {
             s.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
@@ -181,6 +188,9 @@ pub struct AppState {
     /// Days uploads are kept (the embedded store's retention; ClickHouse
     /// applies its TTL itself).
     pub retention_days: u32,
+    /// Seconds after upload when the embedded store moves a profile into a
+    /// columnar segment.
+    pub compact_after_s: u64,
     /// The store.
     pub store: Box<dyn Store>,
     /// Uploaded symbols (None: symbol upload is off).
@@ -444,13 +454,13 @@ pub fn profile_meta(batch: &str, p: &whyslow_model::stack::StackProfile) -> Prof
 /// frames that came without a name symbolized from the tenant's uploaded
 /// symbols (SysOM-AI §3.4); unreadable profiles are left out.
 pub fn flamegraph_of(
-    profiles: &[Vec<u8>],
+    profiles: Vec<store::StoredProfile>,
     title: &str,
     symbols: Option<(&symbols::SymbolStore, TenantId)>,
 ) -> String {
     let parsed: Vec<_> = profiles
-        .iter()
-        .filter_map(|b| whyslow_stack_output::from_pprof_limited(b, MAX_PROFILE_DECOMPRESSED).ok())
+        .into_iter()
+        .filter_map(|p| p.into_profile(MAX_PROFILE_DECOMPRESSED))
         .map(|mut p| {
             if let Some((store, t)) = symbols {
                 store.symbolize(t, &mut p);
@@ -570,9 +580,10 @@ async fn get_flamegraph(
                     format!("no {k} profiles of job {j:?}"),
                 ));
             }
+            let title = format!("job {j}: {k}, latest {} profiles", ps.len());
             Ok(flamegraph_of(
-                &ps,
-                &format!("job {j}: {k}, latest {} profiles", ps.len()),
+                ps,
+                &title,
                 st.symbols.as_ref().map(|s| (s, t)),
             ))
         })
@@ -916,10 +927,28 @@ async fn get_symbols(
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    let st = state.clone();
+    let (bytes, files) = tokio::task::spawn_blocking(move || st.store.segment_usage())
+        .await
+        .unwrap_or_default();
+    let mut text = state.metrics.render();
+    for (name, help, v) in [
+        (
+            "whyslow_server_segment_bytes",
+            "bytes of the columnar profile segments on disk (the embedded store)",
+            bytes,
+        ),
+        (
+            "whyslow_server_segment_files",
+            "columnar profile segment files on disk (the embedded store)",
+            files,
+        ),
+    ] {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
 /// Errors that axum's extractors answer by themselves (a query string or
@@ -1029,6 +1058,29 @@ pub async fn serve(
                 ),
                 Ok(Err(e)) => eprintln!("whyslow: retention failed: {e}"),
                 _ => {}
+            }
+        }
+    });
+    // Profiles a few minutes old move into columnar segments (the embedded
+    // store; recent ones stay rows, so retries of recent batches dedup on
+    // them and the newest profiles read without a segment).
+    let compactor = state.clone();
+    tokio::spawn(async move {
+        let every = compactor.compact_after_s.clamp(1, 60);
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(every));
+        loop {
+            tick.tick().await;
+            let st = compactor.clone();
+            let before = now_unix_s() - st.compact_after_s as i64;
+            match tokio::task::spawn_blocking(move || st.store.compact(before)).await {
+                Ok(Ok((moved, _))) => {
+                    compactor
+                        .metrics
+                        .profiles_compacted
+                        .fetch_add(moved, Ordering::Relaxed);
+                }
+                Ok(Err(e)) => eprintln!("whyslow: compacting profiles failed: {e}"),
+                Err(_) => {}
             }
         }
     });

@@ -3,7 +3,8 @@
 //! fingerprints each job's workers uploaded per session. The embedded
 //! default is SQLite in `DATA/whyslow.db` (WAL, one writer).
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
@@ -62,6 +63,28 @@ pub struct ProfileMeta {
     pub start_unix_ns: i64,
     /// Samples (or µs for `offcpu`).
     pub samples: u64,
+}
+
+/// A stored profile as a store hands it back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredProfile {
+    /// The pprof bytes as uploaded.
+    Pprof(Vec<u8>),
+    /// Read back from a columnar segment ([`crate::segments`]).
+    Decoded(whyslow_model::stack::StackProfile),
+}
+
+impl StoredProfile {
+    /// The profile; `None` for pprof bytes that do not decode within
+    /// `max_decompressed` bytes.
+    pub fn into_profile(self, max_decompressed: u64) -> Option<whyslow_model::stack::StackProfile> {
+        match self {
+            StoredProfile::Pprof(b) => {
+                whyslow_stack_output::from_pprof_limited(&b, max_decompressed).ok()
+            }
+            StoredProfile::Decoded(p) => Some(p),
+        }
+    }
 }
 
 /// One session of a job, as the web UI lists it.
@@ -125,7 +148,7 @@ pub trait Store: Send + Sync {
         job: &str,
         kind: &str,
         limit: usize,
-    ) -> Result<Vec<Vec<u8>>, StoreError>;
+    ) -> Result<Vec<StoredProfile>, StoreError>;
     /// Stores one batch of collective records (JSON lines of
     /// `whyslow_model::collective::CollectiveRecord`, as the agents write
     /// them) of a job; `false` when the batch was stored before.
@@ -156,6 +179,18 @@ pub trait Store: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// The job's most recent `limit` flow analyses, newest first.
     fn flows(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError>;
+    /// Moves profiles uploaded before `before_unix_s` into the store's
+    /// long-term layout; returns (profiles moved, segments written). The
+    /// embedded store writes columnar segments ([`SqliteStore::compact`]);
+    /// ClickHouse is columnar already.
+    fn compact(&self, before_unix_s: i64) -> Result<(u64, u64), StoreError> {
+        let _ = before_unix_s;
+        Ok((0, 0))
+    }
+    /// Bytes and files of the long-term layout on local disk.
+    fn segment_usage(&self) -> (u64, u64) {
+        (0, 0)
+    }
     /// Deletes fingerprints, profiles, collective records and flow analyses
     /// uploaded before `before_unix_s` (retention); returns how many. A store with
     /// its own expiry (ClickHouse's TTL) does nothing here.
@@ -192,6 +227,22 @@ pub(crate) fn new_token() -> Result<String, StoreError> {
         .collect())
 }
 
+/// `n` random bytes as hex (names that must not collide, as segments').
+pub(crate) fn random_hex(n: usize) -> String {
+    let mut raw = vec![0u8; n];
+    // A failed getrandom leaves zeros: the name then comes from the clock.
+    if getrandom::fill(&mut raw).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        raw.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (t >> (8 * (i % 16))) as u8);
+    }
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 pub(crate) fn token_hash(token: &str) -> String {
     Sha256::digest(token.as_bytes())
         .iter()
@@ -206,10 +257,23 @@ fn now_unix() -> i64 {
         .unwrap_or(0)
 }
 
-/// The embedded store: SQLite.
+/// The embedded store: SQLite for metadata and recent uploads; profiles
+/// older than a few minutes move to columnar segments under
+/// `DATA/segments` ([`SqliteStore::compact`]).
 pub struct SqliteStore {
     db: Mutex<Connection>,
+    segments: PathBuf,
+    /// One compaction or segment clean-up at a time.
+    compacting: Mutex<()>,
 }
+
+/// Most profiles in one segment.
+pub const SEGMENT_PROFILES: usize = 512;
+/// The most bytes a segment's body may inflate to when read.
+const MAX_SEGMENT_BODY: u64 = 1 << 30;
+/// `profiles.segment` of a profile whose pprof does not decode: it stays
+/// in SQLite as uploaded.
+const KEPT_AS_UPLOADED: &str = "-";
 
 impl SqliteStore {
     /// Opens (creating) `DATA/whyslow.db`.
@@ -246,7 +310,189 @@ impl SqliteStore {
                  PRIMARY KEY (tenant, batch));
              CREATE INDEX IF NOT EXISTS flows_by_job ON flows (tenant, job, seq);",
         )?;
-        Ok(SqliteStore { db: Mutex::new(db) })
+        // Where a profile lives once compacted (a path under DATA/segments;
+        // NULL: its pprof is in the row). Added to databases made before.
+        let has_segment: bool = db
+            .prepare("SELECT 1 FROM pragma_table_info('profiles') WHERE name = 'segment'")?
+            .exists([])?;
+        if !has_segment {
+            db.execute_batch("ALTER TABLE profiles ADD COLUMN segment TEXT")?;
+        }
+        db.execute_batch(
+            "CREATE INDEX IF NOT EXISTS profiles_to_compact ON profiles (segment, uploaded_unix_s)",
+        )?;
+        let store = SqliteStore {
+            db: Mutex::new(db),
+            segments: data.join("segments"),
+            compacting: Mutex::new(()),
+        };
+        // Segments written by a compaction that did not commit.
+        store.remove_unreferenced_segments()?;
+        Ok(store)
+    }
+
+    /// Moves the profiles uploaded before `before_unix_s` out of their rows
+    /// into columnar segments ([`crate::segments`]), per tenant, job and
+    /// kind, up to [`SEGMENT_PROFILES`] per segment. Each segment file is
+    /// written and synced before the rows point to it, in one transaction,
+    /// so a crash at any point loses nothing (a file no row names is removed
+    /// at the next start). Returns (profiles moved, segments written).
+    pub fn compact_profiles(&self, before_unix_s: i64) -> Result<(u64, u64), StoreError> {
+        let _one = self.compacting.lock().unwrap_or_else(|p| p.into_inner());
+        let groups: Vec<(i64, String, String)> = {
+            let db = self.db();
+            let mut st = db.prepare(
+                "SELECT DISTINCT tenant, job, kind FROM profiles
+                 WHERE segment IS NULL AND uploaded_unix_s < ?1",
+            )?;
+            let rows = st.query_map(params![before_unix_s], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let (mut moved, mut written) = (0u64, 0u64);
+        for (tenant, job, kind) in groups {
+            loop {
+                let batch: Vec<(String, Vec<u8>)> = {
+                    let db = self.db();
+                    let mut st = db.prepare_cached(
+                        "SELECT batch, pprof FROM profiles
+                         WHERE tenant = ?1 AND job = ?2 AND kind = ?3
+                           AND segment IS NULL AND uploaded_unix_s < ?4
+                         ORDER BY start_unix_ns LIMIT ?5",
+                    )?;
+                    let rows = st.query_map(
+                        params![tenant, job, kind, before_unix_s, SEGMENT_PROFILES as i64],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?;
+                    rows.collect::<Result<_, _>>()?
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                let (mut good, mut kept) = (Vec::new(), Vec::new());
+                for (b, pprof) in batch {
+                    match whyslow_stack_output::from_pprof_limited(
+                        &pprof,
+                        whyslow_stack_output::MAX_PPROF_DECOMPRESSED,
+                    ) {
+                        Ok(p) => good.push((b, p)),
+                        Err(_) => kept.push(b),
+                    }
+                }
+                let file = match good.first() {
+                    Some((_, first)) => {
+                        let name = format!(
+                            "t{tenant}/{job}/{kind}-{}-{}.wseg",
+                            first.start_unix_ns,
+                            random_hex(4)
+                        );
+                        self.write_segment(&name, &crate::segments::encode(&good))?;
+                        Some(name)
+                    }
+                    None => None,
+                };
+                let mut db = self.db();
+                let tx = db.transaction()?;
+                {
+                    let mut up = tx.prepare_cached(
+                        "UPDATE profiles SET pprof = x'', segment = ?3 WHERE tenant = ?1 AND batch = ?2",
+                    )?;
+                    if let Some(f) = &file {
+                        for (b, _) in &good {
+                            up.execute(params![tenant, b, f])?;
+                        }
+                    }
+                    for b in &kept {
+                        tx.execute(
+                            "UPDATE profiles SET segment = ?3 WHERE tenant = ?1 AND batch = ?2",
+                            params![tenant, b, KEPT_AS_UPLOADED],
+                        )?;
+                    }
+                }
+                tx.commit()?;
+                moved += good.len() as u64;
+                written += u64::from(file.is_some());
+            }
+        }
+        Ok((moved, written))
+    }
+
+    /// Writes `bytes` to `DATA/segments/<name>` whole: a temporary file,
+    /// synced, renamed, and the directory synced.
+    fn write_segment(&self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        use std::io::Write;
+        let path = self.segments.join(name);
+        let io = |e| StoreError::Io(path.display().to_string(), e);
+        let dir = path.parent().expect("a segment name has a directory");
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io(e)
+        })?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io)
+    }
+
+    /// Removes segment files no row names any more (all their profiles
+    /// expired, or a compaction that did not commit); returns how many.
+    pub fn remove_unreferenced_segments(&self) -> Result<u64, StoreError> {
+        let _one = self.compacting.lock().unwrap_or_else(|p| p.into_inner());
+        let named: std::collections::HashSet<String> = {
+            let db = self.db();
+            let mut st =
+                db.prepare("SELECT DISTINCT segment FROM profiles WHERE segment IS NOT NULL")?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut removed = 0;
+        let mut stack = vec![self.segments.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                    continue;
+                }
+                let rel = p
+                    .strip_prefix(&self.segments)
+                    .map(|r| r.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if !named.contains(&rel) && std::fs::remove_file(&p).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The bytes the segments take on disk and how many files they are.
+    pub fn segment_files(&self) -> (u64, u64) {
+        let (mut bytes, mut files) = (0, 0);
+        let mut stack = vec![self.segments.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                match e.metadata() {
+                    Ok(m) if m.is_dir() => stack.push(e.path()),
+                    Ok(m) => {
+                        bytes += m.len();
+                        files += 1;
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        (bytes, files)
     }
 
     fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -437,14 +683,47 @@ impl Store for SqliteStore {
         job: &str,
         kind: &str,
         limit: usize,
-    ) -> Result<Vec<Vec<u8>>, StoreError> {
-        let db = self.db();
-        let mut st = db.prepare_cached(
-            "SELECT pprof FROM profiles WHERE tenant = ?1 AND job = ?2 AND kind = ?3
-             ORDER BY start_unix_ns DESC LIMIT ?4",
-        )?;
-        let rows = st.query_map(params![tenant.0, job, kind, limit as i64], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    ) -> Result<Vec<StoredProfile>, StoreError> {
+        let rows: Vec<(String, Vec<u8>, Option<String>)> = {
+            let db = self.db();
+            let mut st = db.prepare_cached(
+                "SELECT batch, pprof, segment FROM profiles WHERE tenant = ?1 AND job = ?2 AND kind = ?3
+                 ORDER BY start_unix_ns DESC LIMIT ?4",
+            )?;
+            let rows = st.query_map(params![tenant.0, job, kind, limit as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?;
+            rows.collect::<Result<_, _>>()?
+        };
+        // Each segment read once, outside the database lock.
+        let mut segments: HashMap<String, HashMap<String, whyslow_model::stack::StackProfile>> =
+            HashMap::new();
+        let mut out = Vec::with_capacity(rows.len());
+        for (batch, pprof, segment) in rows {
+            let Some(seg) = segment.filter(|s| s != KEPT_AS_UPLOADED) else {
+                out.push(StoredProfile::Pprof(pprof));
+                continue;
+            };
+            let profiles = segments.entry(seg.clone()).or_insert_with(|| {
+                let path = self.segments.join(&seg);
+                match std::fs::read(&path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| {
+                        crate::segments::decode(&b, MAX_SEGMENT_BODY).map_err(|e| e.to_string())
+                    }) {
+                    Ok(ps) => ps.into_iter().collect(),
+                    Err(e) => {
+                        // The other profiles still answer.
+                        eprintln!("whyslow: {}: skipped: {e}", path.display());
+                        HashMap::new()
+                    }
+                }
+            });
+            if let Some(p) = profiles.remove(&batch) {
+                out.push(StoredProfile::Decoded(p));
+            }
+        }
+        Ok(out)
     }
 
     fn put_collectives(
@@ -481,15 +760,27 @@ impl Store for SqliteStore {
     }
 
     fn expire(&self, before_unix_s: i64) -> Result<u64, StoreError> {
-        let db = self.db();
         let mut n = 0;
-        for table in ["fingerprints", "profiles", "collectives", "flows"] {
-            n += db.execute(
-                &format!("DELETE FROM {table} WHERE uploaded_unix_s < ?1"),
-                params![before_unix_s],
-            )? as u64;
+        {
+            let db = self.db();
+            for table in ["fingerprints", "profiles", "collectives", "flows"] {
+                n += db.execute(
+                    &format!("DELETE FROM {table} WHERE uploaded_unix_s < ?1"),
+                    params![before_unix_s],
+                )? as u64;
+            }
         }
+        // Segments whose profiles have all gone.
+        self.remove_unreferenced_segments()?;
         Ok(n)
+    }
+
+    fn compact(&self, before_unix_s: i64) -> Result<(u64, u64), StoreError> {
+        self.compact_profiles(before_unix_s)
+    }
+
+    fn segment_usage(&self) -> (u64, u64) {
+        self.segment_files()
     }
 
     fn sessions(&self, tenant: TenantId, job: &str) -> Result<Vec<SessionSummary>, StoreError> {
@@ -569,7 +860,13 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
     check!(ok!(s.put_profile(a, "job2", &meta("b1", 1), &binary)));
     check!(ok!(s.put_profile(a, "job2", &meta("b2", 2), b"two")));
     check!(!ok!(s.put_profile(a, "job2", &meta("b1", 1), &binary)));
-    check!(ok!(s.profiles(a, "job2", "cpu", 10)) == vec![b"two".to_vec(), binary.clone()]);
+    check!(
+        ok!(s.profiles(a, "job2", "cpu", 10))
+            == vec![
+                StoredProfile::Pprof(b"two".to_vec()),
+                StoredProfile::Pprof(binary.clone())
+            ]
+    );
     check!(ok!(s.profiles(a, "job2", "cpu", 1)).len() == 1);
     check!(ok!(s.profiles(a, "job2", "offcpu", 10)).is_empty());
     check!(ok!(s.profiles(b, "job2", "cpu", 10)).is_empty());
@@ -627,6 +924,118 @@ mod tests {
         assert!(s.expire(now_unix() + 60).unwrap() >= 1);
         assert!(s.jobs(a).unwrap().is_empty());
         assert!(s.tenant_of_token(&t).unwrap().is_some());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    fn a_profile(rank: u32, start: u64, leaf: &str) -> whyslow_model::stack::StackProfile {
+        use whyslow_model::stack::{Frame, StackProfileBuilder};
+        let mut b = StackProfileBuilder::new();
+        let ids = [
+            Frame::label("main"),
+            Frame::label("train_step"),
+            Frame::label(leaf),
+        ]
+        .into_iter()
+        .map(|f| b.frame(f))
+        .collect();
+        b.add(ids, 10 + u64::from(rank));
+        b.label("rank", rank.to_string());
+        b.finish(99.0, start, 30_000_000_000)
+    }
+
+    #[test]
+    fn old_profiles_move_into_segments_and_read_back_the_same() {
+        let d = std::env::temp_dir().join(format!("whyslow-segments-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let s = SqliteStore::open(&d).unwrap();
+        let t = s.create_token("team-s").unwrap();
+        let a = s.tenant_of_token(&t).unwrap().unwrap();
+        let meta = |batch: &str, start: u64| ProfileMeta {
+            batch: batch.into(),
+            kind: "cpu".into(),
+            rank: None,
+            host: None,
+            start_unix_ns: start as i64,
+            samples: 1,
+        };
+        let profiles: Vec<_> = (0..5u32)
+            .map(|r| a_profile(r, 1_000 + u64::from(r), &format!("leaf_{r}")))
+            .collect();
+        for (i, p) in profiles.iter().enumerate() {
+            let bytes = whyslow_stack_output::to_pprof(p);
+            assert!(s
+                .put_profile(a, "job", &meta(&format!("b{i}"), p.start_unix_ns), &bytes)
+                .unwrap());
+        }
+        // Bytes that are no pprof (the API refuses them; a store takes them)
+        // stay as uploaded; so does everything newer than the cut.
+        assert!(s
+            .put_profile(a, "job", &meta("junk", 999), b"junk")
+            .unwrap());
+        let before = s.profiles(a, "job", "cpu", 10).unwrap();
+        assert_eq!(s.compact(now_unix() - 3600).unwrap(), (0, 0));
+        assert_eq!(s.compact(now_unix() + 1).unwrap(), (5, 1));
+        assert_eq!(s.compact(now_unix() + 1).unwrap(), (0, 0));
+        let (bytes, files) = s.segment_usage();
+        assert!(bytes > 0 && files == 1, "{bytes} {files}");
+        let after = s.profiles(a, "job", "cpu", 10).unwrap();
+        assert_eq!(after.len(), 6);
+        assert_eq!(after.last(), Some(&StoredProfile::Pprof(b"junk".to_vec())));
+        // Newest first, each the profile uploaded.
+        for (i, got) in after[..5].iter().enumerate() {
+            let StoredProfile::Decoded(p) = got else {
+                panic!("profile {i} not from a segment: {got:?}");
+            };
+            // As the pprof read before (pprof keeps the rate as a period).
+            assert_eq!(before[i].clone().into_profile(1 << 20).as_ref(), Some(p));
+            assert_eq!(p.labels["rank"], (4 - i).to_string());
+        }
+        // A retry of a compacted batch is still recognised.
+        let again = whyslow_stack_output::to_pprof(&profiles[0]);
+        assert!(!s.put_profile(a, "job", &meta("b0", 1_000), &again).unwrap());
+        assert_eq!(s.jobs(a).unwrap()[0].profiles, 6);
+        // Across a restart; a segment no row names is removed at open.
+        drop(s);
+        let orphan = d.join("segments/t1/job/cpu-1-orphan.wseg");
+        std::fs::write(&orphan, b"WSEG1").unwrap();
+        let s = SqliteStore::open(&d).unwrap();
+        assert!(!orphan.exists());
+        assert_eq!(s.profiles(a, "job", "cpu", 2).unwrap().len(), 2);
+        // Retention removes the rows, then the segment.
+        assert!(s.expire(now_unix() + 60).unwrap() >= 6);
+        assert_eq!(s.segment_usage(), (0, 0));
+        assert!(s.profiles(a, "job", "cpu", 10).unwrap().is_empty());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_damaged_segment_loses_only_its_own_profiles() {
+        let d = std::env::temp_dir().join(format!("whyslow-segbad-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let s = SqliteStore::open(&d).unwrap();
+        let t = s.create_token("team-s").unwrap();
+        let a = s.tenant_of_token(&t).unwrap().unwrap();
+        for (job, start) in [("j1", 1u64), ("j2", 2)] {
+            let meta = ProfileMeta {
+                batch: format!("{job}-b"),
+                kind: "cpu".into(),
+                rank: None,
+                host: None,
+                start_unix_ns: start as i64,
+                samples: 1,
+            };
+            let p = whyslow_stack_output::to_pprof(&a_profile(0, start, job));
+            s.put_profile(a, job, &meta, &p).unwrap();
+        }
+        assert_eq!(s.compact(now_unix() + 1).unwrap(), (2, 2));
+        let seg = std::fs::read_dir(d.join("segments/t1/j1"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        std::fs::write(seg.path(), b"WSEG1 damaged").unwrap();
+        assert!(s.profiles(a, "j1", "cpu", 10).unwrap().is_empty());
+        assert_eq!(s.profiles(a, "j2", "cpu", 10).unwrap().len(), 1);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -491,7 +491,7 @@ async fn flamegraph(
     let title = format!("job {job}: {kind}, latest {} profiles", ps.len());
     let st = state.clone();
     let svg = tokio::task::spawn_blocking(move || {
-        crate::flamegraph_of(&ps, &title, st.symbols.as_ref().map(|s| (s, t)))
+        crate::flamegraph_of(ps, &title, st.symbols.as_ref().map(|s| (s, t)))
     })
     .await
     .unwrap_or_default();
