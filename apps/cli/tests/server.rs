@@ -1530,6 +1530,99 @@ fn profiles_moved_into_columnar_segments_draw_the_same_flame_graph() {
     let _ = std::fs::remove_dir_all(&data);
 }
 
+fn work_profile(start: u64, leaf: &str, count: u64) -> Vec<u8> {
+    use whyslow_model::stack::{Frame, StackProfileBuilder};
+    let mut b = StackProfileBuilder::new();
+    b.label("rank", "0");
+    let ids = ["main", "train_step", leaf]
+        .into_iter()
+        .map(|n| b.frame(Frame::label(n)))
+        .collect();
+    b.add(ids, count);
+    let io = vec![
+        b.frame(Frame::label("main")),
+        b.frame(Frame::label("read_batch")),
+    ];
+    b.add(io, 10);
+    whyslow_stack_output::to_pprof(&b.finish(99.0, start, 1_000_000_000))
+}
+
+/// SysOM-AI Fig. 6–7 on the server: a job whose work moved from one function
+/// to another shows the new one red and the old one listed as gone, against
+/// the job's own first profiles or another job's; the job page embeds it.
+#[test]
+fn the_differential_flame_graph_shows_what_changed_since_the_job_began() {
+    let data = std::env::temp_dir().join(format!("whyslow-server-diff-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let ta = token(&data, "team-a");
+    let tb = token(&data, "team-b");
+    let srv = Server::start(&data);
+    let post = |job: &str, batch: &str, body: &[u8]| {
+        let (code, text) = srv.request(
+            "POST",
+            &format!("/api/v1/jobs/{job}/profiles/{batch}"),
+            Some(&ta),
+            body,
+        );
+        assert_eq!(code, 201, "{text}");
+    };
+    let diff = |q: &str| {
+        srv.request(
+            "GET",
+            &format!("/api/v1/jobs/job-d/diff.svg{q}"),
+            Some(&ta),
+            b"",
+        )
+    };
+    post("job-d", "p0", &work_profile(1_000, "matmul_old", 90));
+    let (code, body) = diff("");
+    assert!(code == 404 && body.contains("at least 2"), "{code} {body}");
+    post("job-d", "p1", &work_profile(2_000, "matmul_old", 90));
+    post("job-d", "p2", &work_profile(3_000, "matmul_new", 90));
+    post("job-d", "p3", &work_profile(4_000, "matmul_new", 90));
+    // Latest 2 against the first 2: the new function is there, the old one
+    // listed as gone, the unchanged one not red.
+    let (code, svg) = diff("?kind=cpu");
+    assert_eq!(code, 200, "{svg}");
+    assert!(
+        svg.contains("matmul_new") && svg.contains("matmul_old"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("latest 2 profiles against its first 2"),
+        "{svg}"
+    );
+    // Against another job of the tenant, and not another tenant's.
+    post("job-e", "q0", &work_profile(1_000, "matmul_old", 90));
+    let (code, svg) = diff("?base_job=job-e&limit=1");
+    assert!(code == 200 && svg.contains("against job job-e"), "{code}");
+    assert_eq!(diff("?base_job=nope").0, 404);
+    assert_eq!(diff("?base_job=../x").0, 400);
+    assert_eq!(diff("?kind=gpu").0, 400);
+    assert_eq!(
+        srv.request("GET", "/api/v1/jobs/job-d/diff.svg", Some(&tb), b"")
+            .0,
+        404
+    );
+    assert_eq!(
+        srv.request("GET", "/api/v1/jobs/job-d/diff.svg", None, b"")
+            .0,
+        401
+    );
+    // The job page embeds it; the UI route draws the same graph.
+    let jar = format!("Cookie: whyslow_token={ta}\r\n");
+    let (st, _, page) = srv.raw("GET", "/ui/jobs/job-d", &jar, b"");
+    assert_eq!(st, 200);
+    assert!(
+        page.contains("/ui/jobs/job-d/diff.svg?kind=cpu") && page.contains("What changed"),
+        "{page}"
+    );
+    let (st, _, svg) = srv.raw("GET", "/ui/jobs/job-d/diff.svg?kind=cpu", &jar, b"");
+    assert!(st == 200 && svg.contains("matmul_new"), "{st}");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
 fn profiles_of(srv: &Server, token: &str, job: &str) -> u64 {
     let (_, body) = srv.request("GET", "/api/v1/jobs", Some(token), b"");
     let jobs: Value = serde_json::from_str(&body).unwrap_or(Value::Null);

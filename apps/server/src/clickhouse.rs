@@ -25,8 +25,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::store::{
-    check_name, new_token, token_hash, JobSummary, ProfileMeta, SessionSummary, Store, StoreError,
-    StoredProfile, TenantId,
+    check_name, new_token, token_hash, JobSummary, Order, ProfileMeta, SessionSummary, Store,
+    StoreError, StoredProfile, TenantId,
 };
 
 /// How to reach ClickHouse.
@@ -494,17 +494,34 @@ impl Store for ClickHouseStore {
         self.blobs("flows", tenant, job, limit)
     }
 
-    fn profiles(
+    fn profile_count(&self, tenant: TenantId, job: &str, kind: &str) -> Result<u64, StoreError> {
+        let rows = self.rows(&format!(
+            "SELECT count() AS n FROM {}.profiles FINAL
+             WHERE tenant = {} AND job = {} AND kind = {}",
+            self.cfg.database,
+            tenant.0,
+            lit(job),
+            lit(kind)
+        ))?;
+        Ok(rows.first().map(|r| num(&r["n"])).unwrap_or(0) as u64)
+    }
+
+    fn profiles_in_order(
         &self,
         tenant: TenantId,
         job: &str,
         kind: &str,
         limit: usize,
+        order: Order,
     ) -> Result<Vec<StoredProfile>, StoreError> {
+        let dir = match order {
+            Order::NewestFirst => "DESC",
+            Order::OldestFirst => "ASC",
+        };
         let rows = self.rows(&format!(
             "SELECT hex(pprof) AS p FROM {}.profiles FINAL
              WHERE tenant = {} AND job = {} AND kind = {}
-             ORDER BY start_unix_ns DESC, batch DESC LIMIT {limit}",
+             ORDER BY start_unix_ns {dir}, batch {dir} LIMIT {limit}",
             self.cfg.database,
             tenant.0,
             lit(job),

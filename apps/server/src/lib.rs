@@ -47,7 +47,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 pub use clickhouse::{ClickHouseConfig, ClickHouseStore};
-pub use store::{conformance, ProfileMeta, SqliteStore, Store, StoreError, TenantId};
+pub use store::{conformance, Order, ProfileMeta, SqliteStore, Store, StoreError, TenantId};
 
 /// Largest request body accepted (one fingerprint is kilobytes to a few MB).
 pub const MAX_BODY: usize = 32 << 20;
@@ -458,6 +458,22 @@ pub fn flamegraph_of(
     title: &str,
     symbols: Option<(&symbols::SymbolStore, TenantId)>,
 ) -> String {
+    let merged = merged_profile(profiles, symbols);
+    whyslow_stack_output::to_flamegraph_svg(
+        &merged,
+        &whyslow_stack_output::FlameOptions {
+            title: title.to_string(),
+            ..Default::default()
+        },
+    )
+}
+
+/// `profiles` decoded, their unnamed frames named from the tenant's
+/// symbols, merged into one.
+fn merged_profile(
+    profiles: Vec<store::StoredProfile>,
+    symbols: Option<(&symbols::SymbolStore, TenantId)>,
+) -> whyslow_model::stack::StackProfile {
     let parsed: Vec<_> = profiles
         .into_iter()
         .filter_map(|p| p.into_profile(MAX_PROFILE_DECOMPRESSED))
@@ -468,14 +484,129 @@ pub fn flamegraph_of(
             p
         })
         .collect();
-    let merged = whyslow_model::stack::StackProfile::merged(&parsed);
-    whyslow_stack_output::to_flamegraph_svg(
-        &merged,
+    whyslow_model::stack::StackProfile::merged(&parsed)
+}
+
+/// `?kind=&limit=&base_job=` of the differential flame graph routes.
+#[derive(Debug, serde::Deserialize)]
+pub struct DiffQuery {
+    /// `cpu` (default), `offcpu` or `host`.
+    pub kind: Option<String>,
+    /// Profiles on each side (default and most: [`MAX_FLAME_PROFILES`]).
+    pub limit: Option<usize>,
+    /// Compare with this job's latest profiles instead of the job's own
+    /// first ones.
+    pub base_job: Option<String>,
+}
+
+/// The differential flame graph (SysOM-AI Fig. 6–7) of a job's latest
+/// profiles of `kind` against a baseline: by default the job's own first
+/// profiles — a temporal baseline, how it ran at the start — the same
+/// number on each side and at most half of the job's profiles each, so the
+/// two never overlap; with `base_job`, that job's latest `limit`. Frames
+/// wider now are red, narrower blue, paths only in one side marked.
+/// Errors: (status, why).
+pub fn diff_flamegraph(
+    state: &AppState,
+    tenant: TenantId,
+    job: &str,
+    q: &DiffQuery,
+) -> Result<String, (StatusCode, String)> {
+    let bad = |e: String| (StatusCode::BAD_REQUEST, e);
+    let (kind, limit) = FlameQuery {
+        kind: q.kind.clone(),
+        limit: q.limit,
+    }
+    .checked()
+    .map(|(k, l)| (k.to_string(), l))
+    .map_err(bad)?;
+    store::check_name("job", job).map_err(|e| bad(e.to_string()))?;
+    let internal = |e: StoreError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    let symbols = state.symbols.as_ref().map(|s| (s, tenant));
+    let (base, new, title) = match q.base_job.as_deref() {
+        None => {
+            let total = state
+                .store
+                .profile_count(tenant, job, &kind)
+                .map_err(internal)?;
+            if total < 2 {
+                return Err((
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "a differential flame graph needs at least 2 {kind} profiles of job {job:?}; it has {total}"
+                    ),
+                ));
+            }
+            let n = limit.min((total / 2) as usize);
+            let new = state
+                .store
+                .profiles(tenant, job, &kind, n)
+                .map_err(internal)?;
+            let base = state
+                .store
+                .profiles_in_order(tenant, job, &kind, n, Order::OldestFirst)
+                .map_err(internal)?;
+            let title = format!(
+                "job {job}: {kind}, latest {n} profiles against its first {n} (red: wider now, blue: narrower)"
+            );
+            (base, new, title)
+        }
+        Some(other) => {
+            store::check_name("job", other).map_err(|e| bad(e.to_string()))?;
+            let new = state
+                .store
+                .profiles(tenant, job, &kind, limit)
+                .map_err(internal)?;
+            let base = state
+                .store
+                .profiles(tenant, other, &kind, limit)
+                .map_err(internal)?;
+            if new.is_empty() || base.is_empty() {
+                return Err((
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "no {kind} profiles of job {:?}",
+                        if new.is_empty() { job } else { other }
+                    ),
+                ));
+            }
+            let title = format!(
+                "job {job}: {kind}, latest {} profiles against job {other}'s latest {} (red: wider in {job}, blue: narrower)",
+                new.len(),
+                base.len()
+            );
+            (base, new, title)
+        }
+    };
+    let (base, new) = (merged_profile(base, symbols), merged_profile(new, symbols));
+    Ok(whyslow_stack_output::to_diff_flamegraph_svg(
+        &base,
+        &new,
         &whyslow_stack_output::FlameOptions {
-            title: title.to_string(),
+            title,
             ..Default::default()
         },
-    )
+    ))
+}
+
+async fn get_diff_flamegraph(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    axum::extract::Query(q): axum::extract::Query<DiffQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        let st = state.clone();
+        let svg = blocking(move || {
+            diff_flamegraph(&st, t, &job, &q).map_err(|(code, e)| ApiError(code, e))
+        })
+        .await?;
+        Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
 }
 
 async fn post_profile(
@@ -1003,6 +1134,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/api/v1/jobs/{job}/profiles/{batch}", post(post_profile))
         .route("/api/v1/jobs/{job}/flamegraph.svg", get(get_flamegraph))
+        .route("/api/v1/jobs/{job}/diff.svg", get(get_diff_flamegraph))
         .route(
             "/api/v1/jobs/{job}/collectives/{batch}",
             post(post_collectives),

@@ -65,6 +65,15 @@ pub struct ProfileMeta {
     pub samples: u64,
 }
 
+/// Which end of a job's profiles to read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The latest first.
+    NewestFirst,
+    /// The earliest first (a job's own baseline: how it ran at the start).
+    OldestFirst,
+}
+
 /// A stored profile as a store hands it back.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoredProfile {
@@ -148,7 +157,20 @@ pub trait Store: Send + Sync {
         job: &str,
         kind: &str,
         limit: usize,
+    ) -> Result<Vec<StoredProfile>, StoreError> {
+        self.profiles_in_order(tenant, job, kind, limit, Order::NewestFirst)
+    }
+    /// `limit` profiles of `kind` of the job from one end of its history.
+    fn profiles_in_order(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        limit: usize,
+        order: Order,
     ) -> Result<Vec<StoredProfile>, StoreError>;
+    /// How many profiles of `kind` the job has.
+    fn profile_count(&self, tenant: TenantId, job: &str, kind: &str) -> Result<u64, StoreError>;
     /// Stores one batch of collective records (JSON lines of
     /// `whyslow_model::collective::CollectiveRecord`, as the agents write
     /// them) of a job; `false` when the batch was stored before.
@@ -677,19 +699,35 @@ impl Store for SqliteStore {
         Ok(n == 1)
     }
 
-    fn profiles(
+    fn profile_count(&self, tenant: TenantId, job: &str, kind: &str) -> Result<u64, StoreError> {
+        let n: i64 = self.db().query_row(
+            "SELECT COUNT(*) FROM profiles WHERE tenant = ?1 AND job = ?2 AND kind = ?3",
+            params![tenant.0, job, kind],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
+    fn profiles_in_order(
         &self,
         tenant: TenantId,
         job: &str,
         kind: &str,
         limit: usize,
+        order: Order,
     ) -> Result<Vec<StoredProfile>, StoreError> {
         let rows: Vec<(String, Vec<u8>, Option<String>)> = {
             let db = self.db();
-            let mut st = db.prepare_cached(
-                "SELECT batch, pprof, segment FROM profiles WHERE tenant = ?1 AND job = ?2 AND kind = ?3
-                 ORDER BY start_unix_ns DESC LIMIT ?4",
-            )?;
+            let mut st = db.prepare_cached(match order {
+                Order::NewestFirst => {
+                    "SELECT batch, pprof, segment FROM profiles WHERE tenant = ?1 AND job = ?2 AND kind = ?3
+                     ORDER BY start_unix_ns DESC, batch DESC LIMIT ?4"
+                }
+                Order::OldestFirst => {
+                    "SELECT batch, pprof, segment FROM profiles WHERE tenant = ?1 AND job = ?2 AND kind = ?3
+                     ORDER BY start_unix_ns, batch LIMIT ?4"
+                }
+            })?;
             let rows = st.query_map(params![tenant.0, job, kind, limit as i64], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?))
             })?;
@@ -868,6 +906,13 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
             ]
     );
     check!(ok!(s.profiles(a, "job2", "cpu", 1)).len() == 1);
+    check!(
+        ok!(s.profiles_in_order(a, "job2", "cpu", 1, Order::OldestFirst))
+            == vec![StoredProfile::Pprof(binary.clone())]
+    );
+    check!(ok!(s.profile_count(a, "job2", "cpu")) == 2);
+    check!(ok!(s.profile_count(a, "job2", "offcpu")) == 0);
+    check!(ok!(s.profile_count(b, "job2", "cpu")) == 0);
     check!(ok!(s.profiles(a, "job2", "offcpu", 10)).is_empty());
     check!(ok!(s.profiles(b, "job2", "cpu", 10)).is_empty());
     check!(ok!(s.has_job(a, "job2")) && !ok!(s.has_job(b, "job2")));

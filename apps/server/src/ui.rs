@@ -332,8 +332,9 @@ async fn job_page(
         let sessions = st.store.sessions(t, &j)?;
         let mut kinds = Vec::new();
         for k in crate::PROFILE_KINDS {
-            if !st.store.profiles(t, &j, k, 1)?.is_empty() {
-                kinds.push(k);
+            let n = st.store.profile_count(t, &j, k)?;
+            if n > 0 {
+                kinds.push((k, n));
             }
         }
         let collectives = st.store.collectives(t, &j, crate::MAX_COLLECTIVE_BATCHES)?;
@@ -376,7 +377,7 @@ async fn job_page(
              <table><tr><th>session</th><th>worker fingerprints</th><th>last upload</th></tr>{rows}</table>"
         ));
     }
-    for k in kinds {
+    for (k, n) in kinds {
         let what = match k {
             "cpu" => "CPU stacks of the ranks (the node agents' profiles)",
             "offcpu" => "Time the ranks spent blocked off the CPU, by the stack that blocked",
@@ -390,6 +391,19 @@ async fn job_page(
             max = crate::MAX_FLAME_PROFILES,
             j = esc(&job),
         ));
+        if n >= 2 {
+            let each = (n / 2).min(crate::MAX_FLAME_PROFILES as u64);
+            body.push_str(&format!(
+                "<h3>What changed since the job began</h3><p class=\"muted\">The latest {each} profiles \
+                 against the job's first {each} (a temporal baseline, SysOM-AI Fig. 6–7): frames wider \
+                 now are red, narrower blue. \
+                 <a href=\"/ui/jobs/{j}/diff.svg?kind={k}\">Open alone</a>; against another job: \
+                 <code>?base_job=JOB</code>.</p>\
+                 <object type=\"image/svg+xml\" data=\"/ui/jobs/{j}/diff.svg?kind={k}\" \
+                 style=\"width:100%;min-height:30em\"></object>",
+                j = esc(&job),
+            ));
+        }
     }
     page(&format!("Job {job}"), &body).into_response()
 }
@@ -459,6 +473,32 @@ async fn flows_perfetto(
         whyslow_report::flows::to_perfetto_trace(&report),
     )
         .into_response()
+}
+
+async fn diff_flamegraph(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    Query(q): Query<crate::DiffQuery>,
+    headers: HeaderMap,
+) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    if store::check_name("job", &job).is_err() {
+        return not_found("No such job.");
+    }
+    let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}")).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let st = state.clone();
+    match tokio::task::spawn_blocking(move || crate::diff_flamegraph(&st, t, &job, &q)).await {
+        Ok(Ok(svg)) => ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response(),
+        Ok(Err((StatusCode::NOT_FOUND, e))) => not_found(&e),
+        Ok(Err((StatusCode::BAD_REQUEST, e))) => {
+            (StatusCode::BAD_REQUEST, page("Bad request", &esc(&e))).into_response()
+        }
+        Ok(Err((_, e))) => server_error(&e),
+        Err(e) => server_error(&e.to_string()),
+    }
 }
 
 async fn flamegraph(
@@ -553,6 +593,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/ui/logout", get(logout))
         .route("/ui/jobs/{job}", get(job_page))
         .route("/ui/jobs/{job}/flamegraph.svg", get(flamegraph))
+        .route("/ui/jobs/{job}/diff.svg", get(diff_flamegraph))
         .route("/ui/jobs/{job}/flows.perfetto.json", get(flows_perfetto))
         .route("/ui/jobs/{job}/sessions/{session}", get(session_page))
 }
