@@ -1597,6 +1597,13 @@ fn the_differential_flame_graph_shows_what_changed_since_the_job_began() {
     let (code, svg) = diff("?base_job=job-e&limit=1");
     assert!(code == 200 && svg.contains("against job job-e"), "{code}");
     assert_eq!(diff("?base_job=nope").0, 404);
+    // Against one hour of the job (all four began in the first hour of 1970).
+    let (code, svg) = diff("?base_hour=1800");
+    assert!(
+        code == 200 && svg.contains("hour from 1970-01-01 00:00 UTC"),
+        "{code} {svg}"
+    );
+    assert_eq!(diff("?base_hour=7200").0, 404);
     assert_eq!(diff("?base_job=../x").0, 400);
     assert_eq!(diff("?kind=gpu").0, 400);
     assert_eq!(

@@ -19,14 +19,16 @@
 //! (names are checked by [`check_name`] first), sent as the body of a POST,
 //! results read as `JSONEachRow`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use whyslow_model::stack::{Frame, StackProfile, StackProfileBuilder};
 
 use crate::store::{
-    check_name, new_token, token_hash, JobSummary, Order, ProfileMeta, SessionSummary, Store,
-    StoreError, StoredProfile, TenantId,
+    check_name, merge_stored, new_token, token_hash, JobSummary, Order, ProfileMeta,
+    SessionSummary, Store, StoreError, StoredProfile, TenantId,
 };
 
 /// How to reach ClickHouse.
@@ -157,6 +159,18 @@ impl ClickHouseStore {
                  samples UInt64, pprof String CODEC(ZSTD(3)), uploaded_ns UInt64)
              ENGINE = ReplacingMergeTree ORDER BY (tenant, job, kind, batch) {ttl}"
         ))?;
+        // Hourly rollups (SysOM-AI §3.4's historical baselines): per job,
+        // kind and hour, one row per stack with its samples, recomputed
+        // from the deduplicated profiles (so a retried batch never counts
+        // twice) once the hour is over, and again when late profiles arrive.
+        s.exec(&format!(
+            "CREATE TABLE IF NOT EXISTS {db}.profile_rollups (
+                 tenant Int64, job String, kind LowCardinality(String), hour Int64,
+                 stack String CODEC(ZSTD(3)), samples UInt64, profiles UInt64, computed_ns UInt64)
+             ENGINE = ReplacingMergeTree(computed_ns) ORDER BY (tenant, job, kind, hour, stack)
+             TTL toDateTime(hour) + INTERVAL {} DAY",
+            s.cfg.retention_days.max(1)
+        ))?;
         s.exec(&format!(
             "CREATE TABLE IF NOT EXISTS {db}.collectives (
                  tenant Int64, job String, batch String, body String CODEC(ZSTD(3)),
@@ -170,6 +184,124 @@ impl ClickHouseStore {
              ENGINE = ReplacingMergeTree ORDER BY (tenant, job, batch) {ttl}"
         ))?;
         Ok(s)
+    }
+
+    /// Profiles of `kind` of the job that began in `hour` (Unix s).
+    fn hour_count(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        hour: i64,
+    ) -> Result<u64, StoreError> {
+        let rows = self.rows(&format!(
+            "SELECT count() AS n FROM {}.profiles FINAL
+             WHERE tenant = {} AND job = {} AND kind = {}
+               AND start_unix_ns >= {} AND start_unix_ns < {}",
+            self.cfg.database,
+            tenant.0,
+            lit(job),
+            lit(kind),
+            hour * 1_000_000_000,
+            (hour + 3600) * 1_000_000_000
+        ))?;
+        Ok(rows.first().map(|r| num(&r["n"])).unwrap_or(0) as u64)
+    }
+
+    fn hour_profiles(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        hour: i64,
+    ) -> Result<Vec<StoredProfile>, StoreError> {
+        let rows = self.rows(&format!(
+            "SELECT hex(pprof) AS p FROM {}.profiles FINAL
+             WHERE tenant = {} AND job = {} AND kind = {}
+               AND start_unix_ns >= {} AND start_unix_ns < {}",
+            self.cfg.database,
+            tenant.0,
+            lit(job),
+            lit(kind),
+            hour * 1_000_000_000,
+            (hour + 3600) * 1_000_000_000
+        ))?;
+        rows.iter()
+            .map(|r| unhex(r["p"].as_str().unwrap_or("")).map(StoredProfile::Pprof))
+            .collect()
+    }
+
+    /// Rolls up the hours of the last two days that ended before
+    /// `before_unix_s` whose rollup is missing or counts other profiles than
+    /// the hour has now (late arrivals), at most 16 per call; returns
+    /// (0, hours rolled up).
+    pub fn roll_up(&self, before_unix_s: i64) -> Result<(u64, u64), StoreError> {
+        let db = &self.cfg.database;
+        let last_hour = before_unix_s.div_euclid(3600) * 3600 - 3600;
+        let first_hour = last_hour - 47 * 3600;
+        let key = |r: &Value| {
+            (
+                num(&r["tenant"]),
+                text(&r["job"]),
+                text(&r["kind"]),
+                num(&r["hour"]),
+            )
+        };
+        let have: HashMap<(i64, String, String, i64), i64> = self
+            .rows(&format!(
+                "SELECT tenant, job, kind, hour, max(profiles) AS n FROM {db}.profile_rollups FINAL
+                 WHERE hour >= {first_hour} GROUP BY tenant, job, kind, hour"
+            ))?
+            .iter()
+            .map(|r| (key(r), num(&r["n"])))
+            .collect();
+        let due: Vec<((i64, String, String, i64), i64)> = self
+            .rows(&format!(
+                "SELECT tenant, job, kind, intDiv(start_unix_ns, 3600000000000) * 3600 AS hour,
+                        count() AS n
+                 FROM {db}.profiles FINAL
+                 WHERE start_unix_ns >= {} AND start_unix_ns < {}
+                 GROUP BY tenant, job, kind, hour ORDER BY hour",
+                first_hour * 1_000_000_000,
+                (last_hour + 3600) * 1_000_000_000
+            ))?
+            .iter()
+            .map(|r| (key(r), num(&r["n"])))
+            .filter(|(k, n)| have.get(k) != Some(n))
+            .take(16)
+            .collect();
+        let mut rolled = 0u64;
+        for ((tenant, job, kind, hour), n) in due {
+            let profiles = self.hour_profiles(TenantId(tenant), &job, &kind, hour)?;
+            let Some(p) = merge_stored(profiles) else {
+                continue;
+            };
+            let computed = now_ns();
+            let mut lines = String::new();
+            for st in &p.stacks {
+                let frames: Vec<&Frame> = st
+                    .frames
+                    .iter()
+                    .filter_map(|&i| p.frames.get(i as usize))
+                    .collect();
+                let row = serde_json::json!({
+                    "tenant": tenant, "job": job, "kind": kind, "hour": hour,
+                    "stack": serde_json::to_string(&frames).unwrap_or_default(),
+                    "samples": st.count, "profiles": n, "computed_ns": computed,
+                });
+                lines.push_str(&row.to_string());
+                lines.push('\n');
+            }
+            self.exec(&format!(
+                "INSERT INTO {db}.profile_rollups
+                 SELECT * FROM format(JSONEachRow,
+                     'tenant Int64, job String, kind String, hour Int64, stack String, samples UInt64, profiles UInt64, computed_ns UInt64',
+                     {})",
+                lit(&lines)
+            ))?;
+            rolled += 1;
+        }
+        Ok((0, rolled))
     }
 
     /// Drops this store's database (for `check-store`'s scratch database).
@@ -494,6 +626,52 @@ impl Store for ClickHouseStore {
         self.blobs("flows", tenant, job, limit)
     }
 
+    fn hour_profile(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        hour_unix_s: i64,
+    ) -> Result<Option<StackProfile>, StoreError> {
+        let hour = hour_unix_s.div_euclid(3600) * 3600;
+        let now = self.hour_count(tenant, job, kind, hour)?;
+        if now == 0 {
+            return Ok(None);
+        }
+        let db = &self.cfg.database;
+        let rows = self.rows(&format!(
+            "SELECT stack, samples, profiles FROM {db}.profile_rollups FINAL
+             WHERE tenant = {} AND job = {} AND kind = {} AND hour = {hour}",
+            tenant.0,
+            lit(job),
+            lit(kind)
+        ))?;
+        // A rollup made before late profiles arrived is stale: the raw
+        // profiles answer until the next pass redoes it.
+        if !rows.is_empty() && rows.iter().all(|r| num(&r["profiles"]) as u64 == now) {
+            let mut b = StackProfileBuilder::new();
+            for r in &rows {
+                let Ok(frames) =
+                    serde_json::from_str::<Vec<Frame>>(r["stack"].as_str().unwrap_or(""))
+                else {
+                    continue;
+                };
+                let ids = frames.into_iter().map(|f| b.frame(f)).collect();
+                b.add(ids, num(&r["samples"]) as u64);
+            }
+            return Ok(Some(b.finish(
+                0.0,
+                hour as u64 * 1_000_000_000,
+                3_600_000_000_000,
+            )));
+        }
+        Ok(merge_stored(self.hour_profiles(tenant, job, kind, hour)?))
+    }
+
+    fn compact(&self, before_unix_s: i64) -> Result<(u64, u64), StoreError> {
+        self.roll_up(before_unix_s)
+    }
+
     fn profile_count(&self, tenant: TenantId, job: &str, kind: &str) -> Result<u64, StoreError> {
         let rows = self.rows(&format!(
             "SELECT count() AS n FROM {}.profiles FINAL
@@ -552,6 +730,66 @@ mod tests {
         assert_eq!(num(&serde_json::json!(42)), 42);
         assert_eq!(tenant_id("team-a"), tenant_id("team-a"));
         assert!(tenant_id("team-a") >= 0 && tenant_id("team-a") != tenant_id("team-b"));
+    }
+
+    /// The hourly rollups are rows in ClickHouse, and answer for the hour
+    /// (against a server only: `WHYSLOW_CLICKHOUSE_URL`, e.g. the chdb shim
+    /// of tests/python/chdb_http.py; the Python suite runs the conformance
+    /// checks there).
+    #[test]
+    fn hourly_rollups_are_written_and_read_back_when_a_server_is_given() {
+        let Ok(url) = std::env::var("WHYSLOW_CLICKHOUSE_URL") else {
+            eprintln!("skipped: set WHYSLOW_CLICKHOUSE_URL to a ClickHouse HTTP endpoint");
+            return;
+        };
+        let s = ClickHouseStore::open(ClickHouseConfig {
+            url,
+            database: format!("whyslow_rollup_test_{}", std::process::id()),
+            user: None,
+            password: None,
+            retention_days: 30,
+        })
+        .unwrap();
+        let t = TenantId(7);
+        let now = (now_ns() / 1_000_000_000) as i64;
+        let hour = (now / 3600 - 5) * 3600;
+        for (i, leaf) in ["a", "b", "a"].iter().enumerate() {
+            let mut b = StackProfileBuilder::new();
+            let ids = vec![b.frame(Frame::label("main")), b.frame(Frame::label(*leaf))];
+            b.add(ids, 4);
+            let start = (hour + 60 * i as i64) as u64 * 1_000_000_000;
+            let meta = ProfileMeta {
+                batch: format!("b{i}"),
+                kind: "cpu".into(),
+                rank: None,
+                host: None,
+                start_unix_ns: start as i64,
+                samples: 4,
+            };
+            let bytes = whyslow_stack_output::to_pprof(&b.finish(99.0, start, 1_000_000_000));
+            assert!(s.put_profile(t, "j", &meta, &bytes).unwrap());
+        }
+        // Not before the hour is over.
+        assert_eq!(s.roll_up(hour + 3599).unwrap(), (0, 0));
+        assert_eq!(s.roll_up(hour + 3600).unwrap(), (0, 1));
+        let rows = s
+            .rows(&format!(
+                "SELECT stack, samples FROM {}.profile_rollups FINAL ORDER BY samples",
+                s.cfg.database
+            ))
+            .unwrap();
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!((num(&rows[0]["samples"]), num(&rows[1]["samples"])), (4, 8));
+        assert!(rows[1]["stack"].as_str().unwrap().contains("\"a\""));
+        assert_eq!(
+            s.hour_profile(t, "j", "cpu", hour)
+                .unwrap()
+                .unwrap()
+                .total(),
+            12
+        );
+        assert_eq!(s.roll_up(now).unwrap(), (0, 0));
+        s.drop_database().unwrap();
     }
 
     #[test]

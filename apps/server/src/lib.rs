@@ -77,6 +77,7 @@ pub struct Metrics {
     raw_archived: AtomicU64,
     raw_archived_bytes: AtomicU64,
     profiles_compacted: AtomicU64,
+    compactions: AtomicU64,
 }
 
 impl Metrics {
@@ -174,6 +175,11 @@ impl Metrics {
                 "stack profiles moved into columnar segments (the embedded store)",
                 c(&self.profiles_compacted),
             ),
+            (
+                "whyslow_server_compactions_total",
+                "columnar segments written (the embedded store) or hourly profile rollups computed (ClickHouse)",
+                c(&self.compactions),
+            ),
         ] {
             s.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
@@ -242,6 +248,15 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+}
+
+/// `YYYY-MM-DD HH:00` (UTC) of a Unix time.
+fn utc_hour(unix_s: i64) -> String {
+    format!(
+        "{} {:02}:00",
+        utc_date(unix_s),
+        unix_s.rem_euclid(86_400) / 3600
+    )
 }
 
 /// Civil date (UTC) of a Unix time, `YYYY-MM-DD`.
@@ -497,6 +512,10 @@ pub struct DiffQuery {
     /// Compare with this job's latest profiles instead of the job's own
     /// first ones.
     pub base_job: Option<String>,
+    /// Compare with the profiles (of `base_job`, else of the job) that began
+    /// in the hour starting at this Unix time (rounded down to the hour):
+    /// on ClickHouse one hourly rollup.
+    pub base_hour: Option<i64>,
 }
 
 /// The differential flame graph (SysOM-AI Fig. 6–7) of a job's latest
@@ -523,6 +542,49 @@ pub fn diff_flamegraph(
     store::check_name("job", job).map_err(|e| bad(e.to_string()))?;
     let internal = |e: StoreError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
     let symbols = state.symbols.as_ref().map(|s| (s, tenant));
+    if let Some(h) = q.base_hour {
+        let hour = h.div_euclid(3600) * 3600;
+        let other = q.base_job.as_deref().unwrap_or(job);
+        store::check_name("job", other).map_err(|e| bad(e.to_string()))?;
+        let base = state
+            .store
+            .hour_profile(tenant, other, &kind, hour)
+            .map_err(internal)?
+            .ok_or_else(|| {
+                (
+                    StatusCode::NOT_FOUND,
+                    format!("no {kind} profiles of job {other:?} began in the hour from {hour} (Unix s)"),
+                )
+            })?;
+        let new = state
+            .store
+            .profiles(tenant, job, &kind, limit)
+            .map_err(internal)?;
+        if new.is_empty() {
+            return Err((
+                StatusCode::NOT_FOUND,
+                format!("no {kind} profiles of job {job:?}"),
+            ));
+        }
+        let title = format!(
+            "job {job}: {kind}, latest {} profiles against job {other}'s hour from {} UTC (red: wider now, blue: narrower)",
+            new.len(),
+            utc_hour(hour)
+        );
+        let mut base = base;
+        if let Some((store, t)) = symbols {
+            store.symbolize(t, &mut base);
+        }
+        let new = merged_profile(new, symbols);
+        return Ok(whyslow_stack_output::to_diff_flamegraph_svg(
+            &base,
+            &new,
+            &whyslow_stack_output::FlameOptions {
+                title,
+                ..Default::default()
+            },
+        ));
+    }
     let (base, new, title) = match q.base_job.as_deref() {
         None => {
             let total = state
@@ -1205,11 +1267,10 @@ pub async fn serve(
             let st = compactor.clone();
             let before = now_unix_s() - st.compact_after_s as i64;
             match tokio::task::spawn_blocking(move || st.store.compact(before)).await {
-                Ok(Ok((moved, _))) => {
-                    compactor
-                        .metrics
-                        .profiles_compacted
-                        .fetch_add(moved, Ordering::Relaxed);
+                Ok(Ok((moved, written))) => {
+                    let m = &compactor.metrics;
+                    m.profiles_compacted.fetch_add(moved, Ordering::Relaxed);
+                    m.compactions.fetch_add(written, Ordering::Relaxed);
                 }
                 Ok(Err(e)) => eprintln!("whyslow: compacting profiles failed: {e}"),
                 Err(_) => {}

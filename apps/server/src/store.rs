@@ -171,6 +171,18 @@ pub trait Store: Send + Sync {
     ) -> Result<Vec<StoredProfile>, StoreError>;
     /// How many profiles of `kind` the job has.
     fn profile_count(&self, tenant: TenantId, job: &str, kind: &str) -> Result<u64, StoreError>;
+    /// The job's profiles of `kind` that began in the hour starting at
+    /// `hour_unix_s` (a multiple of 3600), merged; `None` when there are
+    /// none. ClickHouse answers from its hourly rollups once they are
+    /// complete (a baseline over weeks reads one row per stack and hour);
+    /// pprof bytes that do not decode are left out.
+    fn hour_profile(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        hour_unix_s: i64,
+    ) -> Result<Option<whyslow_model::stack::StackProfile>, StoreError>;
     /// Stores one batch of collective records (JSON lines of
     /// `whyslow_model::collective::CollectiveRecord`, as the agents write
     /// them) of a job; `false` when the batch was stored before.
@@ -438,6 +450,40 @@ impl SqliteStore {
             }
         }
         Ok((moved, written))
+    }
+
+    /// Rows (batch, pprof, segment) as stored profiles: segments read once
+    /// each, outside the database lock; a segment that cannot be read loses
+    /// only its own profiles.
+    fn stored(&self, rows: Vec<(String, Vec<u8>, Option<String>)>) -> Vec<StoredProfile> {
+        let mut segments: HashMap<String, HashMap<String, whyslow_model::stack::StackProfile>> =
+            HashMap::new();
+        let mut out = Vec::with_capacity(rows.len());
+        for (batch, pprof, segment) in rows {
+            let Some(seg) = segment.filter(|s| s != KEPT_AS_UPLOADED) else {
+                out.push(StoredProfile::Pprof(pprof));
+                continue;
+            };
+            let profiles = segments.entry(seg.clone()).or_insert_with(|| {
+                let path = self.segments.join(&seg);
+                match std::fs::read(&path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| {
+                        crate::segments::decode(&b, MAX_SEGMENT_BODY).map_err(|e| e.to_string())
+                    }) {
+                    Ok(ps) => ps.into_iter().collect(),
+                    Err(e) => {
+                        // The other profiles still answer.
+                        eprintln!("whyslow: {}: skipped: {e}", path.display());
+                        HashMap::new()
+                    }
+                }
+            });
+            if let Some(p) = profiles.remove(&batch) {
+                out.push(StoredProfile::Decoded(p));
+            }
+        }
+        out
     }
 
     /// Writes `bytes` to `DATA/segments/<name>` whole: a temporary file,
@@ -733,35 +779,36 @@ impl Store for SqliteStore {
             })?;
             rows.collect::<Result<_, _>>()?
         };
-        // Each segment read once, outside the database lock.
-        let mut segments: HashMap<String, HashMap<String, whyslow_model::stack::StackProfile>> =
-            HashMap::new();
-        let mut out = Vec::with_capacity(rows.len());
-        for (batch, pprof, segment) in rows {
-            let Some(seg) = segment.filter(|s| s != KEPT_AS_UPLOADED) else {
-                out.push(StoredProfile::Pprof(pprof));
-                continue;
-            };
-            let profiles = segments.entry(seg.clone()).or_insert_with(|| {
-                let path = self.segments.join(&seg);
-                match std::fs::read(&path)
-                    .map_err(|e| e.to_string())
-                    .and_then(|b| {
-                        crate::segments::decode(&b, MAX_SEGMENT_BODY).map_err(|e| e.to_string())
-                    }) {
-                    Ok(ps) => ps.into_iter().collect(),
-                    Err(e) => {
-                        // The other profiles still answer.
-                        eprintln!("whyslow: {}: skipped: {e}", path.display());
-                        HashMap::new()
-                    }
-                }
-            });
-            if let Some(p) = profiles.remove(&batch) {
-                out.push(StoredProfile::Decoded(p));
-            }
-        }
-        Ok(out)
+        Ok(self.stored(rows))
+    }
+
+    fn hour_profile(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        hour_unix_s: i64,
+    ) -> Result<Option<whyslow_model::stack::StackProfile>, StoreError> {
+        let from = hour_unix_s.saturating_mul(1_000_000_000);
+        let rows: Vec<(String, Vec<u8>, Option<String>)> = {
+            let db = self.db();
+            let mut st = db.prepare_cached(
+                "SELECT batch, pprof, segment FROM profiles WHERE tenant = ?1 AND job = ?2 AND kind = ?3
+                   AND start_unix_ns >= ?4 AND start_unix_ns < ?5 ORDER BY start_unix_ns",
+            )?;
+            let rows = st.query_map(
+                params![
+                    tenant.0,
+                    job,
+                    kind,
+                    from,
+                    from.saturating_add(3_600_000_000_000)
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            rows.collect::<Result<_, _>>()?
+        };
+        Ok(merge_stored(self.stored(rows)))
     }
 
     fn put_collectives(
@@ -837,6 +884,15 @@ impl Store for SqliteStore {
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
+}
+
+/// `profiles` decoded and merged; `None` when none decodes.
+pub fn merge_stored(profiles: Vec<StoredProfile>) -> Option<whyslow_model::stack::StackProfile> {
+    let decoded: Vec<_> = profiles
+        .into_iter()
+        .filter_map(|p| p.into_profile(whyslow_stack_output::MAX_PPROF_DECOMPRESSED))
+        .collect();
+    (!decoded.is_empty()).then(|| whyslow_model::stack::StackProfile::merged(&decoded))
 }
 
 /// The conformance checks every backend must pass (run by the tests on
@@ -923,6 +979,76 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
         .ok_or("conformance: job2 is not listed")?;
     check!((job2.sessions, job2.fingerprints, job2.profiles) == (0, 0, 2));
     check!(s.put_profile(a, "job2", &meta("../x", 3), b"x").is_err());
+    // Hour profiles (baselines): the profiles that began in one hour,
+    // merged, the same before and after the store's compaction (ClickHouse:
+    // its hourly rollup), and a late profile counted once it is there.
+    // A few hours ago: stores keep rollups only within their retention.
+    let hour = (now_unix() / 3600 - 3) * 3600;
+    let work = |at_s: i64, stacks: &[(&str, u64)]| {
+        use whyslow_model::stack::{Frame, StackProfileBuilder};
+        let mut b = StackProfileBuilder::new();
+        for (leaf, n) in stacks {
+            let ids = vec![b.frame(Frame::label("main")), b.frame(Frame::label(*leaf))];
+            b.add(ids, *n);
+        }
+        whyslow_stack_output::to_pprof(&b.finish(
+            99.0,
+            (at_s * 1_000_000_000) as u64,
+            1_000_000_000,
+        ))
+    };
+    let at = |s: i64| (hour + s) * 1_000_000_000;
+    check!(ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h1", at(10)),
+        &work(hour + 10, &[("a", 3)])
+    )));
+    check!(ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h2", at(20)),
+        &work(hour + 20, &[("a", 2), ("b", 5)])
+    )));
+    check!(ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h0", at(-5)),
+        &work(hour - 5, &[("c", 7)])
+    )));
+    let total = |s: &dyn Store| -> Result<Option<u64>, String> {
+        Ok(ok!(s.hour_profile(a, "job-h", "cpu", hour)).map(|p| p.total()))
+    };
+    check!(total(s)? == Some(10));
+    check!(ok!(s.hour_profile(a, "job-h", "cpu", hour + 3600)).is_none());
+    check!(ok!(s.hour_profile(a, "job-h", "offcpu", hour)).is_none());
+    check!(ok!(s.hour_profile(b, "job-h", "cpu", hour)).is_none());
+    ok!(s.compact(now_unix() + 1));
+    check!(total(s)? == Some(10));
+    check!(ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h3", at(30)),
+        &work(hour + 30, &[("b", 1)])
+    )));
+    check!(!ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h3", at(30)),
+        &work(hour + 30, &[("b", 1)])
+    )));
+    check!(total(s)? == Some(11));
+    ok!(s.compact(now_unix() + 1));
+    check!(total(s)? == Some(11));
+    let names = |p: whyslow_model::stack::StackProfile| {
+        let mut n: Vec<String> = p.frames.iter().filter_map(|f| f.name.clone()).collect();
+        n.sort();
+        n
+    };
+    check!(
+        ok!(s.hour_profile(a, "job-h", "cpu", hour)).map(names)
+            == Some(vec!["a".into(), "b".into(), "main".into()])
+    );
     // Collective records: a batch once, newest first, per tenant.
     check!(ok!(s.put_collectives(a, "job3", "c1", "{\"r\":1}\n")));
     check!(ok!(s.put_collectives(a, "job3", "c2", "{\"r\":2}\n")));
