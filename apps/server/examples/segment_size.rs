@@ -43,15 +43,18 @@ fn main() {
     }
     let mut groups: BTreeMap<(String, String), Vec<(String, StackProfile)>> = BTreeMap::new();
     let (mut pprof_bytes, mut samples, mut bad) = (0u64, 0u64, 0);
+    let mut pprof_decode = 0.0f64;
     for f in &files {
         let Ok(bytes) = std::fs::read(f) else {
             bad += 1;
             continue;
         };
+        let t = Instant::now();
         let Ok(p) = whyslow_stack_output::from_pprof(&bytes) else {
             bad += 1;
             continue;
         };
+        pprof_decode += t.elapsed().as_secs_f64();
         pprof_bytes += bytes.len() as u64;
         samples += p.total();
         let key = (
@@ -81,20 +84,24 @@ fn main() {
         }
     }
     println!(
-        "{profiles} profiles ({bad} unreadable), {} groups, {samples} samples",
+        "{profiles} profiles ({bad} unreadable), {} groups, {samples} samples (µs for off-CPU)",
         groups.len()
     );
+    let per = |b: u64| b as f64 / profiles.max(1) as f64;
     println!(
-        "pprof: {pprof_bytes} bytes ({:.1} per sample); segments: {seg_bytes} bytes in {segs} \
-         ({:.1} per sample), {:.1}x smaller",
-        pprof_bytes as f64 / samples.max(1) as f64,
-        seg_bytes as f64 / samples.max(1) as f64,
+        "pprof: {pprof_bytes} bytes ({:.0} per profile); segments: {seg_bytes} bytes in {segs} \
+         ({:.0} per profile), {:.1}x smaller",
+        per(pprof_bytes),
+        per(seg_bytes),
         pprof_bytes as f64 / seg_bytes.max(1) as f64
     );
     println!(
-        "encode {:.1} ms, decode {:.1} ms ({:.1} µs per profile to read back)",
-        enc * 1e3,
+        "read back: segments {:.1} ms ({:.0} µs per profile), the pprof files {:.1} ms ({:.0} µs per \
+         profile); encode {:.1} ms",
         dec * 1e3,
-        dec * 1e6 / profiles.max(1) as f64
+        dec * 1e6 / profiles.max(1) as f64,
+        pprof_decode * 1e3,
+        pprof_decode * 1e6 / profiles.max(1) as f64,
+        enc * 1e3
     );
 }
