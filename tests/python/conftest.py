@@ -77,6 +77,9 @@ def torchrun(tmp_path, args, nproc=4, env=None, timeout=240, launcher=None, scri
     e.update(TEST_ENV)
     e["WHYSLOW_REPORT_DIR"] = report_root
     e.pop("WHYSLOW_DISABLE", None)
+    # A rank that dies of a signal (a SIGSEGV in a native library) prints
+    # every thread's Python stack into run.log, so the failure names where.
+    e.setdefault("PYTHONFAULTHANDLER", "1")
     if env:
         e.update(env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
