@@ -17,7 +17,9 @@ CPU-bound. The layers' widths differ, so the buckets differ in size.
 
 Ground truth for whyslow's tests: with --steps-out DIR every rank writes
 DIR/steps-rank<r>.json (its stage, DP group, PP peers and the wall-clock end
-of every step). CPU with gloo.
+of every step); with --torch-trace DIR it also runs torch.profiler over every
+step and writes DIR/rank<r>.json, whose ProfilerStep#N spans are the steps'
+boundaries as PyTorch's own profiler saw them. CPU with gloo.
 """
 
 import argparse
@@ -130,6 +132,8 @@ def main():
     ap.add_argument("--optim-ms", type=float, default=40.0, help="simulated optimizer time")
     ap.add_argument("--bucket-layers", type=int, default=1, help="layers per all-reduce bucket")
     ap.add_argument("--steps-out", default="", help="write DIR/steps-rank<r>.json")
+    ap.add_argument("--torch-trace", default="",
+                    help="profile every step with torch.profiler; write DIR/rank<r>.json")
     a = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -155,6 +159,14 @@ def main():
     d_in, d_out = widths[0], widths[-1]
     order = one_f_one_b(a.pp, stage, a.microbatches)
 
+    prof = None
+    if a.torch_trace:
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        # Record every step: each prof.step() closes one ProfilerStep#N span.
+        prof = profile(activities=[ProfilerActivity.CPU],
+                       schedule=lambda _step: ProfilerAction.RECORD)
+        prof.start()
     ends = []
     for step in range(a.steps):
         opt.zero_grad(set_to_none=True)
@@ -192,6 +204,8 @@ def main():
         time.sleep(a.optim_ms / 1e3)
         opt.step()
         ends.append(time.time())
+        if prof is not None:
+            prof.step()
         if rank == 0 and (step + 1) % 5 == 0:
             print("step %d: %.1f ms" % (step + 1, 1e3 * (ends[-1] - ends[-2]) if len(ends) > 1 else 0),
                   flush=True)
@@ -203,6 +217,12 @@ def main():
                        "dp_index": dpi, "dp_group": [stage * dp + i for i in range(dp)],
                        "pp_peers": [r for r in (prev_rank, next_rank) if r is not None],
                        "host": os.environ.get("TESTBED_HOST", ""), "step_end_unix_s": ends}, f)
+        os.replace(path + ".tmp", path)
+    if prof is not None:
+        prof.stop()
+        os.makedirs(a.torch_trace, exist_ok=True)
+        path = os.path.join(a.torch_trace, "rank%d.json" % rank)
+        prof.export_chrome_trace(path + ".tmp")
         os.replace(path + ".tmp", path)
     dist.barrier()
     dist.destroy_process_group()
