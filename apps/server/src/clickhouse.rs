@@ -194,17 +194,7 @@ impl ClickHouseStore {
         kind: &str,
         hour: i64,
     ) -> Result<u64, StoreError> {
-        let rows = self.rows(&format!(
-            "SELECT count() AS n FROM {}.profiles FINAL
-             WHERE tenant = {} AND job = {} AND kind = {}
-               AND start_unix_ns >= {} AND start_unix_ns < {}",
-            self.cfg.database,
-            tenant.0,
-            lit(job),
-            lit(kind),
-            hour * 1_000_000_000,
-            (hour + 3600) * 1_000_000_000
-        ))?;
+        let rows = self.rows(&self.hour_query("count() AS n", tenant, job, kind, hour))?;
         Ok(rows.first().map(|r| num(&r["n"])).unwrap_or(0) as u64)
     }
 
@@ -215,8 +205,24 @@ impl ClickHouseStore {
         kind: &str,
         hour: i64,
     ) -> Result<Vec<StoredProfile>, StoreError> {
-        let rows = self.rows(&format!(
-            "SELECT hex(pprof) AS p FROM {}.profiles FINAL
+        let rows = self.rows(&self.hour_query("hex(pprof) AS p", tenant, job, kind, hour))?;
+        rows.iter()
+            .map(|r| unhex(r["p"].as_str().unwrap_or("")).map(StoredProfile::Pprof))
+            .collect()
+    }
+
+    /// `SELECT columns` over the profiles of one job and kind that started in
+    /// the hour beginning at `hour` (Unix seconds).
+    fn hour_query(
+        &self,
+        columns: &str,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        hour: i64,
+    ) -> String {
+        format!(
+            "SELECT {columns} FROM {}.profiles FINAL
              WHERE tenant = {} AND job = {} AND kind = {}
                AND start_unix_ns >= {} AND start_unix_ns < {}",
             self.cfg.database,
@@ -225,10 +231,7 @@ impl ClickHouseStore {
             lit(kind),
             hour * 1_000_000_000,
             (hour + 3600) * 1_000_000_000
-        ))?;
-        rows.iter()
-            .map(|r| unhex(r["p"].as_str().unwrap_or("")).map(StoredProfile::Pprof))
-            .collect()
+        )
     }
 
     /// Rolls up the hours of the last two days that ended before
