@@ -142,6 +142,8 @@ def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
     for j in report["jobs"]:
         for source, want in periods[frozenset(j["members"])].items():
             err = abs(j["step_us"] - want) / want
+            print("job %s: step period %.1f us, %s %.1f us: error %.3f %%" % (
+                ",".join(sorted(j["members"])), j["step_us"], source, want, 100 * err))
             assert err <= 0.003, "job %s: step period %.1f us vs %.1f us from %s (%.2f %%)" % (
                 j["members"], j["step_us"], want, source, 100 * err)
     # A healthy run: nothing to report.
