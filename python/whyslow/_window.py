@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any, Dict, List, Optional
 
 from . import _faults, _whyslow
@@ -31,6 +32,61 @@ def _rss_mb() -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+#: Longest wait for the process's other threads to go idle before the
+#: profiler starts or stops (see :func:`_wait_for_idle_threads`).
+IDLE_WAIT_S = 0.2
+
+
+def _runnable_threads() -> List[int]:
+    """The threads of this process other than the caller that are running or
+    runnable (state R in /proc/self/task/*/stat); [] where /proc cannot tell."""
+    me = threading.get_native_id()
+    busy = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return busy
+    for tid in tids:
+        try:
+            if int(tid) == me:
+                continue
+            with open("/proc/self/task/%s/stat" % tid) as f:
+                stat = f.read()
+            state = stat[stat.rindex(")") + 2:].split(" ", 1)[0]
+        except (OSError, ValueError):
+            continue  # the thread ended
+        if state == "R":
+            busy.append(int(tid))
+    return busy
+
+
+def _wait_for_idle_threads(max_wait_s: float = IDLE_WAIT_S) -> int:
+    """Waits (≤ ``max_wait_s``) until no other thread of the process is
+    running; returns how many 1 ms waits it took.
+
+    torch.profiler's Python tracer (``with_stack=True``) sets the profile
+    function of every Python thread state when it starts and stops, walking
+    the interpreter's thread list without its head lock. A native thread that
+    creates a thread state at that moment is linked into the list before it
+    is initialized, and the tracer dereferences it: SIGSEGV. Gloo's worker
+    threads do exactly that right after a collective: freeing a finished
+    work's captured thread-local state takes the GIL through pybind11, which
+    creates a thread state for the thread (seen in a core dump of a rank
+    killed at its window's start: the main thread in
+    ``PythonTracer::setprofileAllThreads``, a ``ProcessGroupGloo::runLoop``
+    thread in ``PyThreadState_New``). The window starts and ends in the
+    training thread's optimizer-step hook, just after backward's all-reduces
+    completed, so those threads are often still at it. While the training
+    thread is in the hook it issues no collective, so once gloo's threads are
+    idle they stay idle until the profiler has started or stopped."""
+    deadline = time.monotonic() + max_wait_s
+    waits = 0
+    while _runnable_threads() and time.monotonic() < deadline:
+        time.sleep(0.001)
+        waits += 1
+    return waits
 
 
 class ProfileWindow:
@@ -71,6 +127,7 @@ class ProfileWindow:
                        schedule=_record_always)
         if hasattr(prof, "step_num"):
             prof.step_num = self.start_step
+        _wait_for_idle_threads()
         prof.start()
         self.prof = prof
         self.sampler = self._start_sampler()
@@ -102,6 +159,7 @@ class ProfileWindow:
         prof = self.prof
         self.prof = None
         try:
+            _wait_for_idle_threads()
             prof.stop()
             os.makedirs(os.path.dirname(trace), exist_ok=True)
             prof.export_chrome_trace(trace)
@@ -117,6 +175,7 @@ class ProfileWindow:
         self.prof = None
         if prof is not None:
             try:
+                _wait_for_idle_threads()
                 prof.stop()
             except Exception:
                 pass

@@ -221,6 +221,48 @@ def test_a_profiling_window_ends_when_memory_grows_past_the_cap(monkeypatch):
         assert (w.ended_for_memory is not None) is ends
 
 
+def test_the_profiler_starts_and_stops_only_once_the_other_threads_are_idle():
+    """torch's Python tracer walks every thread state unlocked when it starts
+    and stops; a gloo worker creating one at that moment crashed a rank
+    (SIGSEGV, issue 9). The window waits, bounded, until no other thread of
+    the process is runnable: at once when they sleep, ≤ the bound when one
+    keeps running."""
+    import hashlib
+    import threading
+    import time as _time
+
+    from whyslow import _window
+
+    t0 = _time.monotonic()
+    assert _window._wait_for_idle_threads(2.0) < 50
+    assert _time.monotonic() - t0 < 1.0
+
+    stop, tid = threading.Event(), []
+    data = b"x" * (8 << 20)
+
+    def spin():  # hashlib releases the GIL: this thread stays runnable
+        tid.append(threading.get_native_id())
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    th = threading.Thread(target=spin, daemon=True)
+    th.start()
+    try:
+        while not tid:
+            _time.sleep(0.001)
+        seen = any(tid[0] in _window._runnable_threads() for _ in range(200))
+        assert seen, "a thread hashing 8 MB blocks was never seen runnable"
+        t0 = _time.monotonic()
+        assert _window._wait_for_idle_threads(0.1) > 0
+        assert _time.monotonic() - t0 < 1.0
+    finally:
+        stop.set()
+        th.join()
+    t0 = _time.monotonic()
+    assert _window._wait_for_idle_threads(2.0) < 50
+    assert _time.monotonic() - t0 < 1.0
+
+
 def test_fingerprints_wait_on_disk_while_the_server_is_away(tmp_path):
     """Issue 14 / SysOM-AI §7: an upload that finds no server (or a 5xx) is
     kept on local disk and sent, oldest first, before the next one once the
