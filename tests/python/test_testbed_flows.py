@@ -138,7 +138,7 @@ def _check_jobs_and_pairs(report, truth, pairs):
 def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
     report, truth, pairs, periods = _two_jobs(tmp_path, "none")
     _check_jobs_and_pairs(report, truth, pairs)
-    # Step periods (§IV-C) against the ranks' own step times.
+    # Step periods (§IV-C) against torch.profiler's steps and the ranks' step ends.
     for j in report["jobs"]:
         for source, want in periods[frozenset(j["members"])].items():
             err = abs(j["step_us"] - want) / want
