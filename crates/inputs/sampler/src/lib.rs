@@ -31,7 +31,11 @@
 //! Timestamps are on the profiler's clock (module [`clock`]): `CLOCK_REALTIME`
 //! minus a [`TimeBase`] (0 for traces without `baseTimeNanoseconds`, that
 //! value otherwise). A sample stands for the interval since the previous one
-//! and is stamped at the interval's midpoint.
+//! and is stamped at the interval's midpoint. A CPU or NIC reading that
+//! covers several periods (the sampler ran late) is written as one sample per
+//! period, evenly spread over it, so that every sample stands for the same
+//! time, as PerfTracker's Eq. 4 counts them: a starved process's in-process
+//! sampler otherwise overstated its CPU share (0.082 against 0.061).
 //!
 //! # Cost (measured)
 //!
@@ -48,7 +52,8 @@
 //! | 10 kHz | 34 | 9942 Hz | 35 | 18.1 % |
 //!
 //! An overrun is a deadline missed by more than one period (the sampler
-//! thread was not scheduled in time); the interval then simply lasts longer.
+//! thread was not scheduled in time); the interval then simply lasts longer,
+//! and its reading is written once per period it covers.
 
 #![deny(missing_docs)]
 

@@ -19,6 +19,25 @@ fn push(s: &mut SampleSeries, ts: i64, v: f32) {
     s.values.push(v);
 }
 
+/// Most samples one reading is spread over: a second's worth at 1 kHz.
+const MAX_FILL: i64 = 1000;
+
+/// Timestamps of the samples that stand for one reading over `[from, to]`:
+/// one per sampling `period` it covers, at the midpoints of equal parts.
+///
+/// PerfTracker's μ and σ (§4.2, Eq. 4 and 5) weigh a span by its number of
+/// samples, which is its length in time only when every sample covers one
+/// period. A sampler kept off the CPU reads late, and one late reading then
+/// covers many periods: written once it would count as one period, and
+/// the short readings taken while the starved process does get the CPU would
+/// outweigh it (measured: a spinner in a throttled cgroup with 8 busy loops
+/// ran 0.061 of its busy phases, its in-process samples said 0.082).
+fn fill_stamps(from: i64, to: i64, period: i64) -> impl Iterator<Item = i64> {
+    let len = (to - from).max(0);
+    let k = ((len + period / 2) / period.max(1)).clamp(1, MAX_FILL);
+    (0..k).map(move |j| from + (len * (2 * j + 1)) / (2 * k))
+}
+
 /// `Samples::extra`, indexed by (kind, id).
 #[derive(Default)]
 struct Extra {
@@ -96,7 +115,15 @@ impl Cpu {
     /// its tick and the reads would otherwise put a short interval's value
     /// under a long one's stamp (measured on a loaded 2-core VM: a spinner
     /// at 0.42 of a CPU read as 0.59).
-    fn sample(&mut self, out: &mut Samples, dt: i64, to_trace: impl Fn(i64) -> i64) {
+    /// A reading that covers several sampling periods (the sampler ran late)
+    /// is written as one sample per period ([`fill_stamps`]).
+    fn sample(
+        &mut self,
+        out: &mut Samples,
+        dt: i64,
+        period: i64,
+        to_trace: impl Fn(i64) -> i64,
+    ) {
         let mut training_seen = false;
         let training_tid = self.training_tid;
         let mut cpu_value = None;
@@ -107,16 +134,20 @@ impl Cpu {
             let at = monotonic_ns();
             let prev = tc.last_read_at.replace(at).unwrap_or(at - dt);
             let u = tc.utilization(ns, at - prev);
-            let ts = to_trace(prev + (at - prev) / 2);
-            push(&mut out.threads[*idx].series, ts, u);
+            for ts in fill_stamps(prev, at, period) {
+                push(&mut out.threads[*idx].series, to_trace(ts), u);
+            }
             if tc.tid == training_tid {
                 training_seen = true;
-                cpu_value = Some((ts, u));
+                cpu_value = Some((prev, at, u));
             }
             true
         });
-        if let Some((ts, u)) = cpu_value {
-            push(out.series.entry(Resource::Cpu).or_default(), ts, u);
+        if let Some((prev, at, u)) = cpu_value {
+            let s = out.series.entry(Resource::Cpu).or_default();
+            for ts in fill_stamps(prev, at, period) {
+                push(s, to_trace(ts), u);
+            }
         }
         if !training_seen && !self.training_gone_noted && self.known.contains(&training_tid) {
             self.training_gone_noted = true;
@@ -261,7 +292,7 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
         let ts = prev_real + (real - prev_real) / 2 - offset;
 
         if let Some(c) = cpu.as_mut() {
-            c.sample(&mut out, dt, |m| m + (real - mono) - offset);
+            c.sample(&mut out, dt, period, |m| m + (real - mono) - offset);
         }
 
         if !nics.is_empty() {
@@ -270,14 +301,19 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
             for (c, idx) in nics.iter_mut() {
                 if let Some((tx, rx)) = c.sample(dt) {
                     let s = &mut out.interfaces[*idx];
-                    push(&mut s.tx, ts, tx);
-                    push(&mut s.rx, ts, rx);
+                    for t in fill_stamps(prev_real, real, period) {
+                        push(&mut s.tx, t - offset, tx);
+                        push(&mut s.rx, t - offset, rx);
+                    }
                     max = max.max(tx.max(rx));
                     any = true;
                 }
             }
             if any {
-                push(out.series.entry(Resource::Nic).or_default(), ts, max);
+                let s = out.series.entry(Resource::Nic).or_default();
+                for t in fill_stamps(prev_real, real, period) {
+                    push(s, t - offset, max);
+                }
             }
         }
 
@@ -329,4 +365,31 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
     out.stats.elapsed_ns = prev_mono - start;
     out.stats.sampler_cpu_ns = thread_cpu_ns() - cpu0;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_reading_stands_for_every_period_it_covers() {
+        // On time: one sample at the midpoint.
+        assert_eq!(fill_stamps(1_000, 2_000, 1_000).collect::<Vec<_>>(), [1_500]);
+        // A little early or late still counts once.
+        assert_eq!(fill_stamps(1_000, 2_400, 1_000).count(), 1);
+        assert_eq!(fill_stamps(1_000, 1_300, 1_000).count(), 1);
+        // Five periods late: five samples, evenly spread over the reading.
+        assert_eq!(
+            fill_stamps(0, 5_000, 1_000).collect::<Vec<_>>(),
+            [500, 1_500, 2_500, 3_500, 4_500]
+        );
+        // Stalled for a minute: at most a second's worth at 1 kHz.
+        let stamps: Vec<i64> = fill_stamps(0, 60_000_000_000, 1_000_000).collect();
+        assert_eq!(stamps.len() as i64, MAX_FILL);
+        assert!(stamps.windows(2).all(|w| w[0] < w[1]));
+        assert!(*stamps.last().unwrap() < 60_000_000_000);
+        // An empty or reversed interval still gives its one value a stamp.
+        assert_eq!(fill_stamps(7, 7, 1_000).collect::<Vec<_>>(), [7]);
+        assert_eq!(fill_stamps(9, 7, 1_000).collect::<Vec<_>>(), [9]);
+    }
 }
