@@ -117,13 +117,7 @@ impl Cpu {
     /// at 0.42 of a CPU read as 0.59).
     /// A reading that covers several sampling periods (the sampler ran late)
     /// is written as one sample per period ([`fill_stamps`]).
-    fn sample(
-        &mut self,
-        out: &mut Samples,
-        dt: i64,
-        period: i64,
-        to_trace: impl Fn(i64) -> i64,
-    ) {
+    fn sample(&mut self, out: &mut Samples, dt: i64, period: i64, to_trace: impl Fn(i64) -> i64) {
         let mut training_seen = false;
         let training_tid = self.training_tid;
         let mut cpu_value = None;
@@ -374,7 +368,10 @@ mod tests {
     #[test]
     fn a_late_reading_stands_for_every_period_it_covers() {
         // On time: one sample at the midpoint.
-        assert_eq!(fill_stamps(1_000, 2_000, 1_000).collect::<Vec<_>>(), [1_500]);
+        assert_eq!(
+            fill_stamps(1_000, 2_000, 1_000).collect::<Vec<_>>(),
+            [1_500]
+        );
         // A little early or late still counts once.
         assert_eq!(fill_stamps(1_000, 2_400, 1_000).count(), 1);
         assert_eq!(fill_stamps(1_000, 1_300, 1_000).count(), 1);
