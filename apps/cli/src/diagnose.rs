@@ -5,7 +5,8 @@
 //! `whyslow_model::collective::CollectiveRecord` per line) give the slow
 //! ranks (`whyslow agent --trace-collectives` writes them); OS signals
 //! (`*.os.jsonl`, `whyslow_model::os::OsSample`) give the OS layer of a late
-//! rank against its peers; GPU kernel times per rank (`--fingerprints`:
+//! rank against its peers, and the TCP retransmissions of each host (the
+//! network layer); GPU kernel times per rank (`--fingerprints`:
 //! fingerprints or PyTorch profiler traces) give the GPU layer: a late
 //! rank's kernels uniformly slower (hardware) or specific kernels slower
 //! (software). A layer without its data is not judged, and the report says
@@ -19,11 +20,14 @@ use clap::Args;
 use serde::Serialize;
 
 use whyslow_diagnose::gpu::{gpu_diff, GpuConfig, GpuFinding, GpuPattern, KernelTime};
-use whyslow_diagnose::layer::{handler_functions, mean_signals, os_diff, verdict, OsConfig};
+use whyslow_diagnose::layer::{
+    handler_functions, mean_signals, os_diff, verdict, NetworkEvidence, OsConfig,
+};
+use whyslow_diagnose::network::{lossy_hosts, HostTcp, LossyHost, NetworkConfig};
 use whyslow_diagnose::stragglers::{instance_periods, lateness, slow_ranks, StragglerConfig};
 use whyslow_diagnose::{regressions, waterline, Config, Regression, Shares, WaterlineFlag};
 use whyslow_model::collective::CollectiveRecord;
-use whyslow_model::os::{OsSample, CPU_TIME};
+use whyslow_model::os::{OsSample, CPU_TIME, TCP_OUT_SEGS, TCP_RETRANS_SEGS};
 use whyslow_model::stack::StackProfile;
 use whyslow_model::FunctionKind;
 
@@ -237,6 +241,9 @@ struct Report {
     /// agent's --profile-offcpu.
     offcpu_diff: Vec<CpuDiff>,
     os_diff: Vec<OsDiff>,
+    /// Hosts (network namespaces) that retransmit TCP segments over the
+    /// floor, the largest share first (the network layer).
+    network_diff: Vec<LossyHost>,
     /// A late rank's GPU kernels against its peers' (needs --fingerprints).
     gpu_diff: Vec<GpuDiff>,
     regressions: Vec<Regression>,
@@ -863,6 +870,23 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             });
         }
     }
+    let tcp_hosts = host_tcp(&os_window);
+    let network_rows = lossy_hosts(&tcp_hosts, &NetworkConfig::default());
+    if !os_samples.is_empty() && tcp_hosts.is_empty() {
+        notes.push(
+            "no TCP counters in the window's OS signals (an agent before they were read, or no \
+             /proc/PID/net/snmp): the network layer is not judged"
+                .into(),
+        );
+    }
+    if network_rows.len() > 1 && network_rows.iter().filter(|h| h.stands_out).count() > 1 {
+        notes.push(
+            "several hosts retransmit: a link that drops packets both ways makes the host on it \
+             and the peers that send to it retransmit, and per-host counters cannot tell which \
+             of their links it is (the host common to the flagged pairs, where the ring is known)"
+                .into(),
+        );
+    }
     if os_samples.is_empty() {
         notes.push("no OS signals (*.os.jsonl; the agent writes them with --profile-spool): the OS layer is not judged".into());
     }
@@ -939,6 +963,17 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         }))
         .collect();
     let os_for_verdict: Vec<_> = os_rows.iter().map(|d| d.diff.clone()).collect();
+    let network = if network_rows.is_empty() {
+        NetworkEvidence::Quiet
+    } else if network_rows.iter().any(|h| {
+        h.ranks
+            .iter()
+            .any(|r| stragglers.iter().any(|s| s.rank == r.to_string()))
+    }) {
+        NetworkEvidence::OnLateHost
+    } else {
+        NetworkEvidence::Elsewhere
+    };
     let mut layer = verdict(
         !stragglers.is_empty(),
         !gpu_rows.is_empty(),
@@ -948,6 +983,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         // With collective records and nobody late, a rank above the
         // waterline holds nobody up: only a regression is a cause then.
         !regs.is_empty() || (records.is_empty() && !flags.is_empty()),
+        network,
     );
     // Off the CPU: a late rank that blocks where its peers do not (a slow
     // read, a lock), each group's blocked-time shares over the window.
@@ -979,6 +1015,7 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
             .collect(),
         offcpu_diff: offcpu_rows,
         os_diff: os_rows,
+        network_diff: network_rows,
         gpu_diff: gpu_rows,
         regressions: regs,
         origin_unix_ns: t0,
@@ -1136,6 +1173,42 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         None => std::io::Write::write_all(&mut std::io::stdout().lock(), &text)?,
     }
     Ok(0)
+}
+
+/// Each network namespace's TCP rates over `samples`, named by host (and
+/// namespace, where one host name holds several), with the ranks in it.
+/// Processes of one namespace read the same counters: their means agree,
+/// and the mean over all of them is the namespace's.
+fn host_tcp(samples: &[&OsSample]) -> Vec<HostTcp> {
+    let mut by_ns: BTreeMap<(String, Option<u64>), Vec<&OsSample>> = BTreeMap::new();
+    for s in samples {
+        if s.signals.contains_key(TCP_OUT_SEGS) && s.signals.contains_key(TCP_RETRANS_SEGS) {
+            by_ns.entry((s.host.clone(), s.netns)).or_default().push(s);
+        }
+    }
+    let shared_names: std::collections::BTreeSet<&String> = by_ns
+        .keys()
+        .zip(by_ns.keys().skip(1))
+        .filter(|(a, b)| a.0 == b.0)
+        .flat_map(|(a, b)| [&a.0, &b.0])
+        .collect();
+    by_ns
+        .iter()
+        .map(|((host, ns), v)| {
+            let m = mean_signals(v.iter().copied());
+            let name = if host.is_empty() { "host ?" } else { host };
+            let ranks: std::collections::BTreeSet<u32> = v.iter().filter_map(|s| s.rank).collect();
+            HostTcp {
+                host: match ns {
+                    Some(ns) if shared_names.contains(host) => format!("{name} net:[{ns}]"),
+                    _ => name.to_string(),
+                },
+                ranks: ranks.into_iter().collect(),
+                out_segs_per_s: m.get(TCP_OUT_SEGS).copied().unwrap_or(0.0),
+                retrans_segs_per_s: m.get(TCP_RETRANS_SEGS).copied().unwrap_or(0.0),
+            }
+        })
+        .collect()
 }
 
 /// A differential flame graph of the profiles whose `key` label is `me`
@@ -1324,6 +1397,34 @@ fn write_table(out: &mut dyn std::io::Write, r: &Report) -> std::io::Result<()> 
                     if scope == "host" { "host" } else { "rank" }
                 )?;
             }
+        }
+    }
+    if r.network_diff.is_empty() {
+        writeln!(
+            out,
+            "network: no host retransmits over {:.1} % of its TCP segments",
+            NetworkConfig::default().min_retrans_pct
+        )?;
+    } else {
+        writeln!(out, "network (TCP segments retransmitted per host):")?;
+        for h in &r.network_diff {
+            let ranks: Vec<String> = h.ranks.iter().map(u32::to_string).collect();
+            let against = match (h.peers_retrans_pct, h.stands_out) {
+                (None, _) => "no other host to compare".to_string(),
+                (Some(p), true) => format!("the other hosts' median {p:.2} %"),
+                (Some(p), false) => {
+                    format!("the other hosts' median {p:.2} %: the loss is not this host's alone")
+                }
+            };
+            writeln!(
+                out,
+                "  {} ({} {}): {:.2} % of {:.0} segments/s resent, vs {against}",
+                h.host,
+                if ranks.len() == 1 { "rank" } else { "ranks" },
+                ranks.join(", "),
+                h.retrans_pct,
+                h.out_segs_per_s
+            )?;
         }
     }
     for n in &r.notes {

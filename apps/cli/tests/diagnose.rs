@@ -390,6 +390,107 @@ fn a_late_ranks_softirq_load_is_the_os_layer_and_plain_lateness_is_unexplained()
     );
 }
 
+/// Collective records of 4 ranks, nobody late, and OS readings (30 s, one
+/// per second) with the TCP counters of each rank's network namespace (one
+/// per rank, all on host name "node"): rank r resends `retrans_pct[r]` % of
+/// its segments; `None` leaves the counters out (an older agent).
+fn tcp_spool(name: &str, retrans_pct: Option<[f64; 4]>) -> PathBuf {
+    let dir = temp_dir(name);
+    fs::create_dir_all(dir.join("node")).unwrap();
+    let t0: u64 = 1_795_000_000_000_000_000;
+    let mut lines = String::new();
+    for k in 0..300u64 {
+        let t = t0 + k * 100_000_000;
+        for rank in 0..4u64 {
+            let jitter = (k * 7919 + rank * 104_729) % 200_000;
+            lines.push_str(&format!(
+                "{{\"rank\": {rank}, \"global_rank\": {rank}, \"group\": \"j/gloo4#0\", \"op\": \"allreduce\", \"seq\": {k}, \"entry_ns\": {}, \"exit_ns\": {}, \"source\": \"test\"}}\n",
+                t + jitter,
+                t + 60_000_000 + rank * 10_000
+            ));
+        }
+    }
+    fs::write(dir.join("node").join("job.collectives.jsonl"), lines).unwrap();
+    let mut os = String::new();
+    for s in 0..30u64 {
+        for rank in 0..4u64 {
+            let j = ((s * 31 + rank * 17) % 10) as f64;
+            let out = 3_000.0 + 100.0 * j;
+            let tcp = match retrans_pct {
+                Some(p) => format!(
+                    ", \"tcp_out_segs_per_s\": {out}, \"tcp_retrans_segs_per_s\": {}",
+                    out * p[rank as usize] / 100.0
+                ),
+                None => String::new(),
+            };
+            os.push_str(&format!(
+                "{{\"job\": \"j\", \"host\": \"node\", \"rank\": {rank}, \"pid\": {}, \"netns\": {}, \"start_unix_ns\": {}, \"duration_ns\": 1000000000, \"cpus\": [{rank}], \"signals\": {{\"cpu_ms_per_s\": {}, \"runqueue_delay_ms_per_s\": 4.0{tcp}}}}}\n",
+                100 + rank,
+                4_026_532_000 + rank,
+                t0 + s * 1_000_000_000,
+                600.0 + 5.0 * j,
+            ));
+        }
+    }
+    fs::write(dir.join("node").join("job.os.jsonl"), os).unwrap();
+    dir
+}
+
+#[test]
+fn a_host_that_retransmits_is_the_network_layer_and_healthy_tcp_is_silent() {
+    // Loss on rank 1's link, out of it only or both ways (then rank 0, which
+    // sends to it, resends as much): nobody is late, the layer is the
+    // network, and rank 1's namespace is named.
+    for (pct, both_ways) in [(0.8, false), (2.0, false), (2.0, true), (10.0, true)] {
+        let mut p = [0.02, pct, 0.0, 0.05];
+        if both_ways {
+            p[0] = pct * 0.9;
+        }
+        let dir = tcp_spool(&format!("tcp-{pct}-{both_ways}"), Some(p));
+        let report = diagnose(&dir);
+        let show = serde_json::to_string_pretty(&report).unwrap();
+        assert_eq!(report["stragglers"].as_array().unwrap().len(), 0, "{show}");
+        assert_eq!(report["layer"], "network", "{show}");
+        let net = report["network_diff"].as_array().unwrap();
+        assert_eq!(net.len(), if both_ways { 2 } else { 1 }, "{show}");
+        assert_eq!(net[0]["ranks"], serde_json::json!([1]), "{show}");
+        assert_eq!(net[0]["host"], "node net:[4026532001]", "{show}");
+        assert!(
+            (net[0]["retrans_pct"].as_f64().unwrap() - pct).abs() < 1e-6,
+            "{show}"
+        );
+        assert!(net.iter().all(|h| h["stands_out"] == true), "{show}");
+        assert_eq!(
+            report["notes"]
+                .to_string()
+                .contains("several hosts retransmit"),
+            both_ways,
+            "{show}"
+        );
+    }
+    // Healthy TCP (under 0.1 % resent): no network finding, no layer.
+    let dir = tcp_spool("tcp-healthy", Some([0.02, 0.09, 0.0, 0.05]));
+    let report = diagnose(&dir);
+    let show = serde_json::to_string_pretty(&report).unwrap();
+    assert_eq!(report["layer"], "none", "{show}");
+    assert!(
+        report["network_diff"].as_array().unwrap().is_empty(),
+        "{show}"
+    );
+    // An agent that did not read the counters: the layer is not judged, and
+    // the report says so.
+    let dir = tcp_spool("tcp-absent", None);
+    let report = diagnose(&dir);
+    let show = serde_json::to_string_pretty(&report).unwrap();
+    assert_eq!(report["layer"], "none", "{show}");
+    assert!(
+        report["notes"]
+            .to_string()
+            .contains("the network layer is not judged"),
+        "{show}"
+    );
+}
+
 /// Fingerprints of ranks 0-3 from a real GPU trace (`kineto/single/NAME`),
 /// each with ±3 % noise of its own; `slow(rank, i)` gives the extra time
 /// (a fraction of the execution's duration) of a rank's executions of the

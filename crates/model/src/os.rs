@@ -29,6 +29,16 @@ pub const INTERRUPTS: &str = "interrupts_per_cpu_s";
 /// per CPU the process ran on (`/proc/softirqs`).
 pub const SOFTIRQ_PREFIX: &str = "softirq_";
 
+/// TCP segments sent per second by the process's network namespace
+/// (`OutSegs` of `/proc/PID/net/snmp`). The counters of a namespace are
+/// shared by all its processes: on a host without per-job namespaces, the
+/// host's.
+pub const TCP_OUT_SEGS: &str = "tcp_out_segs_per_s";
+/// TCP segments retransmitted per second by the process's network
+/// namespace (`RetransSegs` of `/proc/PID/net/snmp`): lost packets, on the
+/// host's own link or further along its paths.
+pub const TCP_RETRANS_SEGS: &str = "tcp_retrans_segs_per_s";
+
 /// The name of the signal of softirq `kind` (`NET_RX`, `TIMER`, …).
 pub fn softirq_signal(kind: &str) -> String {
     format!("{SOFTIRQ_PREFIX}{kind}_per_cpu_s")
@@ -56,6 +66,10 @@ pub struct OsSample {
     /// thread that used CPU last ran).
     #[serde(default)]
     pub cpus: Vec<u32>,
+    /// Inode of the process's network namespace (`/proc/PID/ns/net`): the
+    /// TCP signals of processes with the same one are the same counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<u64>,
     /// Signal name (the constants of this module) → value.
     pub signals: BTreeMap<String, f64>,
 }
@@ -77,6 +91,7 @@ mod tests {
             start_unix_ns: 1,
             duration_ns: 1_000_000_000,
             cpus: vec![0, 1],
+            netns: Some(4026531833),
             signals,
         };
         let text = serde_json::to_string(&s).unwrap();
@@ -85,6 +100,6 @@ mod tests {
         let bare: OsSample =
             serde_json::from_str(r#"{"pid":1,"start_unix_ns":5,"duration_ns":9,"signals":{}}"#)
                 .unwrap();
-        assert_eq!((bare.rank, bare.cpus.len()), (None, 0));
+        assert_eq!((bare.rank, bare.cpus.len(), bare.netns), (None, 0, None));
     }
 }

@@ -186,6 +186,18 @@ impl Layer {
     }
 }
 
+/// What the network layer ([`crate::network::lossy_hosts`]) found, as the
+/// verdict needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkEvidence {
+    /// No host retransmits over the floor (or no TCP counters).
+    Quiet,
+    /// A host retransmits, none of them a late rank's.
+    Elsewhere,
+    /// A late rank's host retransmits.
+    OnLateHost,
+}
+
 /// Whether a signal is interrupt work on the rank's CPUs.
 fn is_interrupt(signal: &str) -> bool {
     signal == INTERRUPTS || signal.starts_with(SOFTIRQ_PREFIX)
@@ -198,10 +210,14 @@ fn is_interrupt(signal: &str) -> bool {
 /// * a late rank whose CPUs serve more interrupts or softirqs than its
 ///   peers', or that waits longer for a CPU without using more of it (the
 ///   scheduler gave its time to someone else): **os**;
+/// * else a late rank whose host retransmits TCP segments: **network**;
 /// * else a late rank with a function above its group's waterline: **cpu**
 ///   (its own code path);
 /// * else a late rank with only other OS signals raised (switches,
 ///   migrations): **os**;
+/// * else a late rank while another host retransmits: **network**;
+/// * no late rank, and a host retransmits (a lossy link slows every rank of
+///   a ring alike): **network**;
 /// * no late rank, but functions above the waterline or risen since the
 ///   baseline: **cpu**;
 /// * otherwise **none** (a late rank unexplained by the layers seen here:
@@ -216,6 +232,7 @@ pub fn verdict(
     os: &[OsDiff],
     straggler_cpu_ms: Option<(f64, f64)>,
     any_cpu_finding: bool,
+    network: NetworkEvidence,
 ) -> Layer {
     if late {
         if straggler_gpu {
@@ -227,15 +244,23 @@ pub fn verdict(
         if interrupts || starved {
             return Layer::Os;
         }
+        if network == NetworkEvidence::OnLateHost {
+            return Layer::Network;
+        }
         if !straggler_cpu.is_empty() {
             return Layer::Cpu;
         }
         if !os.is_empty() {
             return Layer::Os;
         }
+        if network == NetworkEvidence::Elsewhere {
+            return Layer::Network;
+        }
         return Layer::None;
     }
-    if any_cpu_finding {
+    if network != NetworkEvidence::Quiet {
+        Layer::Network
+    } else if any_cpu_finding {
         Layer::Cpu
     } else {
         Layer::None
@@ -246,6 +271,7 @@ pub fn verdict(
 mod tests {
     use super::*;
     use whyslow_model::os::softirq_signal;
+    use NetworkEvidence::{Elsewhere, OnLateHost, Quiet};
 
     fn signals(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
@@ -286,7 +312,7 @@ mod tests {
                 assert_eq!(d.len(), 1, "{d:?}");
                 assert_eq!(d[0].signal, "softirq_NET_RX_per_cpu_s");
                 assert_eq!(
-                    verdict(true, false, &[], &d, Some((600.0, 610.0)), false),
+                    verdict(true, false, &[], &d, Some((600.0, 610.0)), false, Quiet),
                     Layer::Os
                 );
             }
@@ -316,7 +342,7 @@ mod tests {
         let d = os_diff(&starved, &peers, &OsConfig::default());
         assert_eq!(d[0].signal, RUNQUEUE_DELAY);
         assert_eq!(
-            verdict(true, false, &[], &d, Some((500.0, 620.0)), true),
+            verdict(true, false, &[], &d, Some((500.0, 620.0)), true, Quiet),
             Layer::Os
         );
         // It waited more because it wanted much more CPU than its peers:
@@ -337,22 +363,88 @@ mod tests {
                 std::slice::from_ref(&flag),
                 &d,
                 Some((950.0, 600.0)),
-                true
+                true,
+                Quiet
             ),
             Layer::Cpu
         );
-        assert_eq!(verdict(true, false, &[flag], &[], None, true), Layer::Cpu);
-        assert_eq!(verdict(true, false, &[], &[], None, true), Layer::None);
-        assert_eq!(verdict(false, false, &[], &[], None, true), Layer::Cpu);
-        assert_eq!(verdict(false, false, &[], &[], None, false), Layer::None);
+        assert_eq!(
+            verdict(true, false, &[flag], &[], None, true, Quiet),
+            Layer::Cpu
+        );
+        assert_eq!(
+            verdict(true, false, &[], &[], None, true, Quiet),
+            Layer::None
+        );
+        assert_eq!(
+            verdict(false, false, &[], &[], None, true, Quiet),
+            Layer::Cpu
+        );
+        assert_eq!(
+            verdict(false, false, &[], &[], None, false, Quiet),
+            Layer::None
+        );
         // Slower GPU kernels on the late rank come first: device time is
         // not stretched by the host, whatever the OS diff says.
         assert_eq!(
-            verdict(true, true, &[], &d, Some((500.0, 620.0)), true),
+            verdict(true, true, &[], &d, Some((500.0, 620.0)), true, Quiet),
             Layer::Gpu
         );
         // Without a late rank a GPU finding names no layer.
-        assert_eq!(verdict(false, true, &[], &[], None, false), Layer::None);
+        assert_eq!(
+            verdict(false, true, &[], &[], None, false, Quiet),
+            Layer::None
+        );
+    }
+
+    #[test]
+    fn a_lossy_host_is_the_network_layer_unless_a_nearer_cause_is_seen() {
+        // Nobody late: a lossy link slows a ring alike; the network before
+        // any regression.
+        assert_eq!(
+            verdict(false, false, &[], &[], None, true, Elsewhere),
+            Layer::Network
+        );
+        assert_eq!(
+            verdict(false, false, &[], &[], None, false, Elsewhere),
+            Layer::Network
+        );
+        // A late rank on the lossy host: the network, unless its GPU or its
+        // CPUs' interrupts say otherwise.
+        assert_eq!(
+            verdict(true, false, &[], &[], None, false, OnLateHost),
+            Layer::Network
+        );
+        assert_eq!(
+            verdict(true, true, &[], &[], None, false, OnLateHost),
+            Layer::Gpu
+        );
+        let peers: Vec<_> = (0..3).map(healthy).collect();
+        let mut me = healthy(4);
+        me.insert(softirq_signal("NET_RX"), 20_000.0);
+        let d = os_diff(&me, &peers, &OsConfig::default());
+        assert_eq!(
+            verdict(true, false, &[], &d, None, false, OnLateHost),
+            Layer::Os
+        );
+        // A late rank elsewhere: its own code first, the network last.
+        let flag = WaterlineFlag {
+            group: "g".into(),
+            rank: "2".into(),
+            function: "extra_work".into(),
+            stack: "main;extra_work".into(),
+            share: 0.4,
+            peer_share: 0.01,
+            threshold: 0.02,
+        };
+        assert_eq!(
+            verdict(true, false, &[flag], &[], None, true, Elsewhere),
+            Layer::Cpu
+        );
+        assert_eq!(
+            verdict(true, false, &[], &[], None, false, Elsewhere),
+            Layer::Network
+        );
     }
 
     #[test]
@@ -365,6 +457,7 @@ mod tests {
             start_unix_ns: 0,
             duration_ns: dur,
             cpus: vec![],
+            netns: None,
             signals: signals(&[(RUNQUEUE_DELAY, v)]),
         };
         let m = mean_signals(&[s(1, 10.0), s(3, 20.0), s(5, f64::NAN)]);

@@ -8,6 +8,9 @@
 //! * **Slow-rank detection** ([`stragglers::slow_ranks`]): from collective
 //!   records, the rank that enters its group's collectives late (clocks
 //!   aligned on the collectives' near-simultaneous exits).
+//! * **Network** ([`network::lossy_hosts`]): hosts whose TCP segments are
+//!   retransmitted over a floor (not in the paper, which leaves network
+//!   causes to "additional network-layer instrumentation", §7).
 //! * **Temporal baseline** ([`regressions`]): when all ranks slowed alike,
 //!   the group's profile now against its own healthy past; a function whose
 //!   CPU share rose by more than δ (0.5 percentage points) is a degradation
@@ -28,6 +31,7 @@
 
 pub mod gpu;
 pub mod layer;
+pub mod network;
 pub mod stragglers;
 
 use std::collections::{BTreeMap, HashMap};

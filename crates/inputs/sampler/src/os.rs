@@ -1,6 +1,7 @@
 //! A process's OS signals read from `/proc` (SysOM-AI §3.1, the OS layer):
 //! scheduler run-queue delay, context switches and migrations of its
-//! threads, and the interrupts and softirqs of the CPUs they ran on. The
+//! threads, the interrupts and softirqs of the CPUs they ran on, and the TCP
+//! segments its network namespace sent and retransmitted. The
 //! parsers are pure; [`OsSignals`] keeps the counters between two reads and
 //! turns their differences into an [`OsSample`] of rates.
 
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use whyslow_model::os::{
     softirq_signal, OsSample, CPU_TIME, INTERRUPTS, INVOLUNTARY_SWITCHES, MIGRATIONS,
-    NUMA_PAGES_MIGRATED, RUNQUEUE_DELAY, VOLUNTARY_SWITCHES,
+    NUMA_PAGES_MIGRATED, RUNQUEUE_DELAY, TCP_OUT_SEGS, TCP_RETRANS_SEGS, VOLUNTARY_SWITCHES,
 };
 
 /// `/proc/PID/task/TID/schedstat`: (ns on CPU, ns waiting on a run queue,
@@ -41,6 +42,28 @@ pub fn parse_sched_field(text: &str, key: &str) -> Option<u64> {
         let (k, v) = l.split_once(':')?;
         (k.trim() == key).then(|| v.trim().parse::<f64>().ok().map(|x| x as u64))?
     })
+}
+
+/// `OutSegs` and `RetransSegs` of the `Tcp:` table of a `/proc/PID/net/snmp`
+/// (a header line of names, then a line of values).
+pub fn parse_snmp_tcp(text: &str) -> Option<(u64, u64)> {
+    let mut tcp = text.lines().filter_map(|l| l.strip_prefix("Tcp:"));
+    let names: Vec<&str> = tcp.next()?.split_ascii_whitespace().collect();
+    let values: Vec<&str> = tcp.next()?.split_ascii_whitespace().collect();
+    let field = |name: &str| -> Option<u64> {
+        let k = names.iter().position(|n| *n == name)?;
+        values.get(k)?.parse().ok()
+    };
+    Some((field("OutSegs")?, field("RetransSegs")?))
+}
+
+/// The inode of a `/proc/PID/ns/net` link's target (`net:[4026531833]`).
+pub fn parse_netns_link(target: &str) -> Option<u64> {
+    target
+        .strip_prefix("net:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 /// The CPU columns of a `/proc/softirqs` or `/proc/interrupts` header
@@ -134,6 +157,9 @@ pub struct OsSignals {
     threads: HashMap<i32, ThreadCounters>,
     softirqs: BTreeMap<String, Vec<u64>>,
     interrupts: Vec<u64>,
+    /// (OutSegs, RetransSegs) of the process's network namespace.
+    tcp: Option<(u64, u64)>,
+    netns: Option<u64>,
     at_unix_ns: u64,
 }
 
@@ -152,10 +178,13 @@ impl OsSignals {
             threads: HashMap::new(),
             softirqs: BTreeMap::new(),
             interrupts: Vec::new(),
+            tcp: None,
+            netns: None,
             at_unix_ns: 0,
         };
         let (threads, softirqs, interrupts) = s.read()?;
         (s.threads, s.softirqs, s.interrupts) = (threads, softirqs, interrupts);
+        (s.tcp, s.netns) = s.read_net();
         s.at_unix_ns = now_unix_ns();
         Some(s)
     }
@@ -190,11 +219,25 @@ impl OsSignals {
         Some((threads, softirqs, interrupts))
     }
 
+    /// The TCP counters and the inode of the process's network namespace,
+    /// each `None` where it cannot be read.
+    fn read_net(&self) -> (Option<(u64, u64)>, Option<u64>) {
+        let dir = self.proc_root.join(self.pid.to_string());
+        let tcp = fs::read_to_string(dir.join("net/snmp"))
+            .ok()
+            .and_then(|t| parse_snmp_tcp(&t));
+        let netns = fs::read_link(dir.join("ns/net"))
+            .ok()
+            .and_then(|t| parse_netns_link(t.to_str()?));
+        (tcp, netns)
+    }
+
     /// The signals since the last read (rates per second), and the counters
     /// kept for the next; `None` when the process is gone. Threads born in
     /// the period count from zero, threads that ended are left out.
     pub fn sample(&mut self) -> Option<OsSample> {
         let (threads, softirqs, interrupts) = self.read()?;
+        let (tcp, netns) = self.read_net();
         let now = now_unix_ns();
         let dur_ns = now.saturating_sub(self.at_unix_ns).max(1);
         let secs = dur_ns as f64 / 1e9;
@@ -245,6 +288,14 @@ impl OsSignals {
                 signals.insert(softirq_signal(kind), v);
             }
         }
+        // A namespace the process moved into since the last read has other
+        // counters: no difference then.
+        if let (Some((out, re)), Some((old_out, old_re))) = (tcp, self.tcp) {
+            if netns == self.netns && out >= old_out && re >= old_re {
+                signals.insert(TCP_OUT_SEGS.to_string(), (out - old_out) as f64 / secs);
+                signals.insert(TCP_RETRANS_SEGS.to_string(), (re - old_re) as f64 / secs);
+            }
+        }
         let sample = OsSample {
             job: String::new(),
             host: String::new(),
@@ -253,9 +304,11 @@ impl OsSignals {
             start_unix_ns: self.at_unix_ns,
             duration_ns: dur_ns,
             cpus: cpus.into_iter().collect(),
+            netns,
             signals,
         };
         (self.threads, self.softirqs, self.interrupts) = (threads, softirqs, interrupts);
+        (self.tcp, self.netns) = (tcp, netns);
         self.at_unix_ns = now;
         Some(sample)
     }
@@ -294,12 +347,27 @@ mod tests {
         assert_eq!(s["NET_RX"], vec![100, 7]);
         assert_eq!(s["TIMER"], vec![14409, 15808]);
         assert_eq!(parse_interrupts(INTERRUPTS_TEXT), vec![501, 300]);
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin OutSegs RetransSegs InErrs\nTcp: 1 200 112196468 85574 0\nUdp: InDatagrams\nUdp: 5\n";
+        assert_eq!(parse_snmp_tcp(snmp), Some((112196468, 85574)));
+        assert_eq!(parse_snmp_tcp("Tcp: OutSegs\nTcp: x\n"), None);
+        assert_eq!(parse_snmp_tcp("Udp: InDatagrams\nUdp: 5\n"), None);
+        assert_eq!(parse_netns_link("net:[4026531833]"), Some(4026531833));
+        assert_eq!(parse_netns_link("mnt:[4026531833]"), None);
         assert!(parse_softirqs("").is_empty());
         assert!(parse_interrupts("garbage").is_empty());
     }
 
     /// A fake /proc: one process of two threads, and the CPU counters.
-    fn write_proc(root: &Path, wait: [u64; 2], net_rx: [u64; 2]) {
+    fn write_proc(root: &Path, wait: [u64; 2], net_rx: [u64; 2], tcp: (u64, u64)) {
+        fs::create_dir_all(root.join("10/net")).unwrap();
+        fs::write(
+            root.join("10/net/snmp"),
+            format!(
+                "Tcp: InSegs OutSegs RetransSegs\nTcp: 7 {} {}\n",
+                tcp.0, tcp.1
+            ),
+        )
+        .unwrap();
         for (k, tid) in [10, 11].iter().enumerate() {
             let t = root.join("10/task").join(tid.to_string());
             fs::create_dir_all(&t).unwrap();
@@ -334,9 +402,9 @@ mod tests {
     fn rates_are_differences_over_the_period() {
         let dir = std::env::temp_dir().join(format!("whyslow-os-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        write_proc(&dir, [1_000_000, 0], [0, 0]);
+        write_proc(&dir, [1_000_000, 0], [0, 0], (1_000, 10));
         let mut s = OsSignals::open_at(&dir, 10).unwrap();
-        write_proc(&dir, [51_000_000, 0], [400, 20]);
+        write_proc(&dir, [51_000_000, 0], [400, 20], (21_000, 410));
         std::thread::sleep(std::time::Duration::from_millis(100));
         let x = s.sample().unwrap();
         let secs = x.duration_ns as f64 / 1e9;
@@ -349,6 +417,16 @@ mod tests {
         assert_eq!(x.cpus, vec![0]);
         assert!((x.signals[&softirq_signal("NET_RX")] - 400.0 / secs).abs() < 1e-6);
         assert_eq!(x.signals[INTERRUPTS], 0.0);
+        // The namespace's TCP counters: 20,000 segments sent, 400 of them
+        // again. No ns/net link here: the namespace is unknown, and the
+        // same unknown one as before.
+        assert!((x.signals[TCP_OUT_SEGS] - 20_000.0 / secs).abs() < 1e-6);
+        assert!((x.signals[TCP_RETRANS_SEGS] - 400.0 / secs).abs() < 1e-6);
+        assert_eq!(x.netns, None);
+        // A counter that went back (another namespace) gives no rate.
+        write_proc(&dir, [51_000_000, 0], [400, 20], (5, 0));
+        let y = s.sample().unwrap();
+        assert!(!y.signals.contains_key(TCP_OUT_SEGS), "{y:?}");
         fs::remove_dir_all(dir.join("10")).unwrap();
         assert!(
             s.sample().is_none(),
@@ -367,5 +445,8 @@ mod tests {
         let x = s.sample().unwrap();
         assert!(x.signals[CPU_TIME] > 0.0, "{x:?}");
         assert!(!x.cpus.is_empty());
+        // Every Linux with /proc/PID/net has them (0 segments or more).
+        assert!(x.netns.is_some(), "{x:?}");
+        assert!(x.signals[TCP_OUT_SEGS] >= 0.0, "{x:?}");
     }
 }
