@@ -302,8 +302,10 @@ def cross_layer(cfg: Config, sdir: str) -> Optional[str]:
     late = ["rank %s of %s (%.1f ms late)" % (x["rank"], x["group"], x["late_us"] / 1e3)
             for x in diag.get("stragglers", [])]
     top = (diag.get("cpu_diff") or diag.get("offcpu_diff") or diag.get("regressions") or [{}])[0]
+    first = "; first: %s" % top["function"] if top.get("function") else ""
+    lossy = diag.get("network_diff") or []
+    if diag.get("layer") == "network" and lossy:
+        first = "; first: %s (ranks %s) loses TCP segments (%s)" % (
+            lossy[0]["host"], ", ".join(str(r) for r in lossy[0]["ranks"]), lossy[0]["side"])
     return "cross-layer (the node agents): %s; layer %s%s (%s)" % (
-        ", ".join(late) if late else "no late rank",
-        diag.get("layer"),
-        "; first: %s" % top["function"] if top.get("function") else "",
-        out_html)
+        ", ".join(late) if late else "no late rank", diag.get("layer"), first, out_html)

@@ -27,7 +27,9 @@ use whyslow_diagnose::network::{lossy_hosts, HostTcp, LossyHost, NetworkConfig};
 use whyslow_diagnose::stragglers::{instance_periods, lateness, slow_ranks, StragglerConfig};
 use whyslow_diagnose::{regressions, waterline, Config, Regression, Shares, WaterlineFlag};
 use whyslow_model::collective::CollectiveRecord;
-use whyslow_model::os::{OsSample, CPU_TIME, TCP_OUT_SEGS, TCP_RETRANS_SEGS};
+use whyslow_model::os::{
+    OsSample, CPU_TIME, TCP_IN_SEGS, TCP_OUT_OF_ORDER, TCP_OUT_SEGS, TCP_RETRANS_SEGS,
+};
 use whyslow_model::stack::StackProfile;
 use whyslow_model::FunctionKind;
 
@@ -241,8 +243,9 @@ struct Report {
     /// agent's --profile-offcpu.
     offcpu_diff: Vec<CpuDiff>,
     os_diff: Vec<OsDiff>,
-    /// Hosts (network namespaces) that retransmit TCP segments over the
-    /// floor, the largest share first (the network layer).
+    /// Hosts (network namespaces) that resend TCP segments or receive them
+    /// out of order over the floors, the largest share first (the network
+    /// layer).
     network_diff: Vec<LossyHost>,
     /// A late rank's GPU kernels against its peers' (needs --fingerprints).
     gpu_diff: Vec<GpuDiff>,
@@ -879,11 +882,11 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
                 .into(),
         );
     }
-    if network_rows.len() > 1 && network_rows.iter().filter(|h| h.stands_out).count() > 1 {
+    if network_rows.len() > 1 {
         notes.push(
-            "several hosts retransmit: a link that drops packets both ways makes the host on it \
-             and the peers that send to it retransmit, and per-host counters cannot tell which \
-             of their links it is (the host common to the flagged pairs, where the ring is known)"
+            "several hosts lose TCP segments: loss between two hosts shows on both (the sender \
+             resends, the receiver gets segments out of order), whichever end's link drops it; \
+             a host that does both, or that every peer of it names, is the likeliest link"
                 .into(),
         );
     }
@@ -1182,7 +1185,15 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
 fn host_tcp(samples: &[&OsSample]) -> Vec<HostTcp> {
     let mut by_ns: BTreeMap<(String, Option<u64>), Vec<&OsSample>> = BTreeMap::new();
     for s in samples {
-        if s.signals.contains_key(TCP_OUT_SEGS) && s.signals.contains_key(TCP_RETRANS_SEGS) {
+        if [
+            TCP_OUT_SEGS,
+            TCP_RETRANS_SEGS,
+            TCP_IN_SEGS,
+            TCP_OUT_OF_ORDER,
+        ]
+        .iter()
+        .all(|k| s.signals.contains_key(*k))
+        {
             by_ns.entry((s.host.clone(), s.netns)).or_default().push(s);
         }
     }
@@ -1206,6 +1217,8 @@ fn host_tcp(samples: &[&OsSample]) -> Vec<HostTcp> {
                 ranks: ranks.into_iter().collect(),
                 out_segs_per_s: m.get(TCP_OUT_SEGS).copied().unwrap_or(0.0),
                 retrans_segs_per_s: m.get(TCP_RETRANS_SEGS).copied().unwrap_or(0.0),
+                in_segs_per_s: m.get(TCP_IN_SEGS).copied().unwrap_or(0.0),
+                out_of_order_per_s: m.get(TCP_OUT_OF_ORDER).copied().unwrap_or(0.0),
             }
         })
         .collect()
@@ -1399,32 +1412,51 @@ fn write_table(out: &mut dyn std::io::Write, r: &Report) -> std::io::Result<()> 
             }
         }
     }
+    let cfg = NetworkConfig::default();
     if r.network_diff.is_empty() {
         writeln!(
             out,
-            "network: no host retransmits over {:.1} % of its TCP segments",
-            NetworkConfig::default().min_retrans_pct
+            "network: no host resends over {:.1} % of its TCP segments or receives over {:.1} % \
+             out of order",
+            cfg.min_retrans_pct, cfg.min_out_of_order_pct
         )?;
     } else {
-        writeln!(out, "network (TCP segments retransmitted per host):")?;
+        writeln!(out, "network (TCP segments lost, per host):")?;
         for h in &r.network_diff {
             let ranks: Vec<String> = h.ranks.iter().map(u32::to_string).collect();
-            let against = match (h.peers_retrans_pct, h.stands_out) {
-                (None, _) => "no other host to compare".to_string(),
-                (Some(p), true) => format!("the other hosts' median {p:.2} %"),
-                (Some(p), false) => {
-                    format!("the other hosts' median {p:.2} %: the loss is not this host's alone")
-                }
-            };
             writeln!(
                 out,
-                "  {} ({} {}): {:.2} % of {:.0} segments/s resent, vs {against}",
+                "  {} ({} {}): {}{}",
                 h.host,
                 if ranks.len() == 1 { "rank" } else { "ranks" },
                 ranks.join(", "),
-                h.retrans_pct,
-                h.out_segs_per_s
+                match h.side {
+                    "sends" => "resends what it sends",
+                    "receives" => "receives out of order",
+                    _ => "resends and receives out of order",
+                },
+                if h.stands_out {
+                    ""
+                } else {
+                    " (so do its peers: the loss is not this host's alone)"
+                }
             )?;
+            let side = |what: &str, s: &whyslow_diagnose::network::LossSide, segs: f64| {
+                let peers = s
+                    .peers_pct
+                    .map(|p| format!("the other hosts' median {p:.2} %"))
+                    .unwrap_or_else(|| "no other host".into());
+                format!(
+                    "    {what}: {:.2} % of {segs:.0} segments/s, vs {peers}",
+                    s.pct
+                )
+            };
+            if let Some(s) = &h.resent {
+                writeln!(out, "{}", side("resent", s, h.out_segs_per_s))?;
+            }
+            if let Some(s) = &h.out_of_order {
+                writeln!(out, "{}", side("out of order", s, h.in_segs_per_s))?;
+            }
         }
     }
     for n in &r.notes {

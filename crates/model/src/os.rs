@@ -38,6 +38,13 @@ pub const TCP_OUT_SEGS: &str = "tcp_out_segs_per_s";
 /// namespace (`RetransSegs` of `/proc/PID/net/snmp`): lost packets, on the
 /// host's own link or further along its paths.
 pub const TCP_RETRANS_SEGS: &str = "tcp_retrans_segs_per_s";
+/// TCP segments received per second by the process's network namespace
+/// (`InSegs` of `/proc/PID/net/snmp`).
+pub const TCP_IN_SEGS: &str = "tcp_in_segs_per_s";
+/// TCP segments per second that arrived out of order and were queued
+/// (`TCPOFOQueue` of `/proc/PID/net/netstat`): the receiving side of loss,
+/// the segments after a lost one.
+pub const TCP_OUT_OF_ORDER: &str = "tcp_ofo_queued_per_s";
 
 /// The name of the signal of softirq `kind` (`NET_RX`, `TIMER`, …).
 pub fn softirq_signal(kind: &str) -> String {

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use whyslow_model::os::{
     softirq_signal, OsSample, CPU_TIME, INTERRUPTS, INVOLUNTARY_SWITCHES, MIGRATIONS,
-    NUMA_PAGES_MIGRATED, RUNQUEUE_DELAY, TCP_OUT_SEGS, TCP_RETRANS_SEGS, VOLUNTARY_SWITCHES,
+    NUMA_PAGES_MIGRATED, RUNQUEUE_DELAY, TCP_IN_SEGS, TCP_OUT_OF_ORDER, TCP_OUT_SEGS,
+    TCP_RETRANS_SEGS, VOLUNTARY_SWITCHES,
 };
 
 /// `/proc/PID/task/TID/schedstat`: (ns on CPU, ns waiting on a run queue,
@@ -44,17 +45,39 @@ pub fn parse_sched_field(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// `OutSegs` and `RetransSegs` of the `Tcp:` table of a `/proc/PID/net/snmp`
-/// (a header line of names, then a line of values).
-pub fn parse_snmp_tcp(text: &str) -> Option<(u64, u64)> {
-    let mut tcp = text.lines().filter_map(|l| l.strip_prefix("Tcp:"));
-    let names: Vec<&str> = tcp.next()?.split_ascii_whitespace().collect();
-    let values: Vec<&str> = tcp.next()?.split_ascii_whitespace().collect();
-    let field = |name: &str| -> Option<u64> {
-        let k = names.iter().position(|n| *n == name)?;
-        values.get(k)?.parse().ok()
-    };
-    Some((field("OutSegs")?, field("RetransSegs")?))
+/// Field `name` of table `table` (`Tcp:`, `TcpExt:`) in the format of
+/// `/proc/PID/net/snmp` and `netstat`: a line of names, then one of values.
+fn proc_net_field(text: &str, table: &str, name: &str) -> Option<u64> {
+    let mut rows = text.lines().filter_map(|l| l.strip_prefix(table));
+    let names = rows.next()?;
+    let values: Vec<&str> = rows.next()?.split_ascii_whitespace().collect();
+    let k = names.split_ascii_whitespace().position(|n| n == name)?;
+    values.get(k)?.parse().ok()
+}
+
+/// A network namespace's TCP counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpCounters {
+    /// Segments sent (`Tcp: OutSegs`).
+    pub out_segs: u64,
+    /// Segments sent again (`Tcp: RetransSegs`).
+    pub retrans_segs: u64,
+    /// Segments received (`Tcp: InSegs`).
+    pub in_segs: u64,
+    /// Segments queued out of order (`TcpExt: TCPOFOQueue`); 0 where the
+    /// kernel does not print it.
+    pub ofo_queued: u64,
+}
+
+/// The counters of a `/proc/PID/net/snmp` and its `netstat` (which may be
+/// empty); `None` without the `Tcp:` table.
+pub fn parse_tcp_counters(snmp: &str, netstat: &str) -> Option<TcpCounters> {
+    Some(TcpCounters {
+        out_segs: proc_net_field(snmp, "Tcp:", "OutSegs")?,
+        retrans_segs: proc_net_field(snmp, "Tcp:", "RetransSegs")?,
+        in_segs: proc_net_field(snmp, "Tcp:", "InSegs")?,
+        ofo_queued: proc_net_field(netstat, "TcpExt:", "TCPOFOQueue").unwrap_or(0),
+    })
 }
 
 /// The inode of a `/proc/PID/ns/net` link's target (`net:[4026531833]`).
@@ -157,8 +180,8 @@ pub struct OsSignals {
     threads: HashMap<i32, ThreadCounters>,
     softirqs: BTreeMap<String, Vec<u64>>,
     interrupts: Vec<u64>,
-    /// (OutSegs, RetransSegs) of the process's network namespace.
-    tcp: Option<(u64, u64)>,
+    /// The TCP counters of the process's network namespace.
+    tcp: Option<TcpCounters>,
     netns: Option<u64>,
     at_unix_ns: u64,
 }
@@ -221,11 +244,12 @@ impl OsSignals {
 
     /// The TCP counters and the inode of the process's network namespace,
     /// each `None` where it cannot be read.
-    fn read_net(&self) -> (Option<(u64, u64)>, Option<u64>) {
+    fn read_net(&self) -> (Option<TcpCounters>, Option<u64>) {
         let dir = self.proc_root.join(self.pid.to_string());
+        let netstat = fs::read_to_string(dir.join("net/netstat")).unwrap_or_default();
         let tcp = fs::read_to_string(dir.join("net/snmp"))
             .ok()
-            .and_then(|t| parse_snmp_tcp(&t));
+            .and_then(|t| parse_tcp_counters(&t, &netstat));
         let netns = fs::read_link(dir.join("ns/net"))
             .ok()
             .and_then(|t| parse_netns_link(t.to_str()?));
@@ -290,10 +314,19 @@ impl OsSignals {
         }
         // A namespace the process moved into since the last read has other
         // counters: no difference then.
-        if let (Some((out, re)), Some((old_out, old_re))) = (tcp, self.tcp) {
-            if netns == self.netns && out >= old_out && re >= old_re {
-                signals.insert(TCP_OUT_SEGS.to_string(), (out - old_out) as f64 / secs);
-                signals.insert(TCP_RETRANS_SEGS.to_string(), (re - old_re) as f64 / secs);
+        if let (Some(new), Some(old)) = (tcp, self.tcp) {
+            let rate = |a: u64, b: u64| a.checked_sub(b).map(|d| d as f64 / secs);
+            if let (true, Some(out), Some(re), Some(inn), Some(ofo)) = (
+                netns == self.netns,
+                rate(new.out_segs, old.out_segs),
+                rate(new.retrans_segs, old.retrans_segs),
+                rate(new.in_segs, old.in_segs),
+                rate(new.ofo_queued, old.ofo_queued),
+            ) {
+                signals.insert(TCP_OUT_SEGS.to_string(), out);
+                signals.insert(TCP_RETRANS_SEGS.to_string(), re);
+                signals.insert(TCP_IN_SEGS.to_string(), inn);
+                signals.insert(TCP_OUT_OF_ORDER.to_string(), ofo);
             }
         }
         let sample = OsSample {
@@ -347,10 +380,25 @@ mod tests {
         assert_eq!(s["NET_RX"], vec![100, 7]);
         assert_eq!(s["TIMER"], vec![14409, 15808]);
         assert_eq!(parse_interrupts(INTERRUPTS_TEXT), vec![501, 300]);
-        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin OutSegs RetransSegs InErrs\nTcp: 1 200 112196468 85574 0\nUdp: InDatagrams\nUdp: 5\n";
-        assert_eq!(parse_snmp_tcp(snmp), Some((112196468, 85574)));
-        assert_eq!(parse_snmp_tcp("Tcp: OutSegs\nTcp: x\n"), None);
-        assert_eq!(parse_snmp_tcp("Udp: InDatagrams\nUdp: 5\n"), None);
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin InSegs OutSegs RetransSegs InErrs\nTcp: 1 200 9 112196468 85574 0\nUdp: InDatagrams\nUdp: 5\n";
+        let netstat = "TcpExt: SyncookiesSent TCPOFOQueue TCPOFODrop\nTcpExt: 0 26633 0\nIpExt: InNoRoutes\nIpExt: 0\n";
+        let c = TcpCounters {
+            out_segs: 112196468,
+            retrans_segs: 85574,
+            in_segs: 9,
+            ofo_queued: 26633,
+        };
+        assert_eq!(parse_tcp_counters(snmp, netstat), Some(c));
+        // Without netstat (or TCPOFOQueue): no out-of-order count.
+        assert_eq!(
+            parse_tcp_counters(snmp, ""),
+            Some(TcpCounters { ofo_queued: 0, ..c })
+        );
+        assert_eq!(parse_tcp_counters("Tcp: OutSegs\nTcp: x\n", ""), None);
+        assert_eq!(
+            parse_tcp_counters("Udp: InDatagrams\nUdp: 5\n", netstat),
+            None
+        );
         assert_eq!(parse_netns_link("net:[4026531833]"), Some(4026531833));
         assert_eq!(parse_netns_link("mnt:[4026531833]"), None);
         assert!(parse_softirqs("").is_empty());
@@ -366,6 +414,11 @@ mod tests {
                 "Tcp: InSegs OutSegs RetransSegs\nTcp: 7 {} {}\n",
                 tcp.0, tcp.1
             ),
+        )
+        .unwrap();
+        fs::write(
+            root.join("10/net/netstat"),
+            format!("TcpExt: TCPOFOQueue\nTcpExt: {}\n", tcp.1 / 2),
         )
         .unwrap();
         for (k, tid) in [10, 11].iter().enumerate() {
@@ -422,6 +475,8 @@ mod tests {
         // same unknown one as before.
         assert!((x.signals[TCP_OUT_SEGS] - 20_000.0 / secs).abs() < 1e-6);
         assert!((x.signals[TCP_RETRANS_SEGS] - 400.0 / secs).abs() < 1e-6);
+        assert!((x.signals[TCP_OUT_OF_ORDER] - 200.0 / secs).abs() < 1e-6);
+        assert_eq!(x.signals[TCP_IN_SEGS], 0.0);
         assert_eq!(x.netns, None);
         // A counter that went back (another namespace) gives no rate.
         write_proc(&dir, [51_000_000, 0], [400, 20], (5, 0));
