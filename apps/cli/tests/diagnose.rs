@@ -297,6 +297,25 @@ fn collective_records_name_the_late_rank_and_bad_input_is_reported() {
     );
 }
 
+/// 300 all-reduces of ranks 0-3 from `t0`, one per 100 ms: each rank
+/// enters `late(rank)` ns after the instance's start (plus < 0.2 ms of
+/// jitter), and all leave `exit_ns` after it.
+fn four_rank_collectives(t0: u64, exit_ns: u64, late: impl Fn(u64) -> u64) -> String {
+    let mut lines = String::new();
+    for k in 0..300u64 {
+        let t = t0 + k * 100_000_000;
+        for rank in 0..4u64 {
+            let jitter = (k * 7919 + rank * 104_729) % 200_000;
+            lines.push_str(&format!(
+                "{{\"rank\": {rank}, \"global_rank\": {rank}, \"group\": \"j/gloo4#0\", \"op\": \"allreduce\", \"seq\": {k}, \"entry_ns\": {}, \"exit_ns\": {}, \"source\": \"test\"}}\n",
+                t + late(rank) + jitter,
+                t + exit_ns + rank * 10_000
+            ));
+        }
+    }
+    lines
+}
+
 /// Collective records where rank 1 enters 15 ms late (of 100 ms per
 /// collective: above the 10 % floor), and OS readings of the
 /// four ranks (30 s, one per second); `flood` raises rank 1's NET_RX
@@ -305,19 +324,17 @@ fn late_rank_spool(name: &str, flood: f64) -> PathBuf {
     let dir = temp_dir(name);
     fs::create_dir_all(dir.join("h0")).unwrap();
     let t0: u64 = 1_795_000_000_000_000_000;
-    let mut lines = String::new();
-    for k in 0..300u64 {
-        let t = t0 + k * 100_000_000;
-        for rank in 0..4u64 {
-            let late = if rank == 1 { 15_000_000 } else { 0 };
-            let jitter = (k * 7919 + rank * 104_729) % 200_000;
-            lines.push_str(&format!(
-                "{{\"rank\": {rank}, \"global_rank\": {rank}, \"group\": \"j/gloo4#0\", \"op\": \"allreduce\", \"seq\": {k}, \"entry_ns\": {}, \"exit_ns\": {}, \"source\": \"test\"}}\n",
-                t + late + jitter,
-                t + 18_000_000 + rank * 10_000
-            ));
-        }
-    }
+    let lines = four_rank_collectives(
+        t0,
+        18_000_000,
+        |rank| {
+            if rank == 1 {
+                15_000_000
+            } else {
+                0
+            }
+        },
+    );
     fs::write(dir.join("h0").join("job.collectives.jsonl"), lines).unwrap();
     let mut os = String::new();
     for s in 0..30u64 {
@@ -399,18 +416,7 @@ fn tcp_spool(name: &str, loss: Option<[(f64, f64); 4]>) -> PathBuf {
     let dir = temp_dir(name);
     fs::create_dir_all(dir.join("node")).unwrap();
     let t0: u64 = 1_795_000_000_000_000_000;
-    let mut lines = String::new();
-    for k in 0..300u64 {
-        let t = t0 + k * 100_000_000;
-        for rank in 0..4u64 {
-            let jitter = (k * 7919 + rank * 104_729) % 200_000;
-            lines.push_str(&format!(
-                "{{\"rank\": {rank}, \"global_rank\": {rank}, \"group\": \"j/gloo4#0\", \"op\": \"allreduce\", \"seq\": {k}, \"entry_ns\": {}, \"exit_ns\": {}, \"source\": \"test\"}}\n",
-                t + jitter,
-                t + 60_000_000 + rank * 10_000
-            ));
-        }
-    }
+    let lines = four_rank_collectives(t0, 60_000_000, |_| 0);
     fs::write(dir.join("node").join("job.collectives.jsonl"), lines).unwrap();
     let mut os = String::new();
     for s in 0..30u64 {

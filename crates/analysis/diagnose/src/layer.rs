@@ -290,6 +290,19 @@ mod tests {
         ])
     }
 
+    /// Rank 2 above its group's waterline in `extra_work`.
+    fn extra_work_flag() -> WaterlineFlag {
+        WaterlineFlag {
+            group: "g".into(),
+            rank: "2".into(),
+            function: "extra_work".into(),
+            stack: "main;extra_work".into(),
+            share: 0.4,
+            peer_share: 0.01,
+            threshold: 0.02,
+        }
+    }
+
     #[test]
     fn interrupt_signals_name_their_handlers() {
         assert_eq!(
@@ -347,15 +360,7 @@ mod tests {
         );
         // It waited more because it wanted much more CPU than its peers:
         // its own code, when the waterline names a function.
-        let flag = WaterlineFlag {
-            group: "g".into(),
-            rank: "2".into(),
-            function: "extra_work".into(),
-            stack: "main;extra_work".into(),
-            share: 0.4,
-            peer_share: 0.01,
-            threshold: 0.02,
-        };
+        let flag = extra_work_flag();
         assert_eq!(
             verdict(
                 true,
@@ -428,15 +433,7 @@ mod tests {
             Layer::Os
         );
         // A late rank elsewhere: its own code first, the network last.
-        let flag = WaterlineFlag {
-            group: "g".into(),
-            rank: "2".into(),
-            function: "extra_work".into(),
-            stack: "main;extra_work".into(),
-            share: 0.4,
-            peer_share: 0.01,
-            threshold: 0.02,
-        };
+        let flag = extra_work_flag();
         assert_eq!(
             verdict(true, false, &[flag], &[], None, true, Elsewhere),
             Layer::Cpu
