@@ -1,7 +1,7 @@
 //! Subcommands: `analyze` (the whole pipeline), `summarize` (one worker),
 //! `localize` (central, from fingerprints).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -14,10 +14,8 @@ use rayon::prelude::*;
 use whyslow_ingest::{InputFile, WorkerSamples};
 use whyslow_localize::LocalizeConfig;
 use whyslow_model::{
-    Fingerprint, IterationSeries, IterationSource, IterationTimes, Report, Resource, SampleSeries,
-    Verdict, WorkerTrace,
+    Fingerprint, IterationTimes, Report, Resource, SampleSeries, Verdict, WorkerTrace,
 };
-use whyslow_online::OnsetConfig;
 use whyslow_summarize::SummarizeOptions;
 
 /// Tells which function, on which workers, is slowing a training job, and why.
@@ -267,7 +265,7 @@ fn analyze(args: AnalyzeArgs) -> Result<u8> {
     for e in errors {
         skip_or_fail(args.output.strict, e, &mut warnings)?;
     }
-    let world_size = check_traces(&traces, &args.output, &mut warnings)?;
+    whyslow_pipeline::check_traces(&traces, &policy(&args.output, cfg.clone()), &mut warnings)?;
 
     let mut samples_by_rank: BTreeMap<u32, BTreeMap<Resource, SampleSeries>> = BTreeMap::new();
     for p in &sample_paths {
@@ -294,7 +292,7 @@ fn analyze(args: AnalyzeArgs) -> Result<u8> {
         .collect();
     bar.finish_and_clear();
     let mut extras = ReportExtras {
-        iterations: iteration_times(&traces),
+        iterations: whyslow_pipeline::iterations_from_traces(&traces),
         perfetto: None,
     };
     if let Some(path) = &args.perfetto {
@@ -313,9 +311,8 @@ fn analyze(args: AnalyzeArgs) -> Result<u8> {
     fingerprints.append(&mut new_fps);
     localize_and_report(
         fingerprints,
-        &cfg,
+        cfg,
         &args.output,
-        world_size,
         &args.inputs,
         warnings,
         extras,
@@ -350,106 +347,6 @@ fn relative_to(file: &Path, page: &Path) -> String {
             .to_string(),
         _ => file.display().to_string(),
     }
-}
-
-/// Each worker's `ProfilerStep` durations, with the step where they rose.
-fn iteration_times(traces: &[WorkerTrace]) -> Option<IterationTimes> {
-    let series = traces
-        .iter()
-        .filter(|t| !t.steps.is_empty())
-        .map(|t| IterationSeries {
-            worker: Some(t.meta.rank),
-            steps: t.steps.iter().map(|s| s.0).collect(),
-            ms: t.steps.iter().map(|s| (s.2 - s.1) as f64 / 1e6).collect(),
-        })
-        .collect();
-    whyslow_online::iteration_times(
-        IterationSource::ProfilerSteps,
-        series,
-        &OnsetConfig::default(),
-    )
-}
-
-/// Checks that the traces belong to one job and are whole enough to judge;
-/// returns the job's world size (`--world-size`, else what the traces say).
-/// Traces of different jobs are refused, never pooled; under `--strict` a
-/// truncated trace is refused too.
-fn check_traces(
-    traces: &[WorkerTrace],
-    out: &OutputArgs,
-    warnings: &mut Vec<String>,
-) -> Result<Option<u32>> {
-    for t in traces {
-        if t.truncated && out.strict {
-            bail!(
-                "{}: the trace is truncated: only its first events could be read (--strict)",
-                t.meta.source
-            );
-        }
-    }
-    // Without ProfilerStep marks the window is the traced span. whyslow's own
-    // online windows are whole iterations without them (the profiler runs
-    // without a schedule), so this is a note, not a refusal; a window that
-    // holds no event at all (`--steps` outside the trace, a cut file) is
-    // refused under --strict below.
-    let stepless: Vec<u32> = traces
-        .iter()
-        .filter(|t| t.steps.is_empty() && !t.executions.is_empty())
-        .map(|t| t.meta.rank)
-        .collect();
-    if !stepless.is_empty() {
-        let msg = format!(
-            "{} trace(s) without ProfilerStep marks (ranks {}): each window is the traced span",
-            stepless.len(),
-            whyslow_report::compact_ranks(&stepless, 30)
-        );
-        warnings.push(msg);
-    }
-    // One job: one world size and one device model.
-    let mut jobs: BTreeMap<(Option<u32>, Option<&str>), Vec<&WorkerTrace>> = BTreeMap::new();
-    for t in traces {
-        jobs.entry((t.meta.world_size, t.device.as_deref()))
-            .or_default()
-            .push(t);
-    }
-    let sizes: BTreeSet<u32> = traces.iter().filter_map(|t| t.meta.world_size).collect();
-    let devices: BTreeSet<&str> = traces.iter().filter_map(|t| t.device.as_deref()).collect();
-    if sizes.len() > 1 || devices.len() > 1 {
-        let list: Vec<String> = jobs
-            .iter()
-            .map(|((ws, dev), ts)| {
-                let mut ranks: Vec<u32> = ts.iter().map(|t| t.meta.rank).collect();
-                ranks.sort_unstable();
-                format!(
-                    "world size {} on {}: rank(s) {} ({}{})",
-                    ws.map_or_else(|| "unknown".to_string(), |w| w.to_string()),
-                    dev.unwrap_or("an unnamed device"),
-                    whyslow_report::compact_ranks(&ranks, 30),
-                    ts[0].meta.source,
-                    if ts.len() > 1 {
-                        format!(" and {} more", ts.len() - 1)
-                    } else {
-                        String::new()
-                    }
-                )
-            })
-            .collect();
-        bail!(
-            "the inputs hold traces of {} different jobs, which cannot be compared as one: {}. \
-             Analyze each job's traces on their own (one folder per job)",
-            jobs.len(),
-            list.join("; ")
-        );
-    }
-    let world_size = out.world_size.or_else(|| sizes.first().copied());
-    if let (Some(given), Some(&traced)) = (out.world_size, sizes.first()) {
-        if given != traced {
-            let msg = format!("--world-size {given} overrides the traces' world size {traced}");
-            warn(&msg);
-            warnings.push(msg);
-        }
-    }
-    Ok(world_size)
 }
 
 fn merge_samples(
@@ -543,94 +440,52 @@ fn localize(args: LocalizeArgs) -> Result<u8> {
     }
     localize_and_report(
         fps,
-        &cfg,
+        cfg,
         &args.output,
-        args.output.world_size,
         &args.fingerprints,
         warnings,
         ReportExtras::default(),
     )
 }
 
+/// The job policy the command line asks for (`--world-size`, `--strict`,
+/// `--source-root` and the working directory for excerpts).
+fn policy(out: &OutputArgs, localize: LocalizeConfig) -> whyslow_pipeline::JobPolicy {
+    let mut roots = out.source_root.clone();
+    if let Ok(cwd) = std::env::current_dir() {
+        roots.push(cwd);
+    }
+    whyslow_pipeline::JobPolicy {
+        localize,
+        world_size: out.world_size,
+        strict: out.strict,
+        source_roots: Some(roots),
+    }
+}
+
+/// Judges the fingerprints through the job pipeline (the same call as the
+/// server's and the Python package's) and writes the report.
 fn localize_and_report(
     fps: Vec<Fingerprint>,
-    cfg: &LocalizeConfig,
+    cfg: LocalizeConfig,
     out: &OutputArgs,
-    world_size: Option<u32>,
     inputs: &[PathBuf],
-    mut warnings: Vec<String>,
+    warnings: Vec<String>,
     extras: ReportExtras,
 ) -> Result<u8> {
     if fps.is_empty() {
         bail!("no input could be read in {}", display_paths(inputs));
     }
-    for fp in &fps {
-        for w in &fp.warnings {
-            let msg = format!("rank {} ({}): {w}", fp.worker, fp.source);
-            warn(&msg);
-            warnings.push(msg);
-        }
-    }
-    let devices: BTreeSet<&str> = fps.iter().filter_map(|f| f.device.as_deref()).collect();
-    if devices.len() > 1 {
-        bail!(
-            "the inputs come from different devices ({}): traces of different jobs cannot be \
-             compared as one; analyze each job on its own",
-            devices.into_iter().collect::<Vec<_>>().join(", ")
-        );
-    }
-    let mut seen: BTreeMap<u32, &str> = BTreeMap::new();
-    for fp in &fps {
-        if let Some(first) = seen.insert(fp.worker, &fp.source) {
-            if out.strict {
-                bail!(
-                    "rank {} appears twice, in {first} and {} (--strict)",
-                    fp.worker,
-                    fp.source
-                );
-            }
-        }
-    }
-    // A worker with no events in its window says nothing either way.
-    let total = fps.len();
-    let (fps, empty): (Vec<Fingerprint>, Vec<Fingerprint>) = fps
-        .into_iter()
-        .partition(|f| f.window_us > 0.0 && !f.functions.is_empty());
-    for fp in &empty {
-        let msg = format!(
-            "rank {} ({}): no events in its profiling window",
-            fp.worker, fp.source
-        );
-        if out.strict {
-            bail!("{msg} (--strict)");
-        }
-        let msg = format!("{msg}; left out");
-        warn(&msg);
-        warnings.push(msg);
-    }
-    let mut report = whyslow_localize::localize(&fps, cfg, world_size);
-    for w in &report.warnings {
+    let already_said = warnings.clone();
+    let evidence = whyslow_pipeline::JobEvidence {
+        fingerprints: fps,
+        iterations: extras.iterations,
+        warnings,
+    };
+    let report = whyslow_pipeline::analyze_job(evidence, &policy(out, cfg))?;
+    for w in report.warnings.iter().filter(|w| !already_said.contains(w)) {
         warn(w);
     }
-    if fps.is_empty() {
-        report.could_not_judge(format!(
-            "none of the {total} worker(s) read had events in its profiling window"
-        ));
-    }
-    if out.strict && !report.missing_workers.is_empty() {
-        bail!(
-            "{} rank(s) of the job have no data: {} (--strict)",
-            report.missing_workers.len(),
-            whyslow_report::compact_ranks(&report.missing_workers, 40)
-        );
-    }
-    let mut roots = out.source_root.clone();
-    if let Ok(cwd) = std::env::current_dir() {
-        roots.push(cwd);
-    }
-    whyslow_report::attach_source_excerpts(&mut report, &roots);
-    report.warnings.extend(warnings);
-    report.iterations = extras.iterations;
 
     let mut written = Vec::new();
     if let Some((path, traces)) = &extras.perfetto {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 
-use whyslow_model::{Fingerprint, IterationSeries, IterationSource};
+use whyslow_model::Fingerprint;
 use whyslow_online::{
     Baseline, Degradation, Detector, DetectorConfig, Event, Phase, TriggerPolicy,
 };
@@ -396,25 +396,21 @@ fn localize_fingerprints(
         for s in &fingerprints {
             fps.push(load_fingerprint(s).map_err(PyValueError::new_err)?);
         }
-        let mut report = whyslow_localize::localize(&fps, &cfg, world_size);
-        if let Some(w) = warnings {
-            report.warnings.extend(w);
-        }
-        if let Some(roots) = source_roots {
-            whyslow_report::attach_source_excerpts(&mut report, &roots);
-        }
-        if let Some(history) = iterations {
-            let (steps, ms) = history.into_iter().unzip();
-            report.iterations = whyslow_online::iteration_times(
-                IterationSource::Detector,
-                vec![IterationSeries {
-                    worker: None,
-                    steps,
-                    ms,
-                }],
-                &whyslow_online::OnsetConfig::default(),
-            );
-        }
+        // The job pipeline: the same policy as `whyslow localize` and the
+        // server (one job, empty windows, world size, excerpts, onset).
+        let evidence = whyslow_pipeline::JobEvidence {
+            fingerprints: fps,
+            iterations: iterations.and_then(whyslow_pipeline::iterations_from_history),
+            warnings: warnings.unwrap_or_default(),
+        };
+        let policy = whyslow_pipeline::JobPolicy {
+            localize: cfg,
+            world_size,
+            strict: false,
+            source_roots,
+        };
+        let report = whyslow_pipeline::analyze_job(evidence, &policy)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         std::fs::create_dir_all(&report_dir)
             .map_err(|e| PyOSError::new_err(format!("{}: {e}", report_dir.display())))?;
         let write = |name: &str, body: String| -> PyResult<()> {

@@ -379,31 +379,24 @@ async fn list_jobs(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
     r.into_response()
 }
 
-/// Localizes over the session's fingerprints as `whyslow localize` does
-/// (workers without events in their window are left out with a warning).
-pub fn report_of(fingerprints: &[String]) -> Result<whyslow_model::Report, String> {
-    let mut fps = Vec::with_capacity(fingerprints.len());
-    let mut warnings = Vec::new();
+/// Judges a session's fingerprints through the job pipeline, the same
+/// call `whyslow localize` makes (one job, empty windows, world size from
+/// the fingerprints; no source excerpts: the server does not read its own
+/// files for a client). Stored fingerprints that no longer parse are left
+/// out with a warning.
+pub fn report_of(
+    fingerprints: &[String],
+) -> Result<whyslow_model::Report, whyslow_pipeline::Refusal> {
+    let mut evidence = whyslow_pipeline::JobEvidence::default();
     for (i, text) in fingerprints.iter().enumerate() {
         match whyslow_ingest::parse_fingerprint(text.as_bytes(), Path::new("stored fingerprint")) {
-            Ok(fp) if fp.window_us > 0.0 && !fp.functions.is_empty() => fps.push(fp),
-            Ok(fp) => warnings.push(format!(
-                "rank {}: no events in its profiling window; left out",
-                fp.worker
-            )),
-            Err(e) => warnings.push(format!("stored fingerprint {i}: {e}; left out")),
+            Ok(fp) => evidence.fingerprints.push(fp),
+            Err(e) => evidence
+                .warnings
+                .push(format!("stored fingerprint {i}: {e}; left out")),
         }
     }
-    let total = fingerprints.len();
-    let mut report =
-        whyslow_localize::localize(&fps, &whyslow_localize::LocalizeConfig::default(), None);
-    if fps.is_empty() {
-        report.could_not_judge(format!(
-            "none of the {total} worker(s) uploaded had events in its profiling window"
-        ));
-    }
-    report.warnings.extend(warnings);
-    Ok(report)
+    whyslow_pipeline::analyze_job(evidence, &whyslow_pipeline::JobPolicy::default())
 }
 
 async fn get_report(
@@ -422,8 +415,10 @@ async fn get_report(
                     format!("no job {job:?} session {session:?}"),
                 ));
             }
+            // Evidence that cannot be judged as one job is the client's
+            // to fix: 409 with the pipeline's reason.
             let report =
-                report_of(&fps).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+                report_of(&fps).map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
             Ok(whyslow_report::render_json(&report))
         })
         .await?;

@@ -563,7 +563,21 @@ async fn session_page(
     }
     let report = match tokio::task::spawn_blocking(move || crate::report_of(&fps)).await {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => return server_error(&e),
+        Ok(Err(refusal)) => {
+            return (
+                StatusCode::CONFLICT,
+                page(
+                    "Not judged",
+                    &format!(
+                        "<p class=\"error\">{}</p><p><a href=\"/ui/jobs/{}\">Job {}</a></p>",
+                        esc(&refusal.to_string()),
+                        esc(&job),
+                        esc(&job)
+                    ),
+                ),
+            )
+                .into_response()
+        }
         Err(e) => return server_error(&e.to_string()),
     };
     state.metrics.reports.fetch_add(1, Ordering::Relaxed);

@@ -10,7 +10,10 @@ use crate::{FunctionKind, Resource};
 /// Value of the `format` field of every fingerprint file.
 pub const FINGERPRINT_FORMAT: &str = "whyslow-fingerprint";
 /// Current fingerprint schema version. Readers accept versions ≤ this.
-pub const FINGERPRINT_VERSION: u32 = 1;
+///
+/// Version 2 added [`Fingerprint::job`] (the job identity); version 1 files
+/// still load, with `job: None`.
+pub const FINGERPRINT_VERSION: u32 = 2;
 
 /// Where the utilization behind μ and σ came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +63,34 @@ pub struct FunctionPattern {
     pub total_us: f64,
 }
 
+/// Who a fingerprint's worker belongs to: the job's identity, each part
+/// when known. Two fingerprints whose known parts differ (or whose
+/// [`Fingerprint::device`] differs) come from different jobs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobIdentity {
+    /// The job's id where the launcher names it (torchrun's run id, a Slurm
+    /// job id, the server's job name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The profiling session (one online window of the job), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Number of ranks in the job (Kineto `distributedInfo.world_size`,
+    /// torchrun's `WORLD_SIZE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
+    /// The collective backend (`nccl`, `gloo`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+}
+
+impl JobIdentity {
+    /// `None` when nothing is known, so that the field stays out of files.
+    pub fn known(self) -> Option<Self> {
+        (self != Self::default()).then_some(self)
+    }
+}
+
 /// One worker's fingerprint: its functions' patterns over one profiling window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Fingerprint {
@@ -82,6 +113,11 @@ pub struct Fingerprint {
     /// Device name, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// The job this window was taken from, as far as it is known (version
+    /// 2): what lets every door refuse to pool two jobs and name the ranks
+    /// that sent nothing (PerfTracker §4.3 compares the workers of one job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobIdentity>,
     /// Where utilization came from overall (samples if any function used samples).
     pub utilization_source: UtilizationSource,
     /// The trace or events file summarized.

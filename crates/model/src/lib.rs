@@ -28,8 +28,8 @@ mod trace;
 pub mod wire;
 
 pub use fingerprint::{
-    function_hash, Fingerprint, FunctionPattern, UtilizationSource, FINGERPRINT_FORMAT,
-    FINGERPRINT_VERSION,
+    function_hash, Fingerprint, FunctionPattern, JobIdentity, UtilizationSource,
+    FINGERPRINT_FORMAT, FINGERPRINT_VERSION,
 };
 pub use report::{
     Consequence, Finding, IterationSeries, IterationSource, IterationTimes, Onset, Reason,

@@ -297,6 +297,9 @@ pub struct WorkerTrace {
     pub span: (i64, i64),
     /// Device name (e.g. "NVIDIA A100-SXM4-80GB"), when the trace says.
     pub device: Option<String>,
+    /// The collective backend (`nccl`, `gloo`; Kineto
+    /// `distributedInfo.backend`), when the trace says.
+    pub backend: Option<String>,
     /// Non-fatal problems met while reading (format drift, guesses).
     pub warnings: Vec<String>,
     /// The input ended before the data did (a killed job, a cut copy): only
@@ -315,6 +318,7 @@ impl WorkerTrace {
             steps: Vec::new(),
             span: (0, 0),
             device: None,
+            backend: None,
             warnings: Vec::new(),
             truncated: false,
         }

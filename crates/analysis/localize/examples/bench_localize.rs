@@ -148,6 +148,7 @@ fn main() {
             window_start_us: 0.0,
             window_us: 20e6,
             device: None,
+            job: None,
             utilization_source: UtilizationSource::Samples,
             source: String::new(),
             functions,

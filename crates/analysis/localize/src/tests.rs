@@ -48,6 +48,7 @@ fn fp(worker: u32, functions: Vec<FunctionPattern>) -> Fingerprint {
         window_start_us: 0.0,
         window_us: 1e6,
         device: None,
+        job: None,
         utilization_source: UtilizationSource::Samples,
         source: format!("rank{worker}.json"),
         functions,

@@ -123,6 +123,7 @@ fn fingerprint() -> Fingerprint {
         window_start_us: 1.0,
         window_us: 100.0,
         device: None,
+        job: None,
         utilization_source: UtilizationSource::Trace,
         source: "x".into(),
         total_floor: 0.0,

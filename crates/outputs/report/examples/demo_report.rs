@@ -61,6 +61,7 @@ fn main() {
                 window_start_us: 0.0,
                 window_us: 20e6,
                 device: None,
+                job: None,
                 utilization_source: UtilizationSource::Samples,
                 source: format!("rank{w}.json"),
                 functions: vec![

@@ -37,8 +37,8 @@ mod window;
 use std::collections::BTreeMap;
 
 use whyslow_model::{
-    Fingerprint, FunctionPattern, Resource, SampleSeries, UtilizationSource, WorkerTrace,
-    FINGERPRINT_FORMAT, FINGERPRINT_VERSION,
+    Fingerprint, FunctionPattern, JobIdentity, Resource, SampleSeries, UtilizationSource,
+    WorkerTrace, FINGERPRINT_FORMAT, FINGERPRINT_VERSION,
 };
 
 pub use critical::{critical_path, is_bootstrap_stack, CriticalPath, CriticalSegment};
@@ -146,6 +146,12 @@ pub fn summarize(
         window_start_us: w0 as f64 / 1000.0,
         window_us: window_ns / 1000.0,
         device: trace.device.clone(),
+        job: JobIdentity {
+            world_size: trace.meta.world_size,
+            backend: trace.backend.clone(),
+            ..JobIdentity::default()
+        }
+        .known(),
         utilization_source: UtilizationSource::None,
         source: trace.meta.source.clone(),
         functions: Vec::new(),

@@ -144,6 +144,8 @@ pub(crate) struct Builder {
     pub counts: Counts,
     pub rank: Option<u32>,
     pub world_size: Option<u32>,
+    /// `distributedInfo.backend`, lower-cased, when not empty.
+    pub backend: Option<String>,
     /// `distributedInfo.backend` names gloo (and not NCCL): collectives
     /// without a group of their own go over sockets, i.e. the NIC.
     default_gloo: bool,
@@ -481,6 +483,8 @@ impl Builder {
             .filter(|r| *r >= 0.0 && *r <= u32::MAX as f64)
             .map(|r| r as u32);
         let backend = d.backend.as_slice();
+        let name = String::from_utf8_lossy(backend).trim().to_ascii_lowercase();
+        self.backend = (!name.is_empty()).then_some(name);
         self.default_gloo = contains_ci(backend, b"gloo") && !contains_ci(backend, b"nccl");
         for pg in d.pg_config.unwrap_or_default() {
             let bc = pg.backend_config.as_slice();

@@ -276,6 +276,7 @@ fn read_stream<R: Read>(
         source,
         world_size: b.world_size,
     });
+    t.backend = b.backend.clone();
     match rank_source {
         RankSource::Trace => {}
         RankSource::FileName => t.warnings.push(format!(

@@ -1,0 +1,366 @@
+//! whyslow's job policy: the one place that decides how one job's evidence
+//! is judged, so that `whyslow analyze`/`localize`, `whyslow server` and
+//! `import whyslow` give the same verdict on the same fingerprints.
+//!
+//! PerfTracker §4.3 compares the workers *of one job* against each other
+//! (Eq. 6–11): pooling two jobs makes each look abnormal to the other, and
+//! a rank that sent nothing is a finding of its own (EROICA lists missing
+//! workers before any function). The policy here is therefore:
+//!
+//! 1. **One job.** Every fingerprint's (and trace's) known identity — job
+//!    id, world size, device model, backend ([`whyslow_model::JobIdentity`])
+//!    — must agree; otherwise the whole input is refused ([`Refusal::DifferentJobs`])
+//!    and nothing is pooled.
+//! 2. **Duplicate ranks**: the first one read is kept (the localizer warns);
+//!    under `strict` they are refused.
+//! 3. **Empty windows**: a worker with no event in its window says nothing
+//!    either way: it is left out with a warning (refused under `strict`),
+//!    and counts as missing.
+//! 4. **World size**: the policy's override, else what the fingerprints
+//!    say; ranks below it without data are `missing_workers` (refused under
+//!    `strict`).
+//! 5. **Source excerpts** of Python findings, only where the door has the
+//!    job's code (`source_roots`; never on the server).
+//! 6. **Onset**: the iteration times the door saw, with the step where they
+//!    rose (PerfTracker §4.1), from profiler steps or the online detector.
+//!
+//! No door adds or drops a rule of its own.
+
+#![deny(missing_docs)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use whyslow_localize::LocalizeConfig;
+use whyslow_model::{
+    Fingerprint, IterationSeries, IterationSource, IterationTimes, Report, WorkerTrace,
+};
+use whyslow_online::OnsetConfig;
+
+/// How a door wants a job judged. `Default`: the paper's parameters, the
+/// world size the evidence says, lenient, no source excerpts.
+#[derive(Debug, Clone, Default)]
+pub struct JobPolicy {
+    /// Localization parameters (PerfTracker §4.3).
+    pub localize: LocalizeConfig,
+    /// The job's world size as the user gives it; overrides what the
+    /// fingerprints say (with a warning when they differ).
+    pub world_size: Option<u32>,
+    /// Refuse instead of warning: duplicate ranks, empty windows, missing
+    /// ranks, truncated traces.
+    pub strict: bool,
+    /// Where the job's source files are, to quote the code of Python
+    /// findings (EROICA's "relevant code"); `None`: no excerpts (the
+    /// server, which must not read its own files on a client's behalf).
+    pub source_roots: Option<Vec<PathBuf>>,
+}
+
+/// What a door has of one job.
+#[derive(Debug, Clone, Default)]
+pub struct JobEvidence {
+    /// One fingerprint per worker (PerfTracker §4.2).
+    pub fingerprints: Vec<Fingerprint>,
+    /// The job's iteration times, when the door saw them
+    /// ([`iterations_from_traces`], [`iterations_from_history`]).
+    pub iterations: Option<IterationTimes>,
+    /// What the door already noted (inputs skipped, …); kept in the report.
+    pub warnings: Vec<String>,
+}
+
+/// Why a job's evidence is not judged at all.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    /// Nothing to judge.
+    #[error("no fingerprint to judge")]
+    NoEvidence,
+    /// The inputs come from more than one job (PerfTracker §4.3 compares
+    /// the workers of one job).
+    #[error(
+        "the inputs hold {what} of {} different jobs, which cannot be compared as one: {}. \
+         Analyze each job's {what} on their own (one folder per job)",
+        jobs.len(),
+        jobs.join("; ")
+    )]
+    DifferentJobs {
+        /// `traces` or `fingerprints`.
+        what: &'static str,
+        /// Each job: its identity and ranks.
+        jobs: Vec<String>,
+    },
+    /// A rank twice (strict).
+    #[error("rank {rank} appears twice, in {first} and {second} (--strict)")]
+    DuplicateRank {
+        /// The rank.
+        rank: u32,
+        /// Where it was first read.
+        first: String,
+        /// Where it was read again.
+        second: String,
+    },
+    /// A worker without events in its window (strict).
+    #[error("rank {rank} ({input}): no events in its profiling window (--strict)")]
+    EmptyWindow {
+        /// The rank.
+        rank: u32,
+        /// Its input.
+        input: String,
+    },
+    /// Ranks of the job without data (strict).
+    #[error("{count} rank(s) of the job have no data: {ranks} (--strict)")]
+    MissingRanks {
+        /// How many are listed.
+        count: usize,
+        /// The ranks, compact (`{0-3,7}`).
+        ranks: String,
+    },
+    /// A trace cut short (strict).
+    #[error("{input}: the trace is truncated: only its first events could be read (--strict)")]
+    Truncated {
+        /// The trace.
+        input: String,
+    },
+}
+
+/// One input's claim to a job: the parts of its identity it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct JobKey<'a> {
+    id: Option<&'a str>,
+    world_size: Option<u32>,
+    device: Option<&'a str>,
+    backend: Option<&'a str>,
+}
+
+impl<'a> JobKey<'a> {
+    fn of_fingerprint(fp: &'a Fingerprint) -> Self {
+        let job = fp.job.as_ref();
+        JobKey {
+            id: job.and_then(|j| j.id.as_deref()),
+            world_size: job.and_then(|j| j.world_size),
+            device: fp.device.as_deref(),
+            backend: job.and_then(|j| j.backend.as_deref()),
+        }
+    }
+
+    fn of_trace(t: &'a WorkerTrace) -> Self {
+        JobKey {
+            id: None,
+            world_size: t.meta.world_size,
+            device: t.device.as_deref(),
+            backend: t.backend.as_deref(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mut s = format!(
+            "world size {} on {}",
+            self.world_size
+                .map_or_else(|| "unknown".to_string(), |w| w.to_string()),
+            self.device.unwrap_or("an unnamed device"),
+        );
+        if let Some(b) = self.backend {
+            s.push_str(&format!(" over {b}"));
+        }
+        if let Some(id) = self.id {
+            s = format!("job {id}, {s}");
+        }
+        s
+    }
+}
+
+/// Checks that `members` (identity, rank, input) are of one job: each part
+/// of the identity has at most one known value. Returns the world size
+/// they agree on.
+fn one_job(
+    members: &[(JobKey<'_>, u32, &str)],
+    what: &'static str,
+) -> Result<Option<u32>, Refusal> {
+    fn known<T: Ord + Copy>(v: impl Iterator<Item = Option<T>>) -> BTreeSet<T> {
+        v.flatten().collect()
+    }
+    let ids = known(members.iter().map(|m| m.0.id));
+    let sizes = known(members.iter().map(|m| m.0.world_size));
+    let devices = known(members.iter().map(|m| m.0.device));
+    let backends = known(members.iter().map(|m| m.0.backend));
+    if ids.len() <= 1 && sizes.len() <= 1 && devices.len() <= 1 && backends.len() <= 1 {
+        return Ok(sizes.first().copied());
+    }
+    let mut jobs: BTreeMap<JobKey<'_>, Vec<(u32, &str)>> = BTreeMap::new();
+    for (key, rank, input) in members {
+        jobs.entry(*key).or_default().push((*rank, input));
+    }
+    let jobs = jobs
+        .iter()
+        .map(|(key, ms)| {
+            let ranks: Vec<u32> = ms.iter().map(|m| m.0).collect();
+            format!(
+                "{}: rank(s) {} ({}{})",
+                key.describe(),
+                whyslow_report::compact_ranks(&ranks, 30),
+                ms[0].1,
+                if ms.len() > 1 {
+                    format!(" and {} more", ms.len() - 1)
+                } else {
+                    String::new()
+                }
+            )
+        })
+        .collect();
+    Err(Refusal::DifferentJobs { what, jobs })
+}
+
+/// The trace-level check, before any trace is summarized: the traces are
+/// of one job, and (under `strict`) none is truncated. Notes what the
+/// report should say into `warnings`.
+pub fn check_traces(
+    traces: &[WorkerTrace],
+    policy: &JobPolicy,
+    warnings: &mut Vec<String>,
+) -> Result<(), Refusal> {
+    if policy.strict {
+        if let Some(t) = traces.iter().find(|t| t.truncated) {
+            return Err(Refusal::Truncated {
+                input: t.meta.source.clone(),
+            });
+        }
+    }
+    let members: Vec<(JobKey<'_>, u32, &str)> = traces
+        .iter()
+        .map(|t| (JobKey::of_trace(t), t.meta.rank, t.meta.source.as_str()))
+        .collect();
+    one_job(&members, "traces")?;
+    // Without ProfilerStep marks the window is the traced span. whyslow's own
+    // online windows are whole iterations without them (the profiler runs
+    // without a schedule), so this is a note, not a refusal.
+    let stepless: Vec<u32> = traces
+        .iter()
+        .filter(|t| t.steps.is_empty() && !t.executions.is_empty())
+        .map(|t| t.meta.rank)
+        .collect();
+    if !stepless.is_empty() {
+        warnings.push(format!(
+            "{} trace(s) without ProfilerStep marks (ranks {}): each window is the traced span",
+            stepless.len(),
+            whyslow_report::compact_ranks(&stepless, 30)
+        ));
+    }
+    Ok(())
+}
+
+/// Judges one job's evidence under `policy` (PerfTracker §4.3 with the
+/// rules of the crate docs): the report every door shows, or why the
+/// evidence cannot be judged at all.
+pub fn analyze_job(evidence: JobEvidence, policy: &JobPolicy) -> Result<Report, Refusal> {
+    let JobEvidence {
+        fingerprints: fps,
+        iterations,
+        warnings: door_warnings,
+    } = evidence;
+    if fps.is_empty() {
+        return Err(Refusal::NoEvidence);
+    }
+    let mut warnings: Vec<String> = fps
+        .iter()
+        .flat_map(|fp| {
+            fp.warnings
+                .iter()
+                .map(|w| format!("rank {} ({}): {w}", fp.worker, fp.source))
+        })
+        .collect();
+    let members: Vec<(JobKey<'_>, u32, &str)> = fps
+        .iter()
+        .map(|f| (JobKey::of_fingerprint(f), f.worker, f.source.as_str()))
+        .collect();
+    let said = one_job(&members, "fingerprints")?;
+    let world_size = policy.world_size.or(said);
+    if let (Some(given), Some(said)) = (policy.world_size, said) {
+        if given != said {
+            warnings.push(format!(
+                "--world-size {given} overrides the job's world size {said}"
+            ));
+        }
+    }
+    if policy.strict {
+        let mut seen: BTreeMap<u32, &str> = BTreeMap::new();
+        for fp in &fps {
+            if let Some(first) = seen.insert(fp.worker, &fp.source) {
+                return Err(Refusal::DuplicateRank {
+                    rank: fp.worker,
+                    first: first.to_string(),
+                    second: fp.source.clone(),
+                });
+            }
+        }
+    }
+    let total = fps.len();
+    let (fps, empty): (Vec<Fingerprint>, Vec<Fingerprint>) = fps
+        .into_iter()
+        .partition(|f| f.window_us > 0.0 && !f.functions.is_empty());
+    for fp in &empty {
+        if policy.strict {
+            return Err(Refusal::EmptyWindow {
+                rank: fp.worker,
+                input: fp.source.clone(),
+            });
+        }
+        warnings.push(format!(
+            "rank {} ({}): no events in its profiling window; left out",
+            fp.worker, fp.source
+        ));
+    }
+    let mut report = whyslow_localize::localize(&fps, &policy.localize, world_size);
+    if fps.is_empty() {
+        report.could_not_judge(format!(
+            "none of the {total} worker(s) read had events in its profiling window"
+        ));
+    }
+    if policy.strict && !report.missing_workers.is_empty() {
+        return Err(Refusal::MissingRanks {
+            count: report.missing_workers.len(),
+            ranks: whyslow_report::compact_ranks(&report.missing_workers, 40),
+        });
+    }
+    if let Some(roots) = &policy.source_roots {
+        whyslow_report::attach_source_excerpts(&mut report, roots);
+    }
+    report.warnings.extend(door_warnings);
+    report.warnings.extend(warnings);
+    report.iterations = iterations;
+    Ok(report)
+}
+
+/// Each traced worker's `ProfilerStep` durations, with the step where the
+/// job's iteration time rose (PerfTracker §4.1).
+pub fn iterations_from_traces(traces: &[WorkerTrace]) -> Option<IterationTimes> {
+    let series = traces
+        .iter()
+        .filter(|t| !t.steps.is_empty())
+        .map(|t| IterationSeries {
+            worker: Some(t.meta.rank),
+            steps: t.steps.iter().map(|s| s.0).collect(),
+            ms: t.steps.iter().map(|s| (s.2 - s.1) as f64 / 1e6).collect(),
+        })
+        .collect();
+    whyslow_online::iteration_times(
+        IterationSource::ProfilerSteps,
+        series,
+        &OnsetConfig::default(),
+    )
+}
+
+/// The online detector's iteration history, `(step, ms)` pairs, with the
+/// step where it rose (PerfTracker §4.1).
+pub fn iterations_from_history(history: Vec<(u64, f64)>) -> Option<IterationTimes> {
+    let (steps, ms) = history.into_iter().unzip();
+    whyslow_online::iteration_times(
+        IterationSource::Detector,
+        vec![IterationSeries {
+            worker: None,
+            steps,
+            ms,
+        }],
+        &OnsetConfig::default(),
+    )
+}
+
+#[cfg(test)]
+mod tests;
