@@ -323,3 +323,25 @@ def test_fingerprints_wait_on_disk_while_the_server_is_away(tmp_path):
         assert [w for _, w in got][-1] == 6 and 5 not in [w for _, w in got]
     finally:
         srv.shutdown()
+
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DEMO = os.path.join(REPO, "examples", "data", "slow-rank-cpu-gloo")
+SINGLE = os.path.join(REPO, "tests", "fixtures", "kineto", "single")
+
+
+def test_the_package_judges_as_the_command_line_does(tmp_path):
+    """The job pipeline behind the package (issue 26): three of the demo's
+    four ranks name rank 2 and report rank 3 missing from the world size
+    the traces carry; fingerprints of two different jobs are refused."""
+    fps = [_whyslow.summarize_trace(os.path.join(DEMO, "rank-%d.json.gz" % r)) for r in range(3)]
+    assert all(json.loads(f)["job"]["world_size"] == 4 for f in fps)
+    _whyslow.localize_fingerprints(fps, str(tmp_path / "report"))
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["missing_workers"] == [3]
+    assert any(f["workers"] == [2] for f in report["findings"]), report["findings"]
+
+    mixed = [_whyslow.summarize_trace(os.path.join(SINGLE, n))
+             for n in ("a100-rank3of8.json.gz", "mi250-rocm.json.gz")]
+    with pytest.raises(ValueError, match="2 different jobs"):
+        _whyslow.localize_fingerprints(mixed, str(tmp_path / "mixed"))

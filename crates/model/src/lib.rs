@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod collective;
+pub mod diagnosis;
 mod fingerprint;
 pub mod flow;
 pub mod os;

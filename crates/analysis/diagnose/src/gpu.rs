@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+pub use whyslow_model::diagnosis::{GpuFinding, GpuPattern, KernelDiff};
 
 /// One kernel's time on one rank over the judged window.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,49 +50,6 @@ impl Default for GpuConfig {
             uniform_share: 0.6,
         }
     }
-}
-
-/// How a rank's kernels are slower than its peers'.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GpuPattern {
-    /// Most of the GPU time is slower by a similar factor: the hardware
-    /// (clocks, power or thermal limits, a degraded part).
-    Uniform,
-    /// A few kernels are slower, the rest keep their pace: software
-    /// (shapes, algorithm choice, data-dependent work).
-    Specific,
-}
-
-/// A kernel slower on the rank than on its peers (`gpu_diff` rows).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KernelDiff {
-    /// Kernel name.
-    pub kernel: String,
-    /// The rank's time per call, µs.
-    pub straggler_us: f64,
-    /// The peers' median time per call, µs.
-    pub peers_us: f64,
-    /// `straggler_us / peers_us`.
-    pub ratio: f64,
-    /// The rank's excess in this kernel over the window as a share of its
-    /// GPU time.
-    pub excess_share: f64,
-}
-
-/// The GPU layer's finding on one rank.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuFinding {
-    /// Uniform (hardware) or specific (software).
-    pub pattern: GpuPattern,
-    /// The rank's GPU time over what its kernels would take at the peers'
-    /// pace (1.0: the same).
-    pub overall_ratio: f64,
-    /// Share of the peers' GPU time (at the rank's calls) held by the
-    /// kernels that are slower.
-    pub slower_share: f64,
-    /// The slower kernels whose excess matters, largest excess first.
-    pub kernels: Vec<KernelDiff>,
 }
 
 fn per_call(kernels: &[KernelTime]) -> BTreeMap<&str, (u64, f64)> {

@@ -18,6 +18,7 @@ use whyslow_model::os::{
 };
 
 use crate::WaterlineFlag;
+pub use whyslow_model::diagnosis::OsDiff;
 
 /// Thresholds of the OS diff.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,19 +86,6 @@ pub fn handler_functions(signal: &str) -> &'static [&'static str] {
         "RCU" => &["rcu_core_si", "rcu_core"],
         _ => &[],
     }
-}
-
-/// One OS signal on which the straggler stands out (`os_diff` of the JSON).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OsDiff {
-    /// Signal name (`whyslow_model::os`).
-    pub signal: String,
-    /// The straggler's value (its mean over the window).
-    pub straggler: f64,
-    /// The peers' mean value.
-    pub peers: f64,
-    /// μ + kσ over the peers.
-    pub threshold: f64,
 }
 
 /// Each signal's duration-weighted mean over `samples`.

@@ -30,13 +30,18 @@
 #![deny(missing_docs)]
 
 pub mod gpu;
+pub mod job;
 pub mod layer;
 pub mod network;
 pub mod stragglers;
 
 use std::collections::{BTreeMap, HashMap};
 
+pub use job::{
+    diagnose, parse_range, DiagnoseConfig, DiagnoseError, Diagnosis, FlamePair, LateGroup,
+};
 use serde::{Deserialize, Serialize};
+pub use whyslow_model::diagnosis::{DiagnoseEvidence, DiagnoseReport, Regression};
 use whyslow_model::stack::{Frame, FrameKind, StackProfile};
 
 /// Thresholds. `Default` gives the paper's values (k = 2, δ = 0.5 %).
@@ -205,21 +210,6 @@ fn z(a: u64, n: u64, b: u64, m: u64) -> f64 {
     } else {
         (p1 - p2) / se
     }
-}
-
-/// A function whose CPU share rose against the baseline (temporal baseline).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Regression {
-    /// Communication group (or job).
-    pub group: String,
-    /// The function.
-    pub function: String,
-    /// Its heaviest path now, root first, `;`-joined.
-    pub stack: String,
-    /// Share before (baseline).
-    pub before_share: f64,
-    /// Share now.
-    pub after_share: f64,
 }
 
 /// Temporal baseline (SysOM-AI §3.1): functions whose share of `after` rose

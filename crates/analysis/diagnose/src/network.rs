@@ -20,6 +20,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use whyslow_model::diagnosis::{LossSide, LossyHost};
+
 /// Thresholds of the network layer (not in the paper).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -91,54 +93,6 @@ fn share(part: f64, whole: f64, cfg: &NetworkConfig) -> Option<f64> {
         .then(|| 100.0 * part / whole)
 }
 
-/// One side of a host's loss: its share against the other hosts'.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LossSide {
-    /// The host's share, percent.
-    pub pct: f64,
-    /// The median share of the other hosts judged on this side (`None`
-    /// without another).
-    pub peers_pct: Option<f64>,
-    /// Whether the share is over the floor.
-    pub over_floor: bool,
-}
-
-/// A host that loses TCP segments (`network_diff` of the JSON).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LossyHost {
-    /// The host, as in [`HostTcp::host`].
-    pub host: String,
-    /// Its world ranks.
-    pub ranks: Vec<u32>,
-    /// Its sending side: segments it sent again per 100 sent.
-    pub resent: Option<LossSide>,
-    /// Its receiving side: segments that reached it out of order per 100
-    /// received.
-    pub out_of_order: Option<LossSide>,
-    /// `sends`, `receives` or `both`: the sides over their floors.
-    pub side: &'static str,
-    /// Segments it sent per second.
-    pub out_segs_per_s: f64,
-    /// Segments it received per second.
-    pub in_segs_per_s: f64,
-    /// Whether each side over its floor is at least
-    /// [`NetworkConfig::min_ratio`] times its peers' median (or it has no
-    /// peer): `false` when the loss is everywhere.
-    pub stands_out: bool,
-}
-
-impl LossyHost {
-    /// The larger share over its floor, for ordering.
-    pub fn worst_pct(&self) -> f64 {
-        [&self.resent, &self.out_of_order]
-            .into_iter()
-            .flatten()
-            .filter(|s| s.over_floor)
-            .map(|s| s.pct)
-            .fold(0.0, f64::max)
-    }
-}
-
 fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
@@ -205,7 +159,7 @@ pub fn lossy_hosts(hosts: &[HostTcp], cfg: &NetworkConfig) -> Vec<LossyHost> {
                 ranks: h.ranks.clone(),
                 resent,
                 out_of_order,
-                side,
+                side: side.to_string(),
                 out_segs_per_s: h.out_segs_per_s,
                 in_segs_per_s: h.in_segs_per_s,
                 stands_out,
@@ -251,7 +205,10 @@ mod tests {
     }
 
     fn names(found: &[LossyHost]) -> Vec<(&str, &str)> {
-        found.iter().map(|f| (f.host.as_str(), f.side)).collect()
+        found
+            .iter()
+            .map(|f| (f.host.as_str(), f.side.as_str()))
+            .collect()
     }
 
     #[test]
@@ -316,7 +273,10 @@ mod tests {
         let found = lossy_hosts(&hs, &NetworkConfig::default());
         assert_eq!(found.len(), 4);
         assert!(found.iter().all(|f| !f.stands_out), "{found:?}");
-        assert_eq!((found[0].host.as_str(), found[0].side), ("h3", "sends"));
+        assert_eq!(
+            (found[0].host.as_str(), found[0].side.as_str()),
+            ("h3", "sends")
+        );
     }
 
     #[test]

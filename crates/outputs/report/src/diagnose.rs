@@ -6,6 +6,8 @@
 
 use std::fmt::Write as _;
 
+use whyslow_model::diagnosis::{DiagnoseReport, GpuPattern, LossSide};
+
 use crate::html::escape;
 use crate::lines::{line_chart_svg, LineSeries};
 
@@ -148,4 +150,211 @@ mod tests {
         let empty = render_diagnose_html("t", "", &[], &[]);
         assert!(empty.contains("nothing to plot") && empty.contains("No rank profiles"));
     }
+}
+
+/// The diagnosis as text for the terminal (and the HTML page's summary).
+/// `network_floors_pct`: the least resent and out-of-order shares the
+/// network layer judges (`whyslow_diagnose::network::NetworkConfig`), for
+/// the line that says no host is over them.
+pub fn render_diagnose_table(r: &DiagnoseReport, network_floors_pct: (f64, f64)) -> String {
+    let mut s = String::new();
+    let _ = write_table(&mut s, r, network_floors_pct);
+    s
+}
+
+fn write_table(
+    out: &mut String,
+    r: &DiagnoseReport,
+    (min_retrans_pct, min_out_of_order_pct): (f64, f64),
+) -> std::fmt::Result {
+    writeln!(out,
+        "{} rank profiles in {} group(s); baseline {:.0}..{:.0} s, window {:.0}..{:.0} s (since the earliest profile)",
+        r.profiles,
+        r.groups.len(),
+        r.baseline.0,
+        r.baseline.1,
+        r.window.0,
+        r.window.1
+    )?;
+    for g in &r.groups {
+        writeln!(
+            out,
+            "  group {}: {} ranks, {} baseline / {} window samples",
+            g.group, g.ranks, g.baseline_samples, g.window_samples
+        )?;
+    }
+    if r.stragglers.is_empty() {
+        writeln!(out, "stragglers: none")?;
+    } else {
+        for s in &r.stragglers {
+            writeln!(
+            out,
+                "straggler: group {} rank {}: enters its collectives {:.1} ms after the others (mean over the window)",
+                s.group,
+                s.rank,
+                s.late_us / 1e3
+            )?;
+        }
+    }
+    writeln!(out, "layer: {}", r.layer)?;
+    if r.cpu_diff.is_empty() {
+        writeln!(out, "CPU waterline: no rank above its group's")?;
+    } else {
+        writeln!(
+            out,
+            "CPU waterline (a rank's share above its group's μ + 2σ):"
+        )?;
+        for d in &r.cpu_diff {
+            let who = match &d.host {
+                Some(h) => format!("rank {}'s host {h} (all its processes)", d.rank),
+                None => format!("rank {}", d.rank),
+            };
+            writeln!(
+                out,
+                "  group {} {who}: {} {:.1} % vs peers {:.1} % (line {:.1} %)\n    {}",
+                d.group,
+                d.function,
+                100.0 * d.straggler_share,
+                100.0 * d.peer_share,
+                100.0 * d.threshold,
+                d.stack
+            )?;
+        }
+    }
+    if !r.offcpu_diff.is_empty() {
+        writeln!(
+            out,
+            "off the CPU (a late rank's share of blocked time above its group's μ + 2σ):"
+        )?;
+        for d in &r.offcpu_diff {
+            writeln!(
+                out,
+                "  group {} rank {}: {} {:.1} % vs peers {:.1} %\n    {}",
+                d.group,
+                d.rank,
+                d.function,
+                100.0 * d.straggler_share,
+                100.0 * d.peer_share,
+                d.stack
+            )?;
+        }
+    }
+    if r.regressions.is_empty() {
+        writeln!(
+            out,
+            "temporal baseline: no function's share rose by more than 0.5 pp"
+        )?;
+    } else {
+        writeln!(
+            out,
+            "temporal baseline (share rose by > 0.5 pp since the baseline):"
+        )?;
+        for x in &r.regressions {
+            writeln!(
+                out,
+                "  group {}: {} {:.1} % -> {:.1} %\n    {}",
+                x.group,
+                x.function,
+                100.0 * x.before_share,
+                100.0 * x.after_share,
+                x.stack
+            )?;
+        }
+    }
+    for g in &r.gpu_diff {
+        let what = match g.finding.pattern {
+            GpuPattern::Uniform => "uniformly slower: the hardware (clocks held down by power or temperature, a degraded part; nvidia-smi -q -d PERFORMANCE,CLOCK)",
+            GpuPattern::Specific => "specific kernels slower, the rest at their peers' pace: software (shapes, algorithm choice, data)",
+        };
+        writeln!(
+            out,
+            "GPU kernels: group {} rank {}: {:.2}x its {} peers' kernel time, {what}",
+            g.group, g.rank, g.finding.overall_ratio, g.peers
+        )?;
+        for k in g.finding.kernels.iter().take(8) {
+            writeln!(
+                out,
+                "  {} {:.1} µs vs {:.1} µs per call ({:.2}x, +{:.1} % of its GPU time)",
+                k.kernel,
+                k.straggler_us,
+                k.peers_us,
+                k.ratio,
+                100.0 * k.excess_share
+            )?;
+        }
+    }
+    if r.os_diff.is_empty() {
+        writeln!(out, "OS signals: no late rank stands out from its peers")?;
+    } else {
+        writeln!(out, "OS signals (a late rank's above its peers' μ + 2σ):")?;
+        for d in &r.os_diff {
+            writeln!(
+                out,
+                "  group {} rank {}: {} {:.1} vs peers {:.1}",
+                d.group, d.rank, d.diff.signal, d.diff.straggler, d.diff.peers
+            )?;
+            if let (Some(st), Some(sh), Some(scope)) = (
+                &d.handler_stack,
+                d.handler_share,
+                d.handler_scope.as_deref(),
+            ) {
+                writeln!(
+                    out,
+                    "    its kernel handler in {:.1} % of the {} profile's samples:\n    {st}",
+                    100.0 * sh,
+                    if scope == "host" { "host" } else { "rank" }
+                )?;
+            }
+        }
+    }
+    if r.network_diff.is_empty() {
+        writeln!(
+            out,
+            "network: no host resends over {:.1} % of its TCP segments or receives over {:.1} % \
+             out of order",
+            min_retrans_pct, min_out_of_order_pct
+        )?;
+    } else {
+        writeln!(out, "network (TCP segments lost, per host):")?;
+        for h in &r.network_diff {
+            let ranks: Vec<String> = h.ranks.iter().map(u32::to_string).collect();
+            writeln!(
+                out,
+                "  {} ({} {}): {}{}",
+                h.host,
+                if ranks.len() == 1 { "rank" } else { "ranks" },
+                ranks.join(", "),
+                match h.side.as_str() {
+                    "sends" => "resends what it sends",
+                    "receives" => "receives out of order",
+                    _ => "resends and receives out of order",
+                },
+                if h.stands_out {
+                    ""
+                } else {
+                    " (so do its peers: the loss is not this host's alone)"
+                }
+            )?;
+            let side = |what: &str, s: &LossSide, segs: f64| {
+                let peers = s
+                    .peers_pct
+                    .map(|p| format!("the other hosts' median {p:.2} %"))
+                    .unwrap_or_else(|| "no other host".into());
+                format!(
+                    "    {what}: {:.2} % of {segs:.0} segments/s, vs {peers}",
+                    s.pct
+                )
+            };
+            if let Some(s) = &h.resent {
+                writeln!(out, "{}", side("resent", s, h.out_segs_per_s))?;
+            }
+            if let Some(s) = &h.out_of_order {
+                writeln!(out, "{}", side("out of order", s, h.in_segs_per_s))?;
+            }
+        }
+    }
+    for n in &r.notes {
+        writeln!(out, "note: {n}")?;
+    }
+    Ok(())
 }

@@ -19,6 +19,7 @@
 //! folded stacks.
 #![deny(missing_docs)]
 
+mod diagnosis;
 mod flame;
 mod folded;
 mod pprof;
@@ -26,6 +27,7 @@ mod speedscope;
 mod tree;
 mod util;
 
+pub use diagnosis::{diagnosis_html, diagnosis_table, diff_flamegraph};
 pub use flame::{to_diff_flamegraph_svg, to_flamegraph_svg, FlameOptions};
 pub use folded::{parse_folded, to_folded, FoldedError};
 pub use pprof::{from_pprof, from_pprof_limited, to_pprof, PprofError, MAX_PPROF_DECOMPRESSED};

@@ -1,0 +1,215 @@
+//! One brain behind every door (issue 26): the same fingerprints give the
+//! same verdict from `whyslow analyze` and from `whyslow server`'s report,
+//! and two jobs are refused by both. The server runs in-process (its
+//! router over an embedded store), the command line as the binary.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use tower::ServiceExt;
+
+mod common;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("whyslow-brain-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn whyslow(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
+        .args(args)
+        .output()
+        .expect("run whyslow");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An in-process server over an embedded store in `dir`, and a token.
+fn server(dir: &Path) -> (axum::Router, String) {
+    let store = whyslow_server::SqliteStore::open(dir).expect("open the store");
+    let token = whyslow_server::Store::create_token(&store, "tenant-a").unwrap();
+    let state = Arc::new(whyslow_server::AppState {
+        retention_days: 7,
+        compact_after_s: 3600,
+        store: Box::new(store),
+        symbols: None,
+        raw: None,
+        metrics: Default::default(),
+    });
+    (whyslow_server::router(state), token)
+}
+
+async fn call(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    token: &str,
+    body: Vec<u8>,
+) -> (StatusCode, serde_json::Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
+        .await
+        .unwrap();
+    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (status, json)
+}
+
+/// (function, workers) of each finding, in order.
+fn findings(report: &serde_json::Value) -> Vec<(String, serde_json::Value)> {
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["function"].as_str().unwrap().to_string(),
+                f["workers"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_server_judges_three_of_four_ranks_as_analyze_does() {
+    let dir = temp_dir("demo");
+    let traces = dir.join("traces");
+    fs::create_dir_all(&traces).unwrap();
+    for r in 0..3 {
+        let name = format!("rank-{r}.json.gz");
+        fs::copy(
+            repo().join("examples/data/slow-rank-cpu-gloo").join(&name),
+            traces.join(&name),
+        )
+        .unwrap();
+    }
+    let fps = dir.join("fingerprints");
+    let (code, stdout, stderr) = whyslow(&[
+        "analyze",
+        traces.to_str().unwrap(),
+        "--format",
+        "json",
+        "--fingerprints-out",
+        fps.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let cli: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(cli["missing_workers"], serde_json::json!([3]), "{stdout}");
+    assert!(
+        findings(&cli)
+            .iter()
+            .any(|(_, w)| w == &serde_json::json!([2])),
+        "{stdout}"
+    );
+
+    let (app, token) = server(&dir.join("store"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for r in 0..3 {
+            let body = fs::read(fps.join(format!("rank-{r}.fingerprint.json"))).unwrap();
+            let (status, json) = call(
+                &app,
+                "POST",
+                "/api/v1/jobs/demo/sessions/s1/fingerprints",
+                &token,
+                body,
+            )
+            .await;
+            assert_eq!(status, StatusCode::CREATED, "{json}");
+        }
+        let (status, report) = call(
+            &app,
+            "GET",
+            "/api/v1/jobs/demo/sessions/s1/report",
+            &token,
+            vec![],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{report}");
+        assert_eq!(
+            report["missing_workers"],
+            serde_json::json!([3]),
+            "{report}"
+        );
+        assert_eq!(report["verdict"], cli["verdict"]);
+        assert_eq!(findings(&report), findings(&cli));
+    });
+}
+
+#[test]
+fn two_jobs_are_refused_by_the_command_line_and_the_server_alike() {
+    let dir = temp_dir("mixed");
+    let single = common::fixtures().unwrap().join("kineto/single");
+    let mut bodies = Vec::new();
+    for name in ["a100-rank3of8.json.gz", "mi250-rocm.json.gz"] {
+        let out = dir.join(format!("{name}.fingerprint.json"));
+        let (code, _, stderr) = whyslow(&[
+            "summarize",
+            single.join(name).to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(0), "{stderr}");
+        bodies.push(fs::read(&out).unwrap());
+    }
+    let (code, stdout, stderr) = whyslow(&["localize", dir.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stderr.contains("2 different jobs"), "{stderr}");
+
+    let (app, token) = server(&dir.join("store"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for body in bodies {
+            let (status, json) = call(
+                &app,
+                "POST",
+                "/api/v1/jobs/j/sessions/s/fingerprints",
+                &token,
+                body,
+            )
+            .await;
+            assert_eq!(status, StatusCode::CREATED, "{json}");
+        }
+        let (status, json) = call(
+            &app,
+            "GET",
+            "/api/v1/jobs/j/sessions/s/report",
+            &token,
+            vec![],
+        )
+        .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{json}");
+        let error = json["error"].as_str().unwrap();
+        assert!(
+            error.contains("2 different jobs") && error.contains("MI250"),
+            "{error}"
+        );
+    });
+}
