@@ -102,13 +102,13 @@ def test_the_late_rank_is_named_from_its_gloo_collectives(tmp_path):
     assert None not in set.union(*tags), "an all-reduce without its tag"
     assert len(tags[0] & tags[1] & tags[2]) >= 200, [len(t) for t in tags]
     names = [(s["group"], s["rank"]) for s in report["stragglers"]]
-    assert names == [(groups.pop(), "2")], show
+    assert names == [(groups.pop(), 2)], show
     late_ms = report["stragglers"][0]["late_us"] / 1e3
     assert 10 < late_ms < 40, show
     # Which layer: its own code (the CPU waterline), the injected function
     # first; the agent's OS readings were there for the OS layer.
     assert report["layer"] == "cpu", show
-    assert report["cpu_diff"][0]["rank"] == "2", show
+    assert report["cpu_diff"][0]["rank"] == 2, show
     assert "injected_slow_rank_work" in report["cpu_diff"][0]["function"], show
     assert report["os_samples"] > 0, show
     # The page: the entry-time plot with rank 2 flagged, the flame graphs.
@@ -138,9 +138,9 @@ def test_a_rank_blocked_on_slow_reads_is_seen_off_the_cpu(tmp_path):
                    "--sim-compute-ms", "30"])
     show = json.dumps({k: v for k, v in report.items() if k not in ("html", "online_reports")},
                       indent=1)[:5000]
-    assert [s["rank"] for s in report["stragglers"]] == ["2"], show
+    assert [s["rank"] for s in report["stragglers"]] == [2], show
     blocked = report["offcpu_diff"]
-    assert blocked and all(d["rank"] == "2" for d in blocked), show
+    assert blocked and all(d["rank"] == 2 for d in blocked), show
     assert any("pipe_read" in d["stack"] for d in blocked[:8]), show
     assert report["layer"] in ("os", "cpu"), show
 

@@ -273,12 +273,12 @@ def test_agents_name_the_noisy_neighbour_of_the_late_rank(tmp_path):
     res = run_testbed(tmp_path, "cpu-hog:host=%d,procs=2" % host, iters=400, fault_after=5,
                       tb_args=_agent_args(), env_extra={"WHYSLOW_THRESHOLD": "100"})
     rep, show = _diagnose(res)
-    assert [s["rank"] for s in rep["stragglers"]] == [str(host)], show
+    assert [s["rank"] for s in rep["stragglers"]] == [host], show
     assert rep["layer"] in ("cpu", "os"), show
     top = rep["cpu_diff"][0]
-    assert (top["scope"], top["rank"], top["function"]) == ("host", str(host), "sh (process)"), show
+    assert (top["scope"], top["rank"], top["function"]) == ("host", host, "sh (process)"), show
     # The scheduler's side: rank 2 waited for a CPU more than its peers.
-    assert any(d["rank"] == str(host) and d["signal"] == "runqueue_delay_ms_per_s"
+    assert any(d["rank"] == host and d["signal"] == "runqueue_delay_ms_per_s"
                for d in rep["os_diff"]), show
 
 
@@ -295,10 +295,10 @@ def test_agents_name_the_kernel_path_of_a_file_lookup_storm(tmp_path):
     res = run_testbed(tmp_path, "exec:host=%d,cmd=%s" % (host, storm), iters=400, fault_after=5,
                       tb_args=_agent_args(), env_extra={"WHYSLOW_THRESHOLD": "100"})
     rep, show = _diagnose(res)
-    assert [s["rank"] for s in rep["stragglers"]] == [str(host)], show
+    assert [s["rank"] for s in rep["stragglers"]] == [host], show
     assert rep["layer"] in ("cpu", "os"), show
     on_host = [d for d in rep["cpu_diff"] if d["scope"] == "host"]
-    assert on_host and on_host[0]["rank"] == str(host), show
+    assert on_host and on_host[0]["rank"] == host, show
     lookup = ("path_lookupat", "filename_lookup", "link_path_walk", "walk_component",
               "path_openat", "do_filp_open", "vfs_statx", "lookup_fast", "d_alloc_parallel")
     kernel = [d for d in on_host[:12] if any(k in d["function"] for k in lookup)]
@@ -322,10 +322,10 @@ def test_agents_name_a_softirq_storm_on_the_late_ranks_core(tmp_path):
     res = run_testbed(tmp_path, "exec:host=%d,cmd=%s" % (host, flood), iters=400, fault_after=5,
                       hosts=3, tb_args=_agent_args(), env_extra={"WHYSLOW_THRESHOLD": "100"})
     rep, show = _diagnose(res)
-    assert [s["rank"] for s in rep["stragglers"]] == [str(host)], show
+    assert [s["rank"] for s in rep["stragglers"]] == [host], show
     assert rep["layer"] == "os", show
     net_rx = [d for d in rep["os_diff"]
-              if d["rank"] == str(host) and d["signal"] == "softirq_NET_RX_per_cpu_s"]
+              if d["rank"] == host and d["signal"] == "softirq_NET_RX_per_cpu_s"]
     assert net_rx, show
     # The evidence in the kernel stacks: the softirq's handler on host 1,
     # under the process that raised it (the flood).

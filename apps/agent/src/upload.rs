@@ -114,20 +114,35 @@ fn spooled(spool: &Path, jobs: &[String], last: bool) -> Vec<(String, PathBuf, S
     out
 }
 
-/// Collective records are appended to one file per rank and period
-/// (`<stem>-<unix s>.collectives.jsonl`): a file is complete once a later
-/// period's file of the same rank exists, or it was left alone this long.
+/// Collective records and OS readings are appended to one file per rank
+/// and period (`<stem>-<unix s>.collectives.jsonl`, `….os.jsonl`): a file
+/// is complete once a later period's file of the same rank exists, or it
+/// was left alone this long.
 const RECORDS_SETTLED: Duration = Duration::from_secs(60);
 
-const RECORDS: &str = ".collectives.jsonl";
+/// Record files by suffix, and where the server takes them
+/// (`/api/v1/jobs/{job}/{what}/{batch}`): what the server's diagnosis reads
+/// beside the profiles.
+const RECORD_KINDS: [(&str, &str); 2] =
+    [(".collectives.jsonl", "collectives"), (".os.jsonl", "os")];
 
-/// Whether a collective records file is complete (see [`RECORDS_SETTLED`]).
+/// The record kind of a file name: (suffix, what).
+fn record_kind(name: &str) -> Option<(&'static str, &'static str)> {
+    RECORD_KINDS
+        .into_iter()
+        .find(|(suffix, _)| name.ends_with(suffix))
+}
+
+/// Whether a record file is complete (see [`RECORDS_SETTLED`]).
 fn records_complete(path: &Path, siblings: &[PathBuf]) -> bool {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let Some((stem, t)) = name.trim_end_matches(RECORDS).rsplit_once('-') else {
+    let Some((suffix, _)) = record_kind(&name) else {
+        return true;
+    };
+    let Some((stem, t)) = name.trim_end_matches(suffix).rsplit_once('-') else {
         return true;
     };
     let t: u64 = t.parse().unwrap_or(0);
@@ -136,8 +151,8 @@ fn records_complete(path: &Path, siblings: &[PathBuf]) -> bool {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        n.ends_with(RECORDS)
-            && n.trim_end_matches(RECORDS)
+        n.ends_with(suffix)
+            && n.trim_end_matches(suffix)
                 .rsplit_once('-')
                 .is_some_and(|(s, u)| s == stem && u.parse::<u64>().unwrap_or(0) > t)
     });
@@ -147,7 +162,7 @@ fn records_complete(path: &Path, siblings: &[PathBuf]) -> bool {
             .is_ok_and(|m| m.elapsed().unwrap_or_default() >= RECORDS_SETTLED)
 }
 
-/// The rank profiles and complete collective record files of the spool
+/// The rank profiles and complete record files of the spool
 /// (all record files on the `last` pass), by job directory.
 fn rank_files(spool: &Path, last: bool) -> Vec<(String, PathBuf)> {
     let mut out = Vec::new();
@@ -168,7 +183,7 @@ fn rank_files(spool: &Path, last: bool) -> Vec<(String, PathBuf)> {
         for p in &files {
             let n = p.to_string_lossy();
             if n.ends_with(".pb.gz")
-                || (n.ends_with(RECORDS) && (last || records_complete(p, &files)))
+                || (record_kind(&n).is_some() && (last || records_complete(p, &files)))
             {
                 out.push((name.clone(), p.clone()));
             }
@@ -187,7 +202,7 @@ enum Refused {
     Later(String),
 }
 
-/// One file to the server (`what`: `profiles` or `collectives`):
+/// One file to the server (`what`: `profiles`, `collectives` or `os`):
 /// `Ok(true)` stored now, `Ok(false)` it had it.
 fn post(
     up: &Upload,
@@ -298,12 +313,12 @@ pub fn run(
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let (what, stem) = match name.strip_suffix(RECORDS) {
-                Some(stem) => ("collectives", stem.to_string()),
+            let (what, stem) = match record_kind(&name) {
+                Some((suffix, what)) => (what, name.trim_end_matches(suffix).to_string()),
                 None => ("profiles", name.trim_end_matches(".pb.gz").to_string()),
             };
-            // A period without a collective leaves an empty file: nothing to send.
-            if what == "collectives" && body.iter().all(u8::is_ascii_whitespace) {
+            // A period without a record leaves an empty file: nothing to send.
+            if what != "profiles" && body.iter().all(u8::is_ascii_whitespace) {
                 done.insert(key);
                 continue;
             }
@@ -404,13 +419,15 @@ mod tests {
     /// period's file exists, or the file was left alone a minute; the
     /// current one only on the last pass.
     #[test]
-    fn collective_records_go_when_their_period_is_complete() {
+    fn collective_records_and_os_readings_go_when_their_period_is_complete() {
         let d = std::env::temp_dir().join(format!("whyslow-upload-rec-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         for f in [
             "job-a/h-rank0-pid1-100.collectives.jsonl",
             "job-a/h-rank0-pid1-130.collectives.jsonl",
             "job-a/h-rank1-pid2-130.collectives.jsonl",
+            "job-a/h-rank0-pid1-100.os.jsonl",
+            "job-a/h-rank0-pid1-130.os.jsonl",
         ] {
             let p = d.join(f);
             fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -422,8 +439,16 @@ mod tests {
                 .map(|(_, p)| p.file_name().unwrap().to_string_lossy().into_owned())
                 .collect()
         };
-        assert_eq!(names(false), vec!["h-rank0-pid1-100.collectives.jsonl"]);
-        assert_eq!(names(true).len(), 3);
+        assert_eq!(
+            names(false),
+            vec![
+                "h-rank0-pid1-100.collectives.jsonl",
+                "h-rank0-pid1-100.os.jsonl"
+            ]
+        );
+        assert_eq!(names(true).len(), 5);
+        assert_eq!(record_kind("x-1.os.jsonl"), Some((".os.jsonl", "os")));
+        assert_eq!(record_kind("x-1.pb.gz"), None);
         // Left alone for a minute: complete.
         let old = std::time::SystemTime::now() - Duration::from_secs(120);
         let f = fs::File::options()
@@ -431,7 +456,7 @@ mod tests {
             .open(d.join("job-a/h-rank1-pid2-130.collectives.jsonl"))
             .unwrap();
         f.set_modified(old).unwrap();
-        assert_eq!(names(false).len(), 2);
+        assert_eq!(names(false).len(), 3);
         let _ = fs::remove_dir_all(&d);
     }
 }

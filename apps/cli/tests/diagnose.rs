@@ -210,9 +210,9 @@ fn the_waterline_names_the_busy_rank_and_the_baseline_names_the_new_call() {
     let top = diffs
         .first()
         .unwrap_or_else(|| panic!("no waterline flag: {show}"));
-    assert_eq!(top["rank"], "2", "{show}");
+    assert_eq!(top["rank"], 2, "{show}");
     assert!(
-        diffs.iter().any(|d| d["rank"] == "2"
+        diffs.iter().any(|d| d["rank"] == 2
             && d["function"]
                 .as_str()
                 .unwrap_or("")
@@ -222,7 +222,7 @@ fn the_waterline_names_the_busy_rank_and_the_baseline_names_the_new_call() {
     assert!(
         diffs
             .iter()
-            .filter(|d| d["rank"] != "2")
+            .filter(|d| d["rank"] != 2)
             .all(|d| excess(d) < excess(top) / 2.0),
         "another rank's excess is as large as the injected one: {show}"
     );
@@ -273,7 +273,7 @@ fn collective_records_name_the_late_rank_and_bad_input_is_reported() {
     let show = serde_json::to_string_pretty(&report).unwrap();
     let s = report["stragglers"].as_array().unwrap();
     assert_eq!(s.len(), 1, "{show}");
-    assert_eq!(s[0]["rank"], "1", "{show}");
+    assert_eq!(s[0]["rank"], 1, "{show}");
     assert_eq!(s[0]["group"], "dp0", "{show}");
     let late = s[0]["late_us"].as_f64().unwrap();
     assert!((5_000.0..7_000.0).contains(&late), "{show}");
@@ -383,12 +383,12 @@ fn a_late_ranks_softirq_load_is_the_os_layer_and_plain_lateness_is_unexplained()
         let dir = late_rank_spool(&format!("softirq-{flood}"), flood);
         let (report, html) = diagnose_html(&dir);
         let show = serde_json::to_string_pretty(&report).unwrap();
-        assert_eq!(report["stragglers"][0]["rank"], "1", "{show}");
+        assert_eq!(report["stragglers"][0]["rank"], 1, "{show}");
         assert_eq!(report["layer"], "os", "{show}");
         let os = report["os_diff"].as_array().unwrap();
         assert_eq!(os.len(), 1, "{show}");
         assert_eq!(os[0]["signal"], "softirq_NET_RX_per_cpu_s", "{show}");
-        assert_eq!(os[0]["rank"], "1", "{show}");
+        assert_eq!(os[0]["rank"], 1, "{show}");
         assert!(html.contains("rank 1 (flagged)") && html.contains("<polyline"));
     }
     // The same lateness with ordinary OS readings: no layer whyslow sees
@@ -396,7 +396,7 @@ fn a_late_ranks_softirq_load_is_the_os_layer_and_plain_lateness_is_unexplained()
     let dir = late_rank_spool("no-os-cause", 1_000.0);
     let (report, _) = diagnose_html(&dir);
     let show = serde_json::to_string_pretty(&report).unwrap();
-    assert_eq!(report["stragglers"][0]["rank"], "1", "{show}");
+    assert_eq!(report["stragglers"][0]["rank"], 1, "{show}");
     assert_eq!(report["layer"], "none", "{show}");
     assert!(report["os_diff"].as_array().unwrap().is_empty(), "{show}");
     assert!(
@@ -592,7 +592,7 @@ fn a_late_ranks_slower_gpu_kernels_are_the_gpu_layer_uniform_or_specific() {
             let show = serde_json::to_string_pretty(&report).unwrap();
             assert_eq!(report["layer"], "gpu", "{trace} x{x}: {show}");
             let g = &report["gpu_diff"][0];
-            assert_eq!(g["rank"], "1", "{show}");
+            assert_eq!(g["rank"], 1, "{show}");
             assert_eq!(g["pattern"], "uniform", "{show}");
             let ratio = g["overall_ratio"].as_f64().unwrap();
             assert!((ratio - (1.0 + x)).abs() < 0.15, "{show}");

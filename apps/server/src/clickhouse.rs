@@ -178,6 +178,12 @@ impl ClickHouseStore {
              ENGINE = ReplacingMergeTree ORDER BY (tenant, job, batch) {ttl}"
         ))?;
         s.exec(&format!(
+            "CREATE TABLE IF NOT EXISTS {db}.os_samples (
+                 tenant Int64, job String, batch String, body String CODEC(ZSTD(3)),
+                 uploaded_ns UInt64)
+             ENGINE = ReplacingMergeTree ORDER BY (tenant, job, batch) {ttl}"
+        ))?;
+        s.exec(&format!(
             "CREATE TABLE IF NOT EXISTS {db}.flows (
                  tenant Int64, job String, batch String, body String CODEC(ZSTD(3)),
                  uploaded_ns UInt64)
@@ -533,6 +539,7 @@ impl Store for ClickHouseStore {
             "SELECT 1 AS x FROM {db}.fingerprints WHERE tenant = {t} AND job = {j}
              UNION ALL SELECT 1 FROM {db}.profiles WHERE tenant = {t} AND job = {j}
              UNION ALL SELECT 1 FROM {db}.collectives WHERE tenant = {t} AND job = {j}
+             UNION ALL SELECT 1 FROM {db}.os_samples WHERE tenant = {t} AND job = {j}
              UNION ALL SELECT 1 FROM {db}.flows WHERE tenant = {t} AND job = {j} LIMIT 1"
         ))?;
         Ok(!rows.is_empty())
@@ -613,6 +620,25 @@ impl Store for ClickHouseStore {
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
         self.blobs("collectives", tenant, job, limit)
+    }
+
+    fn put_os_samples(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        jsonl: &str,
+    ) -> Result<bool, StoreError> {
+        self.put_blob("os_samples", tenant, job, batch, jsonl)
+    }
+
+    fn os_samples(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.blobs("os_samples", tenant, job, limit)
     }
 
     fn put_flows(

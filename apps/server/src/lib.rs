@@ -39,11 +39,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::Deserialize;
 use serde_json::json;
 
 pub use clickhouse::{ClickHouseConfig, ClickHouseStore};
@@ -73,6 +74,7 @@ pub struct Metrics {
     profile_duplicates: AtomicU64,
     symbol_files: AtomicU64,
     collective_records: AtomicU64,
+    os_readings: AtomicU64,
     flow_analyses: AtomicU64,
     raw_archived: AtomicU64,
     raw_archived_bytes: AtomicU64,
@@ -154,6 +156,11 @@ impl Metrics {
                 "whyslow_server_collective_records_ingested_total",
                 "collective records stored (the agents' gloo and NCCL tracers)",
                 c(&self.collective_records),
+            ),
+            (
+                "whyslow_server_os_readings_ingested_total",
+                "OS signal readings stored (the agents' OS and TCP counters)",
+                c(&self.os_readings),
             ),
             (
                 "whyslow_server_flow_analyses_ingested_total",
@@ -854,6 +861,7 @@ async fn post_text_batch<S: serde::Serialize + Send + 'static>(
             let m = &state.metrics;
             match kind {
                 "collectives" => &m.collective_records,
+                "os" => &m.os_readings,
                 _ => &m.flow_analyses,
             }
             .fetch_add(items, Ordering::Relaxed);
@@ -902,6 +910,178 @@ async fn post_collectives(
         |s, t, j, b, text| s.put_collectives(t, j, b, text),
     )
     .await
+}
+
+/// Parses a batch of OS signal readings (JSON lines of
+/// `whyslow_model::os::OsSample`); the first bad line is the error.
+pub fn parse_os_samples(text: &str) -> Result<Vec<whyslow_model::os::OsSample>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push(
+            serde_json::from_str(line)
+                .map_err(|e| format!("line {}: not an OS signal reading: {e}", i + 1))?,
+        );
+    }
+    Ok(out)
+}
+
+async fn post_os_samples(
+    State(state): State<Arc<AppState>>,
+    UrlPath(names): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let parse = |text: &str| {
+        let n = parse_os_samples(text)?.len();
+        if n == 0 {
+            return Err("no OS signal reading in the body".to_string());
+        }
+        Ok((json!({ "readings": n }), n as u64))
+    };
+    post_text_batch(
+        state,
+        names,
+        headers,
+        body,
+        ("os", "jsonl"),
+        parse,
+        |s, t, j, b, text| s.put_os_samples(t, j, b, text),
+    )
+    .await
+}
+
+/// Most profiles of each kind, and batches of OS readings, a diagnosis
+/// reads (the latest).
+pub const MAX_DIAGNOSIS_PROFILES: usize = 5000;
+
+/// What the store holds of a job for the cross-layer diagnosis: its
+/// latest profiles of every kind, collective records, OS readings and its
+/// latest session's fingerprints (the GPU layer's kernel times). Stored
+/// data that no longer parses is left out with a note.
+pub fn diagnosis_evidence(
+    store: &dyn Store,
+    tenant: TenantId,
+    job: &str,
+) -> Result<whyslow_model::diagnosis::DiagnoseEvidence, StoreError> {
+    let mut e = whyslow_model::diagnosis::DiagnoseEvidence::default();
+    let mut bad = 0usize;
+    for kind in PROFILE_KINDS {
+        for p in store.profiles(tenant, job, kind, MAX_DIAGNOSIS_PROFILES)? {
+            match p.into_profile(whyslow_stack_output::MAX_PPROF_DECOMPRESSED) {
+                Some(p) => e.profiles.push(p),
+                None => bad += 1,
+            }
+        }
+    }
+    if bad > 0 {
+        e.notes
+            .push(format!("{bad} stored profile(s) do not decode: left out"));
+    }
+    let (collectives, readings) = (
+        store.collectives(tenant, job, MAX_COLLECTIVE_BATCHES)?,
+        store.os_samples(tenant, job, MAX_DIAGNOSIS_PROFILES)?,
+    );
+    let (c, bad_records) = jsonl_values(&collectives);
+    let (o, bad_readings) = jsonl_values(&readings);
+    (e.collectives, e.os_samples) = (c, o);
+    if bad_records + bad_readings > 0 {
+        e.notes.push(format!(
+            "{bad_records} stored collective record(s) and {bad_readings} OS reading(s) do not parse: left out"
+        ));
+    }
+    if let Some(latest) = store.sessions(tenant, job)?.first() {
+        let fps: Vec<whyslow_model::Fingerprint> = store
+            .fingerprints(tenant, job, &latest.session)?
+            .iter()
+            .filter_map(|t| {
+                whyslow_ingest::parse_fingerprint(t.as_bytes(), Path::new("stored fingerprint"))
+                    .ok()
+            })
+            .collect();
+        if !fps.is_empty() {
+            e.fingerprints = Some(fps);
+        }
+    }
+    Ok(e)
+}
+
+/// Every line of `batches` that parses as a `T`, and how many did not.
+fn jsonl_values<T: serde::de::DeserializeOwned>(batches: &[String]) -> (Vec<T>, usize) {
+    let (mut out, mut bad) = (Vec::new(), 0);
+    for line in batches.iter().flat_map(|b| b.lines()) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(line) {
+            Ok(v) => out.push(v),
+            Err(_) => bad += 1,
+        }
+    }
+    (out, bad)
+}
+
+/// `?baseline=A..B&window=A..B&until=S` of the diagnosis.
+#[derive(Debug, Default, Deserialize)]
+pub struct DiagnosisQuery {
+    baseline: Option<String>,
+    window: Option<String>,
+    until: Option<f64>,
+}
+
+impl DiagnosisQuery {
+    /// As the diagnosis's configuration.
+    pub fn config(&self) -> Result<whyslow_diagnose::DiagnoseConfig, String> {
+        let range = |s: &Option<String>, what| {
+            s.as_deref()
+                .map(|s| whyslow_diagnose::parse_range(s, what))
+                .transpose()
+                .map_err(|e| e.to_string())
+        };
+        Ok(whyslow_diagnose::DiagnoseConfig {
+            baseline: range(&self.baseline, "baseline")?,
+            window: range(&self.window, "window")?,
+            until: self.until,
+        })
+    }
+}
+
+/// The job's cross-layer diagnosis over what the store holds (the same
+/// call as `whyslow diagnose` over an agent's spool).
+pub fn diagnosis_of(
+    store: &dyn Store,
+    tenant: TenantId,
+    job: &str,
+    cfg: &whyslow_diagnose::DiagnoseConfig,
+) -> Result<Result<whyslow_diagnose::Diagnosis, whyslow_diagnose::DiagnoseError>, StoreError> {
+    let evidence = diagnosis_evidence(store, tenant, job)?;
+    Ok(whyslow_diagnose::diagnose(&evidence, cfg))
+}
+
+async fn get_diagnosis(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    Query(q): Query<DiagnosisQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        store::check_name("job", &job)?;
+        let cfg = q
+            .config()
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+        let (st, j) = (state.clone(), job.clone());
+        let d = blocking(move || Ok(diagnosis_of(st.store.as_ref(), t, &j, &cfg)?)).await?;
+        let d = d.map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("job {job:?}: {e}")))?;
+        let body = serde_json::to_string_pretty(&d.report)
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        Ok(([(header::CONTENT_TYPE, "application/json")], body + "\n"))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
 }
 
 /// Most a flow analysis may hold: jobs, and steps per rank.
@@ -1197,6 +1377,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(post_collectives),
         )
         .route("/api/v1/jobs/{job}/stragglers", get(get_stragglers))
+        .route("/api/v1/jobs/{job}/diagnosis", get(get_diagnosis))
+        .route("/api/v1/jobs/{job}/os/{batch}", post(post_os_samples))
         .route("/api/v1/jobs/{job}/flows/{batch}", post(post_flows))
         .route("/api/v1/jobs/{job}/flows", get(get_flows))
         .route(

@@ -201,6 +201,24 @@ pub trait Store: Send + Sync {
         job: &str,
         limit: usize,
     ) -> Result<Vec<String>, StoreError>;
+    /// Stores one batch of OS signal readings (JSON lines of
+    /// `whyslow_model::os::OsSample`, as the agents write them, TCP
+    /// counters among them) of a job; `false` when stored before.
+    fn put_os_samples(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        jsonl: &str,
+    ) -> Result<bool, StoreError>;
+    /// The job's most recent `limit` batches of OS signal readings, newest
+    /// first.
+    fn os_samples(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
     /// Stores one flow analysis of a job (the JSON of `whyslow flows
     /// analyze --format json`: LLMPrism's jobs, steps, timelines and
     /// findings); `false` when the batch was stored before.
@@ -338,6 +356,11 @@ impl SqliteStore {
                  body TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL, seq INTEGER NOT NULL,
                  PRIMARY KEY (tenant, batch));
              CREATE INDEX IF NOT EXISTS collectives_by_job ON collectives (tenant, job, seq);
+             CREATE TABLE IF NOT EXISTS os_samples (
+                 tenant INTEGER NOT NULL, job TEXT NOT NULL, batch TEXT NOT NULL,
+                 body TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL, seq INTEGER NOT NULL,
+                 PRIMARY KEY (tenant, batch));
+             CREATE INDEX IF NOT EXISTS os_samples_by_job ON os_samples (tenant, job, seq);
              CREATE TABLE IF NOT EXISTS flows (
                  tenant INTEGER NOT NULL, job TEXT NOT NULL, batch TEXT NOT NULL,
                  body TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL, seq INTEGER NOT NULL,
@@ -701,7 +724,13 @@ impl Store for SqliteStore {
 
     fn has_job(&self, tenant: TenantId, job: &str) -> Result<bool, StoreError> {
         let db = self.db();
-        for table in ["fingerprints", "profiles", "collectives", "flows"] {
+        for table in [
+            "fingerprints",
+            "profiles",
+            "collectives",
+            "os_samples",
+            "flows",
+        ] {
             let found = db
                 .query_row(
                     &format!("SELECT 1 FROM {table} WHERE tenant = ?1 AND job = ?2 LIMIT 1"),
@@ -830,6 +859,25 @@ impl Store for SqliteStore {
         self.batches("collectives", tenant, job, limit)
     }
 
+    fn put_os_samples(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        jsonl: &str,
+    ) -> Result<bool, StoreError> {
+        self.put_batch("os_samples", tenant, job, batch, jsonl)
+    }
+
+    fn os_samples(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.batches("os_samples", tenant, job, limit)
+    }
+
     fn put_flows(
         &self,
         tenant: TenantId,
@@ -848,7 +896,13 @@ impl Store for SqliteStore {
         let mut n = 0;
         {
             let db = self.db();
-            for table in ["fingerprints", "profiles", "collectives", "flows"] {
+            for table in [
+                "fingerprints",
+                "profiles",
+                "collectives",
+                "os_samples",
+                "flows",
+            ] {
                 n += db.execute(
                     &format!("DELETE FROM {table} WHERE uploaded_unix_s < ?1"),
                     params![before_unix_s],
@@ -1059,6 +1113,12 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
     check!(ok!(s.collectives(b, "job3", 10)).is_empty());
     check!(ok!(s.has_job(a, "job3")) && !ok!(s.has_job(b, "job3")));
     check!(s.put_collectives(a, "job3", "../c", "{}").is_err());
+    check!(ok!(s.put_os_samples(a, "job3", "o1", "{\"o\":1}\n")));
+    check!(ok!(s.put_os_samples(a, "job3", "o2", "{\"o\":2}\n")));
+    check!(!ok!(s.put_os_samples(a, "job3", "o1", "{\"o\":1}\n")));
+    check!(ok!(s.os_samples(a, "job3", 10)) == vec!["{\"o\":2}\n", "{\"o\":1}\n"]);
+    check!(ok!(s.os_samples(b, "job3", 10)).is_empty());
+    check!(ok!(s.collectives(a, "job3", 10)).len() == 2);
     // Flow analyses: the same rules.
     check!(ok!(s.put_flows(a, "job4", "f1", "{\"n\":1}")));
     check!(ok!(s.put_flows(a, "job4", "f2", "{\"n\":2}")));

@@ -267,51 +267,89 @@ async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
 
 /// The job's stragglers (SysOM-AI §3.1) and the per-rank entry-time plot
 /// of each group (Fig. 5), from its uploaded collective records.
-fn stragglers_section(batches: &[String]) -> String {
-    let (records, late, groups) = crate::stragglers_of(batches);
-    let mut out = format!(
-        "<h2>Stragglers</h2><p class=\"muted\">From {records} collective records of the \
-         ranks (the node agents' gloo/NCCL tracers): a rank that enters its group's collectives \
-         later than the others, beyond μ + 2σ of them, over the last 100 instances.</p>"
-    );
-    if late.is_empty() {
-        out.push_str("<p>No rank makes its group wait.</p>");
+/// The job's cross-layer diagnosis (SysOM-AI §3.1), as `whyslow diagnose`
+/// gives it over the same data: the verdict (late ranks, the layer, the
+/// CPU/off-CPU/OS/network/GPU diffs, the regressions) and the entry-time
+/// plot of each group with a late rank; the flame graphs on their own page.
+fn diagnosis_section(job: &str, d: &whyslow_diagnose::Diagnosis) -> String {
+    let r = &d.report;
+    let verdict = if r.stragglers.is_empty() {
+        "No rank makes its group wait.".to_string()
     } else {
-        let rows: String = late
+        let late: Vec<String> = r
+            .stragglers
             .iter()
             .map(|s| {
                 format!(
-                    "<tr><td>{}</td><td>{}</td><td>{:.1} ms</td><td>{:.1} ms</td></tr>",
-                    esc(&s.group),
+                    "rank {} (group {}, {:.1} ms late)",
                     s.rank,
-                    s.late_us / 1e3,
-                    s.peers_late_us / 1e3
+                    s.group,
+                    s.late_us / 1e3
                 )
             })
             .collect();
-        out.push_str(&format!(
-            "<table><tr><th>group</th><th>rank</th><th>late by (mean)</th><th>its peers</th></tr>{rows}</table>"
-        ));
-    }
-    for g in groups.iter().take(8) {
-        let flagged: Vec<u32> = late
-            .iter()
-            .filter(|s| s.group == g.group)
-            .map(|s| s.rank)
-            .collect();
+        format!("Late: {}.", late.join(", "))
+    };
+    let mut out = format!(
+        "<h2>Cross-layer diagnosis</h2><p class=\"muted\">From the node agents' profiles, \
+         collective records and OS signals (SysOM-AI §3.1); the same verdict as \
+         <code>whyslow diagnose</code> and <code>GET /api/v1/jobs/{j}/diagnosis</code>. \
+         <a href=\"/ui/jobs/{j}/diagnosis.html\">With its flame graphs</a>.</p>\
+         <p><b>{}</b> Layer: <b>{}</b>.</p><pre>{}</pre>",
+        esc(&verdict),
+        esc(&r.layer),
+        esc(&whyslow_stack_output::diagnosis_table(r)),
+        j = esc(job),
+    );
+    for g in d.late_groups.iter().take(8) {
         let plot = whyslow_report::diagnose::EntryPlot::from_instances(
-            &g.group,
-            &g.ranks,
-            &g.instances,
-            &flagged,
+            &g.lateness.group,
+            &g.lateness.ranks,
+            &g.lateness.instances,
+            &g.flagged,
         );
         out.push_str(&format!(
             "<h3>group {}: entry into collectives, per rank</h3>{}",
-            esc(&g.group),
+            esc(&g.lateness.group),
             plot.svg()
         ));
     }
     out
+}
+
+/// `/ui/jobs/{job}/diagnosis.html`: the whole diagnosis page (the verdict,
+/// the entry-time plots, the differential flame graphs), as `whyslow
+/// diagnose --html` writes it.
+async fn diagnosis_page(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    Query(q): Query<crate::DiagnosisQuery>,
+    headers: HeaderMap,
+) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    if store::check_name("job", &job).is_err() {
+        return not_found("No such job.");
+    }
+    let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}/diagnosis.html")).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let cfg = match q.config() {
+        Ok(c) => c,
+        Err(e) => return not_found(&e),
+    };
+    let (st, j) = (state.clone(), job.clone());
+    let found = tokio::task::spawn_blocking(move || {
+        crate::diagnosis_of(st.store.as_ref(), t, &j, &cfg)
+            .map(|d| d.map(|d| whyslow_stack_output::diagnosis_html(&format!("job {j}"), &d)))
+    })
+    .await;
+    match found {
+        Ok(Ok(Ok(page))) => Html(page).into_response(),
+        Ok(Ok(Err(e))) => not_found(&format!("Job {job:?}: {e}")),
+        Ok(Err(e)) => server_error(&e.to_string()),
+        Err(e) => server_error(&e.to_string()),
+    }
 }
 
 async fn job_page(
@@ -337,22 +375,22 @@ async fn job_page(
                 kinds.push((k, n));
             }
         }
-        let collectives = st.store.collectives(t, &j, crate::MAX_COLLECTIVE_BATCHES)?;
+        let diagnosis = crate::diagnosis_of(st.store.as_ref(), t, &j, &Default::default())?.ok();
         let flows = st.store.flows(t, &j, 1)?;
-        Ok((sessions, kinds, collectives, flows))
+        Ok((sessions, kinds, diagnosis, flows))
     })
     .await;
-    let (sessions, kinds, collectives, flows) = match found {
+    let (sessions, kinds, diagnosis, flows) = match found {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return server_error(&e.to_string()),
         Err(e) => return server_error(&e.to_string()),
     };
-    if sessions.is_empty() && kinds.is_empty() && collectives.is_empty() && flows.is_empty() {
+    if sessions.is_empty() && kinds.is_empty() && diagnosis.is_none() && flows.is_empty() {
         return not_found(&format!("No job {job:?}."));
     }
     let mut body = String::new();
-    if !collectives.is_empty() {
-        body.push_str(&stragglers_section(&collectives));
+    if let Some(d) = &diagnosis {
+        body.push_str(&diagnosis_section(&job, d));
     }
     if let Some(text) = flows.first() {
         body.push_str(&flows_section(&job, text));
@@ -610,6 +648,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/ui/jobs/{job}/diff.svg", get(diff_flamegraph))
         .route("/ui/jobs/{job}/flows.perfetto.json", get(flows_perfetto))
         .route("/ui/jobs/{job}/sessions/{session}", get(session_page))
+        .route("/ui/jobs/{job}/diagnosis.html", get(diagnosis_page))
 }
 
 #[cfg(test)]
