@@ -221,6 +221,7 @@ def collect_and_localize(cfg: Config, store: JobStore, s: Dict[str, Any], sdir: 
     if cfg.localize_config:
         with open(cfg.localize_config) as f:
             config_toml = f.read()
+    diagnosis = cross_layer(cfg, sdir)
     table = _whyslow.localize_fingerprints(
         [fps[r] for r in sorted(fps)],
         sdir,
@@ -229,11 +230,12 @@ def collect_and_localize(cfg: Config, store: JobStore, s: Dict[str, Any], sdir: 
         source_roots=[os.getcwd()],
         warnings=warnings,
         iterations=iterations,
+        cross_layer=diagnosis,
     )
     with open(os.path.join(sdir, "session.json"), "w") as f:
         json.dump(dict(s, collected=sorted(fps), missing=missing,
                        collect_s=time.monotonic() - t_start), f, indent=1)
-    cross = cross_layer(cfg, sdir)
+    cross = cross_layer_summary(diagnosis, sdir) if diagnosis else None
     log.warning(
         "whyslow: report for session %d (%s) in %s%s\n%s%s",
         s["session"],
@@ -250,11 +252,11 @@ def cross_layer(cfg: Config, sdir: str) -> Optional[str]:
     """With an agent (``WHYSLOW_AGENT_DIR``) that names its profile spool in
     ``agent.json``: the cross-layer diagnosis (SysOM-AI §3.1: late ranks, the
     layer, CPU/off-CPU/OS diffs, the temporal baseline) over the spool as it
-    stands, with the session's fingerprints for the GPU layer, written as
-    ``diagnose.json`` and ``diagnose.html`` in ``sdir``
-    and added to ``report.json`` as ``cross_layer`` (with a link in
-    ``report.html``). Returns a one-paragraph summary for the log, or None;
-    never raises: the report stands without it."""
+    stands, with the session's fingerprints for the GPU layer — the same
+    library call as ``whyslow diagnose`` — written as ``diagnose.json`` and
+    ``diagnose.html`` in ``sdir``. Returns the diagnosis as JSON (joined into
+    ``report.json`` as ``cross_layer``), or None; never raises: the report
+    stands without it."""
     if not cfg.agent_dir:
         return None
     try:
@@ -266,39 +268,25 @@ def cross_layer(cfg: Config, sdir: str) -> Optional[str]:
     spool = info.get("spool")
     if not spool or not os.path.isdir(spool):
         return None
-    out_json = os.path.join(sdir, "diagnose.json")
-    out_html = os.path.join(sdir, "diagnose.html")
     try:
-        argv = ["diagnose", spool, "--format", "json", "--output", out_json, "--html", out_html]
         fps = os.path.join(sdir, "fingerprints")
-        if os.path.isdir(fps):  # GPU kernel times per rank: the GPU layer
-            argv += ["--fingerprints", fps]
-        rc = _whyslow.cli_main(argv)
-        if rc != 0:
-            log.info("whyslow: no cross-layer diagnosis (whyslow diagnose %s exited %d)", spool, rc)
-            return None
-        with open(out_json) as f:
-            diag = json.load(f)
-        rpath = os.path.join(sdir, "report.json")
-        with open(rpath) as f:
-            report = json.load(f)
-        report["cross_layer"] = diag
-        with open(rpath + ".tmp", "w") as f:
-            json.dump(report, f, indent=1)
-        os.replace(rpath + ".tmp", rpath)
-        hpath = os.path.join(sdir, "report.html")
-        if os.path.exists(hpath):
-            with open(hpath) as f:
-                page = f.read()
-            link = ('<section id="cross-layer"><h2>Cross-layer diagnosis</h2><p>Late ranks, the '
-                    'layer and the differential flame graphs from the node agents: '
-                    '<a href="diagnose.html">diagnose.html</a>.</p></section>')
-            page = page.replace("</body>", link + "</body>") if "</body>" in page else page + link
-            with open(hpath, "w") as f:
-                f.write(page)
+        diag = _whyslow.diagnose_spool(
+            spool,
+            fingerprints=[fps] if os.path.isdir(fps) else None,  # the GPU layer
+            html_path=os.path.join(sdir, "diagnose.html"),
+        )
+        with open(os.path.join(sdir, "diagnose.json"), "w") as f:
+            f.write(diag)
+        return diag
     except Exception as e:  # the report stands without it
         log.info("whyslow: no cross-layer diagnosis: %s", e)
         return None
+
+
+def cross_layer_summary(diagnosis: str, sdir: str) -> str:
+    """One paragraph of the diagnosis for the log."""
+    diag = json.loads(diagnosis)
+    out_html = os.path.join(sdir, "diagnose.html")
     late = ["rank %s of %s (%.1f ms late)" % (x["rank"], x["group"], x["late_us"] / 1e3)
             for x in diag.get("stragglers", [])]
     top = (diag.get("cpu_diff") or diag.get("offcpu_diff") or diag.get("regressions") or [{}])[0]

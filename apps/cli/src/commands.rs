@@ -481,6 +481,7 @@ fn localize_and_report(
         fingerprints: fps,
         iterations: extras.iterations,
         warnings,
+        cross_layer: None,
     };
     let report = whyslow_pipeline::analyze_job(evidence, &policy(out, cfg))?;
     for w in report.warnings.iter().filter(|w| !already_said.contains(w)) {
@@ -496,6 +497,7 @@ fn localize_and_report(
     if let Some(path) = &out.html {
         let opts = whyslow_report::HtmlOptions {
             perfetto_file: extras.perfetto.as_ref().map(|(p, _)| relative_to(p, path)),
+            diagnosis_file: None,
         };
         fs::write(path, whyslow_report::render_html_with(&report, &opts))
             .with_context(|| format!("writing {}", path.display()))?;

@@ -374,7 +374,7 @@ fn load_fingerprint(s: &str) -> Result<Fingerprint, String> {
 /// history as `(step, ms)` pairs ([`PyDetector::history`]), plotted with its
 /// onset. Releases the GIL.
 #[pyfunction]
-#[pyo3(signature = (fingerprints, report_dir, world_size=None, config_toml=None, source_roots=None, warnings=None, iterations=None))]
+#[pyo3(signature = (fingerprints, report_dir, world_size=None, config_toml=None, source_roots=None, warnings=None, iterations=None, cross_layer=None))]
 #[allow(clippy::too_many_arguments)] // Python keyword arguments
 fn localize_fingerprints(
     py: Python<'_>,
@@ -385,7 +385,12 @@ fn localize_fingerprints(
     source_roots: Option<Vec<PathBuf>>,
     warnings: Option<Vec<String>>,
     iterations: Option<Vec<(u64, f64)>>,
+    cross_layer: Option<String>,
 ) -> PyResult<String> {
+    let cross_layer: Option<whyslow_model::diagnosis::DiagnoseReport> = cross_layer
+        .map(|t| serde_json::from_str(&t))
+        .transpose()
+        .map_err(|e| PyValueError::new_err(format!("cross_layer: not a diagnosis: {e}")))?;
     let cfg = match config_toml {
         Some(t) => whyslow_localize::LocalizeConfig::from_toml_str(&t)
             .map_err(|e| PyValueError::new_err(e.to_string()))?,
@@ -402,6 +407,7 @@ fn localize_fingerprints(
             fingerprints: fps,
             iterations: iterations.and_then(whyslow_pipeline::iterations_from_history),
             warnings: warnings.unwrap_or_default(),
+            cross_layer,
         };
         let policy = whyslow_pipeline::JobPolicy {
             localize: cfg,
@@ -419,9 +425,108 @@ fn localize_fingerprints(
                 .map_err(|e| PyOSError::new_err(format!("{}: {e}", p.display())))
         };
         write("report.json", whyslow_report::render_json(&report))?;
-        write("report.html", whyslow_report::render_html(&report))?;
+        let opts = whyslow_report::HtmlOptions {
+            diagnosis_file: report
+                .cross_layer
+                .as_ref()
+                .map(|_| "diagnose.html".to_string()),
+            ..Default::default()
+        };
+        write(
+            "report.html",
+            whyslow_report::render_html_with(&report, &opts),
+        )?;
         Ok(whyslow_report::render_table(&report, false))
     })
+}
+
+/// The cross-layer diagnosis (SysOM-AI §3.1) over a node agent's spool
+/// (`spool`: what `whyslow agent --profile-spool` writes), with the ranks'
+/// fingerprints (files or folders; fingerprints or profiler traces) for the
+/// GPU layer: the same call as `whyslow diagnose` and the server's
+/// `/diagnosis`. Returns the report as JSON; writes the HTML page (entry
+/// plots, flame graphs) to `html_path` when given. `baseline`/`window`
+/// are `(a, b)` seconds since the earliest profile. Raises ValueError when
+/// there is nothing to diagnose. Releases the GIL.
+#[pyfunction]
+#[pyo3(signature = (spool, fingerprints=None, html_path=None, baseline=None, window=None, until=None))]
+fn diagnose_spool(
+    py: Python<'_>,
+    spool: PathBuf,
+    fingerprints: Option<Vec<PathBuf>>,
+    html_path: Option<PathBuf>,
+    baseline: Option<(f64, f64)>,
+    window: Option<(f64, f64)>,
+    until: Option<f64>,
+) -> PyResult<String> {
+    py.allow_threads(|| {
+        let mut evidence = whyslow_spool::read_spool(&spool)
+            .map_err(|e| PyOSError::new_err(e.to_string()))?
+            .evidence;
+        if let Some(paths) = fingerprints.filter(|p| !p.is_empty()) {
+            let mut fps = Vec::new();
+            let files =
+                whyslow_ingest::discover(&paths).map_err(|e| PyOSError::new_err(e.to_string()))?;
+            for f in files {
+                let fp = match &f {
+                    whyslow_ingest::InputFile::Fingerprint(p) => {
+                        whyslow_ingest::read_fingerprint(p).map_err(|e| e.to_string())
+                    }
+                    whyslow_ingest::InputFile::Kineto(p) => whyslow_ingest::read_worker_trace(p)
+                        .map(|t| {
+                            whyslow_summarize::summarize(
+                                &t,
+                                &Default::default(),
+                                &Default::default(),
+                            )
+                        })
+                        .map_err(|e| e.to_string()),
+                    _ => continue,
+                };
+                match fp {
+                    Ok(fp) => fps.push(fp),
+                    Err(e) => evidence
+                        .notes
+                        .push(format!("skipped {}: {e}", f.path().display())),
+                }
+            }
+            evidence.fingerprints = Some(fps);
+        }
+        let cfg = whyslow_diagnose::DiagnoseConfig {
+            baseline,
+            window,
+            until,
+        };
+        let d = whyslow_diagnose::diagnose(&evidence, &cfg)
+            .map_err(|e| PyValueError::new_err(format!("{}: {e}", spool.display())))?;
+        if let Some(p) = html_path {
+            let page = whyslow_stack_output::diagnosis_html(
+                &format!("whyslow diagnose {}", spool.display()),
+                &d,
+            );
+            std::fs::write(&p, page)
+                .map_err(|e| PyOSError::new_err(format!("{}: {e}", p.display())))?;
+        }
+        serde_json::to_string(&d.report).map_err(|e| PyValueError::new_err(e.to_string()))
+    })
+}
+
+/// The diagnosis report (JSON, as [`diagnose_spool`] returns it) as text
+/// for the terminal.
+#[pyfunction]
+fn diagnosis_table(report_json: &str) -> PyResult<String> {
+    let r: whyslow_model::diagnosis::DiagnoseReport = serde_json::from_str(report_json)
+        .map_err(|e| PyValueError::new_err(format!("not a diagnosis: {e}")))?;
+    Ok(whyslow_stack_output::diagnosis_table(&r))
+}
+
+/// A job report (JSON, `report.json`) as the HTML page `whyslow analyze
+/// --html` writes, for notebooks.
+#[pyfunction]
+fn report_html(report_json: &str) -> PyResult<String> {
+    let r: whyslow_model::Report = serde_json::from_str(report_json)
+        .map_err(|e| PyValueError::new_err(format!("not a whyslow report: {e}")))?;
+    Ok(whyslow_report::render_html(&r))
 }
 
 /// Parses `name` or `name:mbit` (capacity in Mbit/s, for virtual links).
@@ -617,6 +722,9 @@ fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(summarize_trace, m)?)?;
     m.add_function(wrap_pyfunction!(localize_fingerprints, m)?)?;
+    m.add_function(wrap_pyfunction!(diagnose_spool, m)?)?;
+    m.add_function(wrap_pyfunction!(diagnosis_table, m)?)?;
+    m.add_function(wrap_pyfunction!(report_html, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_base_ns, m)?)?;
     m.add_function(wrap_pyfunction!(parse_wire, m)?)?;
     m.add_function(wrap_pyfunction!(rebase_samples_file, m)?)?;

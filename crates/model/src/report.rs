@@ -180,6 +180,11 @@ pub struct Report {
     /// Iteration time over the recorded steps and where it rose, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iterations: Option<IterationTimes>,
+    /// The node agents' cross-layer diagnosis of the same job (SysOM-AI
+    /// §3.1), when the door had their evidence (the online package beside
+    /// an agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_layer: Option<crate::diagnosis::DiagnoseReport>,
 }
 
 /// Iteration time over the steps a report covers, and where a slowdown

@@ -1226,6 +1226,7 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         verdict,
         not_judged: Vec::new(),
         iterations: None,
+        cross_layer: None,
     }
 }
 /// Fingerprints in rank order, the first of each rank (input order); a

@@ -65,6 +65,9 @@ pub struct JobEvidence {
     pub iterations: Option<IterationTimes>,
     /// What the door already noted (inputs skipped, …); kept in the report.
     pub warnings: Vec<String>,
+    /// The node agents' diagnosis of the same job, when the door has it
+    /// (`whyslow_diagnose::diagnose`); joined into the report.
+    pub cross_layer: Option<whyslow_model::diagnosis::DiagnoseReport>,
 }
 
 /// Why a job's evidence is not judged at all.
@@ -254,6 +257,7 @@ pub fn analyze_job(evidence: JobEvidence, policy: &JobPolicy) -> Result<Report, 
         fingerprints: fps,
         iterations,
         warnings: door_warnings,
+        cross_layer,
     } = evidence;
     if fps.is_empty() {
         return Err(Refusal::NoEvidence);
@@ -325,6 +329,7 @@ pub fn analyze_job(evidence: JobEvidence, policy: &JobPolicy) -> Result<Report, 
     report.warnings.extend(door_warnings);
     report.warnings.extend(warnings);
     report.iterations = iterations;
+    report.cross_layer = cross_layer;
     Ok(report)
 }
 

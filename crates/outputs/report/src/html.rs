@@ -516,6 +516,9 @@ pub struct HtmlOptions {
     /// The Perfetto trace written beside the page (`whyslow analyze
     /// --perfetto`), as a path relative to the page.
     pub perfetto_file: Option<String>,
+    /// The cross-layer diagnosis page written beside this one (the online
+    /// package's `diagnose.html`), as a path relative to the page.
+    pub diagnosis_file: Option<String>,
 }
 
 /// [`render_html`] with links to the files written beside the page.
@@ -550,6 +553,9 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
             r#"<div class="meta">The flagged spans, on the flagged workers and on peers: <a href="{0}" download>{0}</a> — open it in <a href="https://ui.perfetto.dev">ui.perfetto.dev</a> (Open trace file) or chrome://tracing.</div>"#,
             escape(file)
         );
+    }
+    if let Some(d) = &report.cross_layer {
+        out.push_str(&cross_layer_section(d, opts.diagnosis_file.as_deref()));
     }
     if report.verdict == Verdict::CouldNotJudge {
         let _ = writeln!(
@@ -761,4 +767,80 @@ mod axis_tests {
         assert!((nice_step(0.06) - 0.1).abs() < 1e-12);
         assert!((nice_step(0.0025) - 0.0025).abs() < 1e-12);
     }
+}
+
+/// The node agents' verdict on the same job (SysOM-AI §3.1), joined with
+/// the fingerprints': late ranks, the layer, the top of each diff.
+fn cross_layer_section(d: &whyslow_model::diagnosis::DiagnoseReport, page: Option<&str>) -> String {
+    let mut out = String::from(r#"<section id="cross-layer"><h2>Cross-layer diagnosis</h2>"#);
+    let late: Vec<String> = d
+        .stragglers
+        .iter()
+        .map(|s| {
+            format!(
+                "rank {} (group {}, {:.1} ms late)",
+                s.rank,
+                escape(&s.group),
+                s.late_us / 1e3
+            )
+        })
+        .collect();
+    let _ = write!(
+        out,
+        "<p>{} Layer: <b>{}</b>.",
+        if late.is_empty() {
+            "No rank makes its group wait.".to_string()
+        } else {
+            format!("Late: {}.", late.join(", "))
+        },
+        escape(&d.layer)
+    );
+    if let Some(p) = page {
+        let _ = write!(
+            out,
+            r#" The node agents' whole diagnosis, with its flame graphs: <a href="{0}">{0}</a>."#,
+            escape(p)
+        );
+    }
+    out.push_str("</p><ul>");
+    let top = |what: &str, rank: u32, function: &str| {
+        format!(
+            "<li>{what}: rank {rank}: <code>{}</code></li>",
+            escape(function)
+        )
+    };
+    if let Some(c) = d.cpu_diff.first() {
+        out.push_str(&top("CPU", c.rank, &c.function));
+    }
+    if let Some(c) = d.offcpu_diff.first() {
+        out.push_str(&top("off the CPU", c.rank, &c.function));
+    }
+    if let Some(o) = d.os_diff.first() {
+        out.push_str(&top("OS", o.rank, &o.diff.signal));
+    }
+    if let Some(g) = d.gpu_diff.first() {
+        out.push_str(&top(
+            "GPU",
+            g.rank,
+            &format!("{:.2}x its peers' kernel time", g.finding.overall_ratio),
+        ));
+    }
+    if let Some(n) = d.network_diff.first() {
+        let _ = write!(
+            out,
+            "<li>network: host <code>{}</code> loses TCP segments</li>",
+            escape(&n.host)
+        );
+    }
+    if let Some(r) = d.regressions.first() {
+        let _ = write!(
+            out,
+            "<li>since the baseline: <code>{}</code> {:.1} % → {:.1} %</li>",
+            escape(&r.function),
+            100.0 * r.before_share,
+            100.0 * r.after_share
+        );
+    }
+    out.push_str("</ul></section>\n");
+    out
 }

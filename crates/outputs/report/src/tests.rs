@@ -66,6 +66,7 @@ fn report(findings: Vec<Finding>) -> Report {
         },
         not_judged: vec![],
         iterations: None,
+        cross_layer: None,
     }
 }
 
