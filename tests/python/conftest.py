@@ -97,3 +97,17 @@ def torchrun(tmp_path, args, nproc=4, env=None, timeout=240, launcher=None, scri
 
 def finding_for(report, name):
     return [f for f in report["findings"] if name in f["function"]]
+
+
+def whyslow_server_cmd(*args):
+    """The `whyslow` binary (cargo-built) running `args`: the server and the
+    node agent are not in the wheel (the package links only what runs inside
+    a training job), so tests of the server use the binary; fails when it is
+    not built (`cargo build -p whyslow`; ./scripts/test builds it)."""
+    cands = [os.environ.get("WHYSLOW_BIN", "")]
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+    cands += [os.path.join(target, "release", "whyslow"), os.path.join(target, "debug", "whyslow")]
+    for c in cands:
+        if c and os.access(c, os.X_OK):
+            return [c] + list(args)
+    pytest.fail("no whyslow binary with the server (build it: cargo build -p whyslow)")

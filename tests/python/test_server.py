@@ -14,13 +14,13 @@ import urllib.request
 
 import pytest
 
-from conftest import SIM_COMPUTE, finding_for, needs_torch, torchrun
+from conftest import whyslow_server_cmd, SIM_COMPUTE, finding_for, needs_torch, torchrun
 
 pytestmark = needs_torch
 
 
 def _whyslow(*args):
-    return [sys.executable, "-m", "whyslow"] + list(args)
+    return whyslow_server_cmd(*args)
 
 
 def test_ranks_upload_fingerprints_and_the_server_reports_the_job(tmp_path):

@@ -16,12 +16,14 @@ import urllib.request
 
 import pytest
 
+from conftest import whyslow_server_cmd
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "..", "fixtures", "testbed", "slow-link-busy-host")
 
 
 def _whyslow(*args):
-    return [sys.executable, "-m", "whyslow"] + list(args)
+    return whyslow_server_cmd(*args)
 
 
 @pytest.fixture

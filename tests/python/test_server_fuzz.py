@@ -17,9 +17,11 @@ import shutil
 import subprocess
 import sys
 
+from conftest import whyslow_server_cmd
+
 
 def _whyslow(*args):
-    return [sys.executable, "-m", "whyslow"] + list(args)
+    return whyslow_server_cmd(*args)
 
 
 def test_api_matches_its_openapi_description_under_fuzzing(tmp_path):

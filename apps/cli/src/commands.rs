@@ -45,6 +45,7 @@ enum Command {
     /// Protocol in docs/agent.md: `rank-<r>.request.json` / `rank-<r>.stop` in,
     /// `rank-<r>.samples.csv` + `rank-<r>.done` (or `.error`) out; holds
     /// `whyslow.pause` while a window is active so other monitors step aside.
+    #[cfg(feature = "node")]
     Agent(whyslow_agent::AgentArgs),
     /// Black-box diagnosis from switch-level network flow records (LLMPrism).
     #[command(subcommand)]
@@ -52,20 +53,24 @@ enum Command {
     /// CPU stack profile of a running process: kernel and native stacks (DWARF
     /// unwinding), symbolized; written as folded stacks, pprof, a flame graph
     /// or speedscope JSON (by the output's extension).
-    Profile(crate::profile::ProfileArgs),
+    #[cfg(feature = "node")]
+    Profile(crate::record::ProfileArgs),
     /// Flame graph of saved profiles, or a differential one against `--diff BASE`.
     Flamegraph(crate::profile::FlamegraphArgs),
     /// Trace the gloo collectives of running processes with eBPF uprobes
     /// (SysOM-AI §3.2), as collective records for `diagnose`.
+    #[cfg(feature = "node")]
     Collectives(crate::collectives::CollectivesArgs),
     /// Cross-layer diagnosis over the agents' profile spools (SysOM-AI §3.1):
     /// the per-group CPU waterline and the temporal baseline.
     Diagnose(crate::diagnose::DiagnoseArgs),
     /// The central service: fingerprints uploaded by every job, localized
     /// centrally, reports over HTTP (`server token create` makes tokens).
+    #[cfg(feature = "server")]
     Server(crate::server::ServerArgs),
     /// Symbols for the server: ELF files uploaded once per Build-ID, so that
     /// profiles from nodes without symbols are named centrally.
+    #[cfg(feature = "node")]
     Symbols(crate::symbols::SymbolsArgs),
 }
 
@@ -180,12 +185,17 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Localize(args) => localize(args),
         Command::Flows(cmd) => crate::flows::run(cmd),
         Command::Sample(args) => crate::sample::run(args),
+        #[cfg(feature = "node")]
         Command::Agent(args) => whyslow_agent::run(args),
-        Command::Profile(args) => crate::profile::run_profile(args),
+        #[cfg(feature = "node")]
+        Command::Profile(args) => crate::record::run_profile(args),
         Command::Flamegraph(args) => crate::profile::run_flamegraph(args),
         Command::Diagnose(args) => crate::diagnose::run(args),
+        #[cfg(feature = "node")]
         Command::Collectives(args) => crate::collectives::run(args),
+        #[cfg(feature = "server")]
         Command::Server(args) => crate::server::run(args),
+        #[cfg(feature = "node")]
         Command::Symbols(args) => crate::symbols::run(args),
     }
 }

@@ -19,13 +19,18 @@ use std::io::{self, Write};
 
 use clap::Parser;
 
+#[cfg(feature = "node")]
 mod collectives;
 mod commands;
 mod diagnose;
 mod flows;
 mod profile;
+#[cfg(feature = "node")]
+mod record;
 mod sample;
+#[cfg(feature = "server")]
 mod server;
+#[cfg(feature = "node")]
 mod symbols;
 
 /// Runs the `whyslow` command line on `args` (the program name first) and
