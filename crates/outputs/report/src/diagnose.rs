@@ -120,38 +120,6 @@ pub fn render_diagnose_html(
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn plots_and_flame_graphs_are_embedded_and_escaped() {
-        let page = render_diagnose_html(
-            "diagnose <dir>",
-            "straggler: rank 2 & more",
-            &[EntryPlot {
-                group: "job/gloo3#0".into(),
-                series: vec![LineSeries {
-                    label: "rank 2".into(),
-                    flagged: true,
-                    points: vec![(0.0, 25.0), (0.1, 24.0)],
-                }],
-            }],
-            &[FlameGraph {
-                title: "rank 2 vs rank 0".into(),
-                svg: "<svg id=\"x\"><script><![CDATA[a<b]]></script></svg>".into(),
-            }],
-        );
-        assert!(page.contains("diagnose &lt;dir&gt;") && page.contains("rank 2 &amp; more"));
-        assert!(page.contains("rank 2 (flagged)"));
-        assert!(page.contains("srcdoc=\"&lt;svg id=&quot;x&quot;&gt;"));
-        // The flame graph's script stays inside its frame's document.
-        assert_eq!(page.matches("<script").count(), 0);
-        let empty = render_diagnose_html("t", "", &[], &[]);
-        assert!(empty.contains("nothing to plot") && empty.contains("No rank profiles"));
-    }
-}
-
 /// The diagnosis as text for the terminal (and the HTML page's summary).
 /// `network_floors_pct`: the least resent and out-of-order shares the
 /// network layer judges (`whyslow_diagnose::network::NetworkConfig`), for
@@ -357,4 +325,36 @@ fn write_table(
         writeln!(out, "note: {n}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plots_and_flame_graphs_are_embedded_and_escaped() {
+        let page = render_diagnose_html(
+            "diagnose <dir>",
+            "straggler: rank 2 & more",
+            &[EntryPlot {
+                group: "job/gloo3#0".into(),
+                series: vec![LineSeries {
+                    label: "rank 2".into(),
+                    flagged: true,
+                    points: vec![(0.0, 25.0), (0.1, 24.0)],
+                }],
+            }],
+            &[FlameGraph {
+                title: "rank 2 vs rank 0".into(),
+                svg: "<svg id=\"x\"><script><![CDATA[a<b]]></script></svg>".into(),
+            }],
+        );
+        assert!(page.contains("diagnose &lt;dir&gt;") && page.contains("rank 2 &amp; more"));
+        assert!(page.contains("rank 2 (flagged)"));
+        assert!(page.contains("srcdoc=\"&lt;svg id=&quot;x&quot;&gt;"));
+        // The flame graph's script stays inside its frame's document.
+        assert_eq!(page.matches("<script").count(), 0);
+        let empty = render_diagnose_html("t", "", &[], &[]);
+        assert!(empty.contains("nothing to plot") && empty.contains("No rank profiles"));
+    }
 }

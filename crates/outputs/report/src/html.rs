@@ -749,26 +749,6 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
     out
 }
 
-#[cfg(test)]
-mod axis_tests {
-    use super::*;
-
-    #[test]
-    fn ticks_are_readable_percentages_on_round_steps() {
-        assert_eq!(fmt_tick(0.0), "0%");
-        assert_eq!(fmt_tick(0.25), "25%");
-        assert_eq!(fmt_tick(0.0067), "0.67%");
-        assert_eq!(fmt_tick(0.015), "1.5%");
-        assert_eq!(fmt_tick(1.0), "100%");
-        // A largest β of 0.7 gives steps of 0.2 (0–80 %), not 0.24, 0.48, 0.72.
-        let ax = Axes::new(0.7, 1.0);
-        assert!((ax.xmax - 0.8).abs() < 1e-12 && (ax.ymax - 1.0).abs() < 1e-12);
-        assert!((Axes::new(0.0062, 0.3).xmax - 0.008).abs() < 1e-12);
-        assert!((nice_step(0.06) - 0.1).abs() < 1e-12);
-        assert!((nice_step(0.0025) - 0.0025).abs() < 1e-12);
-    }
-}
-
 /// The node agents' verdict on the same job (SysOM-AI §3.1), joined with
 /// the fingerprints': late ranks, the layer, the top of each diff.
 fn cross_layer_section(d: &whyslow_model::diagnosis::DiagnoseReport, page: Option<&str>) -> String {
@@ -843,4 +823,24 @@ fn cross_layer_section(d: &whyslow_model::diagnosis::DiagnoseReport, page: Optio
     }
     out.push_str("</ul></section>\n");
     out
+}
+
+#[cfg(test)]
+mod axis_tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_readable_percentages_on_round_steps() {
+        assert_eq!(fmt_tick(0.0), "0%");
+        assert_eq!(fmt_tick(0.25), "25%");
+        assert_eq!(fmt_tick(0.0067), "0.67%");
+        assert_eq!(fmt_tick(0.015), "1.5%");
+        assert_eq!(fmt_tick(1.0), "100%");
+        // A largest β of 0.7 gives steps of 0.2 (0–80 %), not 0.24, 0.48, 0.72.
+        let ax = Axes::new(0.7, 1.0);
+        assert!((ax.xmax - 0.8).abs() < 1e-12 && (ax.ymax - 1.0).abs() < 1e-12);
+        assert!((Axes::new(0.0062, 0.3).xmax - 0.008).abs() < 1e-12);
+        assert!((nice_step(0.06) - 0.1).abs() < 1e-12);
+        assert!((nice_step(0.0025) - 0.0025).abs() < 1e-12);
+    }
 }
