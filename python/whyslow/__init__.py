@@ -8,6 +8,10 @@ slowdowns and stalls as PerfTracker §4.1 does. On a slowdown every rank
 profiles the same iterations; rank 0 writes ``report.json`` and
 ``report.html`` into ``$WHYSLOW_REPORT_DIR/<job id>/<timestamp>-s<n>/``.
 
+Offline and in notebooks, :func:`analyze` and :func:`diagnose` run the same
+analysis as the ``whyslow`` command line and return typed results
+(:class:`Report`, :class:`Diagnosis`: ``to_pandas()``, inline HTML).
+
 Outside torchrun call :func:`init` yourself. Loops that use neither a
 DataLoader nor an optimizer call :func:`step` once per iteration. Settings:
 see :class:`whyslow._config.Config` (``WHYSLOW_*`` environment variables).
@@ -23,7 +27,20 @@ from typing import Any, Optional
 
 from ._config import Config
 
-__all__ = ["init", "step", "trigger", "shutdown", "tracker", "Config", "__version__"]
+__all__ = ["init", "step", "trigger", "shutdown", "tracker", "Config", "__version__",
+           "analyze", "diagnose", "Report", "Diagnosis"]
+
+# The offline analysis (whyslow.analysis), imported when first used: a
+# training job that only does `import whyslow` does not load it.
+_ANALYSIS = ("analyze", "diagnose", "Report", "Diagnosis", "Finding", "Straggler")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ANALYSIS:
+        from . import analysis
+
+        return getattr(analysis, name)
+    raise AttributeError("module 'whyslow' has no attribute %r" % name)
 
 try:
     from ._whyslow import __version__

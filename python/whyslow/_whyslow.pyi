@@ -81,6 +81,8 @@ def localize_fingerprints(
     config_toml: Optional[str] = None,
     source_roots: Optional[Sequence[str]] = None,
     warnings: Optional[Sequence[str]] = None,
+    iterations: Optional[Sequence[Tuple[int, float]]] = None,
+    cross_layer: Optional[str] = None,
 ) -> str: ...
 def kineto_base_ns(trace_path: str) -> Optional[int]: ...
 
@@ -105,3 +107,23 @@ def parse_wire(kind: str, text: str) -> str:
 def rebase_samples_file(src: str, dst: str, shift_ns: int) -> int:
     """Copies a samples file with ``shift_ns`` subtracted from every
     timestamp; returns the number of samples."""
+
+def analyze_paths(
+    paths: List[str],
+    world_size: Optional[int] = None,
+    strict: bool = False,
+    source_roots: Optional[List[str]] = None,
+    config_toml: Optional[str] = None,
+    steps: Optional[Tuple[int, int]] = None,
+) -> str: ...
+def diagnose_spool(
+    spool: str,
+    fingerprints: Optional[List[str]] = None,
+    html_path: Optional[str] = None,
+    baseline: Optional[Tuple[float, float]] = None,
+    window: Optional[Tuple[float, float]] = None,
+    until: Optional[float] = None,
+) -> str: ...
+def diagnosis_table(report_json: str) -> str: ...
+def report_html(report_json: str) -> str: ...
+def report_table(report_json: str) -> str: ...

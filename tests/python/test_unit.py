@@ -345,3 +345,34 @@ def test_the_package_judges_as_the_command_line_does(tmp_path):
              for n in ("a100-rank3of8.json.gz", "mi250-rocm.json.gz")]
     with pytest.raises(ValueError, match="2 different jobs"):
         _whyslow.localize_fingerprints(mixed, str(tmp_path / "mixed"))
+
+
+def test_analyze_and_diagnose_from_a_notebook(tmp_path):
+    """`whyslow.analyze` / `whyslow.diagnose` (issue 26): typed results of the
+    same library calls as the command line; tables for pandas; the HTML
+    report inline."""
+    report = whyslow.analyze(DEMO)
+    assert report.verdict == "anomalies" and report.missing_workers == []
+    top = report.findings[0]
+    assert top.workers == [2] and "injected_slow_rank_work" in top.function, top
+    assert top.beta.value > top.beta.peers
+    assert "<iframe" in report._repr_html_() and "whyslow report" in report._repr_html_()
+    assert "injected_slow_rank_work" in str(report)
+    pd = pytest.importorskip("pandas", reason="to_pandas needs pandas")
+    df = report.to_pandas()
+    assert isinstance(df, pd.DataFrame) and len(df) == len(report.findings)
+    assert df.loc[0, "workers"] == [2]
+    # Three of four ranks: rank 3 named missing, as the command line says.
+    three = whyslow.analyze([os.path.join(DEMO, "rank-%d.json.gz" % r) for r in range(3)])
+    assert three.missing_workers == [3]
+    with pytest.raises(ValueError, match="different jobs"):
+        whyslow.analyze([os.path.join(SINGLE, "a100-rank3of8.json.gz"),
+                         os.path.join(SINGLE, "mi250-rocm.json.gz")])
+    # A recorded agent spool: the late rank and its layer.
+    d = whyslow.diagnose(os.path.join(REPO, "tests", "fixtures", "diagnose", "cpu-hog", "agent"))
+    assert [s.rank for s in d.stragglers] == [2], d.notes
+    assert d.layer == "cpu"
+    assert "late rank 2" in d._repr_html_()
+    assert len(d.to_pandas("stragglers")) == 1
+    with pytest.raises(ValueError, match="nothing to diagnose"):
+        whyslow.diagnose(str(tmp_path))

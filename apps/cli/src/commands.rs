@@ -11,11 +11,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 
-use whyslow_ingest::{InputFile, WorkerSamples};
+use whyslow_ingest::InputFile;
 use whyslow_localize::LocalizeConfig;
-use whyslow_model::{
-    Fingerprint, IterationTimes, Report, Resource, SampleSeries, Verdict, WorkerTrace,
-};
+use whyslow_model::{Fingerprint, Report, Verdict, WorkerTrace};
 use whyslow_summarize::SummarizeOptions;
 
 /// Tells which function, on which workers, is slowing a training job, and why.
@@ -246,95 +244,44 @@ fn skip_or_fail(
 
 fn analyze(args: AnalyzeArgs) -> Result<u8> {
     let cfg = load_config(args.output.config.as_deref())?;
-    let files = whyslow_ingest::discover(&args.inputs).context("listing inputs")?;
-    let mut warnings = Vec::new();
-
-    let mut trace_paths = Vec::new();
-    let mut sample_paths = Vec::new();
-    let mut fingerprints = Vec::new();
-    for file in files {
-        match file {
-            InputFile::Kineto(p) | InputFile::Generic(p) => trace_paths.push(p),
-            InputFile::Samples(p) => sample_paths.push(p),
-            InputFile::Fingerprint(p) => match whyslow_ingest::read_fingerprint(&p) {
-                Ok(fp) => fingerprints.push(fp),
-                Err(e) => skip_or_fail(args.output.strict, e, &mut warnings)?,
-            },
-        }
-    }
-    if trace_paths.is_empty() && fingerprints.is_empty() {
-        bail!(
-            "no traces found in {} (expected Kineto *.json[.gz], generic *.csv/*.jsonl[.gz] or *.fingerprint.json)",
-            display_paths(&args.inputs)
-        );
-    }
-
-    let bar = progress_bar(trace_paths.len(), "reading traces");
-    let (traces, errors) = whyslow_ingest::read_traces(&trace_paths, &|_| bar.inc(1));
-    bar.finish_and_clear();
-    for e in errors {
-        skip_or_fail(args.output.strict, e, &mut warnings)?;
-    }
-    whyslow_pipeline::check_traces(&traces, &policy(&args.output, cfg.clone()), &mut warnings)?;
-
-    let mut samples_by_rank: BTreeMap<u32, BTreeMap<Resource, SampleSeries>> = BTreeMap::new();
-    for p in &sample_paths {
-        match whyslow_ingest::read_samples(p) {
-            Ok(s) => merge_samples(&mut samples_by_rank, p, s, &mut warnings),
-            Err(e) => skip_or_fail(args.output.strict, e, &mut warnings)?,
-        }
-    }
-
-    let opts = SummarizeOptions {
+    let policy = policy(&args.output, cfg);
+    let opts = whyslow_pipeline::InputOptions {
         steps: args.window.steps,
-        ..SummarizeOptions::default()
+        keep_traces: args.perfetto.is_some(),
     };
-    let bar = progress_bar(traces.len(), "fingerprinting");
-    let empty = BTreeMap::new();
-    let mut new_fps: Vec<Fingerprint> = traces
-        .par_iter()
-        .map(|t: &WorkerTrace| {
-            let samples = samples_by_rank.get(&t.meta.rank).unwrap_or(&empty);
-            let fp = whyslow_summarize::summarize(t, samples, &opts);
-            bar.inc(1);
-            fp
-        })
-        .collect();
-    bar.finish_and_clear();
-    let mut extras = ReportExtras {
-        iterations: whyslow_pipeline::iterations_from_traces(&traces),
-        perfetto: None,
+    let bar: std::sync::Mutex<Option<ProgressBar>> = std::sync::Mutex::new(None);
+    let progress = |p: whyslow_pipeline::Progress| {
+        let Ok(mut bar) = bar.lock() else { return };
+        match p {
+            whyslow_pipeline::Progress::Start { what, total } => {
+                *bar = Some(progress_bar(total, what))
+            }
+            whyslow_pipeline::Progress::Tick => {
+                if let Some(b) = bar.as_ref() {
+                    b.inc(1)
+                }
+            }
+            whyslow_pipeline::Progress::Finish => {
+                if let Some(b) = bar.take() {
+                    b.finish_and_clear()
+                }
+            }
+        }
     };
-    if let Some(path) = &args.perfetto {
-        extras.perfetto = Some((path.clone(), traces));
-    } else {
-        drop(traces);
+    let done = whyslow_pipeline::analyze_inputs(&args.inputs, &policy, &opts, &progress)?;
+    for w in &done.input_warnings {
+        warn(w);
     }
-
     if let Some(dir) = &args.fingerprints_out {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        for fp in &new_fps {
+        for fp in &done.fingerprints {
             let path = dir.join(format!("rank-{}.fingerprint.json", fp.worker));
             whyslow_ingest::write_fingerprint(&path, fp)?;
         }
     }
-    fingerprints.append(&mut new_fps);
-    localize_and_report(
-        fingerprints,
-        cfg,
-        &args.output,
-        &args.inputs,
-        warnings,
-        extras,
-    )
-}
-
-/// What `analyze` knows beyond the fingerprints: iteration times from the
-/// traces, and the traces themselves when a Perfetto file is asked for.
-#[derive(Default)]
-struct ReportExtras {
-    iterations: Option<IterationTimes>,
-    perfetto: Option<(PathBuf, Vec<WorkerTrace>)>,
+    let said: Vec<String> = done.input_warnings.clone();
+    let perfetto = args.perfetto.clone().map(|p| (p, done.traces));
+    write_report(done.report, &said, &args.output, perfetto)
 }
 
 /// `file` as a link from the page at `page`: relative when both are in the
@@ -356,30 +303,6 @@ fn relative_to(file: &Path, page: &Path) -> String {
             .display()
             .to_string(),
         _ => file.display().to_string(),
-    }
-}
-
-fn merge_samples(
-    by_rank: &mut BTreeMap<u32, BTreeMap<Resource, SampleSeries>>,
-    path: &Path,
-    samples: WorkerSamples,
-    warnings: &mut Vec<String>,
-) {
-    let rank = samples
-        .worker
-        .or_else(|| whyslow_ingest::rank_from_file_name(path));
-    let Some(rank) = rank else {
-        let msg = format!(
-            "{}: samples file names no worker (add a `worker` column or name it rank-N.samples.csv); ignored",
-            path.display()
-        );
-        warn(&msg);
-        warnings.push(msg);
-        return;
-    };
-    let entry = by_rank.entry(rank).or_default();
-    for (resource, series) in samples.series {
-        entry.insert(resource, series);
     }
 }
 
@@ -448,14 +371,7 @@ fn localize(args: LocalizeArgs) -> Result<u8> {
             Err(e) => skip_or_fail(args.output.strict, e, &mut warnings)?,
         }
     }
-    localize_and_report(
-        fps,
-        cfg,
-        &args.output,
-        &args.fingerprints,
-        warnings,
-        ReportExtras::default(),
-    )
+    localize_and_report(fps, cfg, &args.output, &args.fingerprints, warnings)
 }
 
 /// The job policy the command line asks for (`--world-size`, `--strict`,
@@ -481,22 +397,32 @@ fn localize_and_report(
     out: &OutputArgs,
     inputs: &[PathBuf],
     warnings: Vec<String>,
-    extras: ReportExtras,
 ) -> Result<u8> {
     if fps.is_empty() {
         bail!("no input could be read in {}", display_paths(inputs));
     }
-    let already_said = warnings.clone();
+    let said = warnings.clone();
     let evidence = whyslow_pipeline::JobEvidence {
         fingerprints: fps,
-        iterations: extras.iterations,
         warnings,
-        cross_layer: None,
+        ..Default::default()
     };
     let report = whyslow_pipeline::analyze_job(evidence, &policy(out, cfg))?;
-    for w in report.warnings.iter().filter(|w| !already_said.contains(w)) {
+    write_report(report, &said, out, None)
+}
+
+/// Shows the pipeline's warnings (those not `said` already) and writes the
+/// report where `out` asks, with the Perfetto file of the flagged spans.
+fn write_report(
+    report: Report,
+    said: &[String],
+    out: &OutputArgs,
+    perfetto: Option<(PathBuf, Vec<WorkerTrace>)>,
+) -> Result<u8> {
+    for w in report.warnings.iter().filter(|w| !said.contains(w)) {
         warn(w);
     }
+    let extras = ReportExtras { perfetto };
 
     let mut written = Vec::new();
     if let Some((path, traces)) = &extras.perfetto {
@@ -531,6 +457,11 @@ fn localize_and_report(
         eprintln!("whyslow: wrote {}", written.join(", "));
     }
     Ok(exit_code(&report, out.fail_on_anomaly))
+}
+
+/// The traces, when a Perfetto file of the flagged spans is asked for.
+struct ReportExtras {
+    perfetto: Option<(PathBuf, Vec<WorkerTrace>)>,
 }
 
 fn exit_code(report: &Report, fail_on_anomaly: bool) -> u8 {

@@ -440,6 +440,43 @@ fn localize_fingerprints(
     })
 }
 
+/// Analyzes a job's files (traces, samples, fingerprints; files or folders)
+/// through the job pipeline, as `whyslow analyze` does, and returns the
+/// report as JSON. Raises ValueError when the inputs cannot be judged
+/// (nothing readable, two jobs, a refusal under `strict`). Releases the GIL.
+#[pyfunction]
+#[pyo3(signature = (paths, world_size=None, strict=false, source_roots=None, config_toml=None, steps=None))]
+fn analyze_paths(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    world_size: Option<u32>,
+    strict: bool,
+    source_roots: Option<Vec<PathBuf>>,
+    config_toml: Option<String>,
+    steps: Option<(u64, u64)>,
+) -> PyResult<String> {
+    let localize = match config_toml {
+        Some(t) => whyslow_localize::LocalizeConfig::from_toml_str(&t)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?,
+        None => whyslow_localize::LocalizeConfig::default(),
+    };
+    let policy = whyslow_pipeline::JobPolicy {
+        localize,
+        world_size,
+        strict,
+        source_roots,
+    };
+    let opts = whyslow_pipeline::InputOptions {
+        steps,
+        keep_traces: false,
+    };
+    py.allow_threads(|| {
+        let done = whyslow_pipeline::analyze_inputs(&paths, &policy, &opts, &|_| {})
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(whyslow_report::render_json(&done.report))
+    })
+}
+
 /// The cross-layer diagnosis (SysOM-AI §3.1) over a node agent's spool
 /// (`spool`: what `whyslow agent --profile-spool` writes), with the ranks'
 /// fingerprints (files or folders; fingerprints or profiler traces) for the
@@ -518,6 +555,15 @@ fn diagnosis_table(report_json: &str) -> PyResult<String> {
     let r: whyslow_model::diagnosis::DiagnoseReport = serde_json::from_str(report_json)
         .map_err(|e| PyValueError::new_err(format!("not a diagnosis: {e}")))?;
     Ok(whyslow_stack_output::diagnosis_table(&r))
+}
+
+/// A job report (JSON, `report.json`) as the terminal table of `whyslow
+/// analyze`.
+#[pyfunction]
+fn report_table(report_json: &str) -> PyResult<String> {
+    let r: whyslow_model::Report = serde_json::from_str(report_json)
+        .map_err(|e| PyValueError::new_err(format!("not a whyslow report: {e}")))?;
+    Ok(whyslow_report::render_table(&r, false))
 }
 
 /// A job report (JSON, `report.json`) as the HTML page `whyslow analyze
@@ -723,8 +769,10 @@ fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(summarize_trace, m)?)?;
     m.add_function(wrap_pyfunction!(localize_fingerprints, m)?)?;
     m.add_function(wrap_pyfunction!(diagnose_spool, m)?)?;
+    m.add_function(wrap_pyfunction!(analyze_paths, m)?)?;
     m.add_function(wrap_pyfunction!(diagnosis_table, m)?)?;
     m.add_function(wrap_pyfunction!(report_html, m)?)?;
+    m.add_function(wrap_pyfunction!(report_table, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_base_ns, m)?)?;
     m.add_function(wrap_pyfunction!(parse_wire, m)?)?;
     m.add_function(wrap_pyfunction!(rebase_samples_file, m)?)?;

@@ -28,6 +28,10 @@
 
 #![deny(missing_docs)]
 
+mod inputs;
+
+pub use inputs::{analyze_inputs, AnalyzeError, AnalyzedInputs, InputOptions, Progress};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
