@@ -208,7 +208,7 @@ fn two_jobs_are_refused_by_the_command_line_and_the_server_alike() {
         assert_eq!(status, StatusCode::CONFLICT, "{json}");
         let error = json["error"].as_str().unwrap();
         assert!(
-            error.contains("2 different jobs") && error.contains("MI250"),
+            error.contains("2 different jobs") && error.contains("AMD Radeon") && error.contains("A100"),
             "{error}"
         );
     });
