@@ -236,6 +236,56 @@ def _diagnose(res):
     return rep, show
 
 
+def _server_diagnosis(res):
+    """The diagnosis `whyslow server` gives of the testbed's job
+    (`testbed/run --server`: the agents uploaded their spools, the ranks
+    their fingerprints) — started again on the run's store, as
+    OUT/server.json says it can be."""
+    import socket
+    import urllib.request
+    from test_agent import whyslow_bin
+    with open(os.path.join(res.dir, "server.json")) as f:
+        srv = json.load(f)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    proc = subprocess.Popen([whyslow_bin(), "server", "--data", srv["data"],
+                             "--listen", "127.0.0.1:%d" % port],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = "http://127.0.0.1:%d" % port
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        req = urllib.request.Request("%s/api/v1/jobs/%s/diagnosis" % (url, srv["job"]),
+                                     headers={"Authorization": "Bearer " + srv["token"]})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _same_verdict(local, central, show):
+    """`whyslow diagnose OUT/agent` and the server's diagnosis agree: the
+    late ranks, the layer and the top of each diff."""
+    cshow = json.dumps({k: central[k] for k in ("stragglers", "layer", "cpu_diff", "os_diff",
+                                                "regressions", "notes")}, indent=1)[:6000]
+    both = show + "\n--- server:\n" + cshow
+    assert [s["rank"] for s in central["stragglers"]] == [s["rank"] for s in local["stragglers"]], both
+    assert central["layer"] == local["layer"], both
+    for key, fields in (("cpu_diff", ("scope", "rank", "function")), ("os_diff", ("rank", "signal")),
+                        ("offcpu_diff", ("rank", "function")), ("network_diff", ("host",)),
+                        ("regressions", ("function",))):
+        ltop = [tuple(d[f] for f in fields) for d in local[key][:1]]
+        ctop = [tuple(d[f] for f in fields) for d in central[key][:1]]
+        assert ltop == ctop, (key, both)
+
+
 def _agent_args():
     from test_agent import whyslow_bin
     exe = whyslow_bin()
@@ -271,8 +321,10 @@ def test_agents_name_the_noisy_neighbour_of_the_late_rank(tmp_path):
     # the neighbour, a process that never registered, tops the CPU diff.
     host = 2
     res = run_testbed(tmp_path, "cpu-hog:host=%d,procs=2" % host, iters=400, fault_after=5,
-                      tb_args=_agent_args(), env_extra={"WHYSLOW_THRESHOLD": "100"})
+                      tb_args=_agent_args() + ["--server"], env_extra={"WHYSLOW_THRESHOLD": "100"})
     rep, show = _diagnose(res)
+    # The central service says the same of the same job (one brain, issue 26).
+    _same_verdict(rep, _server_diagnosis(res), show)
     assert [s["rank"] for s in rep["stragglers"]] == [host], show
     assert rep["layer"] in ("cpu", "os"), show
     top = rep["cpu_diff"][0]
@@ -365,9 +417,13 @@ def test_agents_on_a_healthy_run_name_nothing(tmp_path):
     # and 3 late by 3.5-4.5 ms at 22 ms per collective (their ranks got 20 %
     # fewer samples), every collective: a real noisy neighbour of those two
     # hosts, rightly named, but not a healthy run.
-    res = run_testbed(tmp_path, "none", iters=600, tb_args=_agent_args() + ["--float-cores"],
+    res = run_testbed(tmp_path, "none", iters=600,
+                      tb_args=_agent_args() + ["--float-cores", "--server"],
                       env_extra={"WHYSLOW_THRESHOLD": "100"})
     rep, show = _diagnose(res)
+    central = _server_diagnosis(res)
+    _same_verdict(rep, central, show)
+    assert central["stragglers"] == [] and central["layer"] == "none", central
     assert {len(g["mean_late_us"]) for g in rep["collective_groups"]} == {4}, show
     assert rep["stragglers"] == [], show
     assert rep["regressions"] == [], show

@@ -369,9 +369,9 @@ def test_analyze_and_diagnose_from_a_notebook(tmp_path):
         whyslow.analyze([os.path.join(SINGLE, "a100-rank3of8.json.gz"),
                          os.path.join(SINGLE, "mi250-rocm.json.gz")])
     # A recorded agent spool: the late rank and its layer.
-    d = whyslow.diagnose(os.path.join(REPO, "tests", "fixtures", "diagnose", "cpu-hog", "agent"))
+    d = whyslow.diagnose(os.path.join(REPO, "tests", "fixtures", "diagnose", "noisy-neighbour", "agent"))
     assert [s.rank for s in d.stragglers] == [2], d.notes
-    assert d.layer == "cpu"
+    assert d.layer == "os" and d.cpu_diff[0]["function"] == "sh (process)", d.cpu_diff[:1]
     assert "late rank 2" in d._repr_html_()
     assert len(d.to_pandas("stragglers")) == 1
     with pytest.raises(ValueError, match="nothing to diagnose"):

@@ -208,8 +208,107 @@ fn two_jobs_are_refused_by_the_command_line_and_the_server_alike() {
         assert_eq!(status, StatusCode::CONFLICT, "{json}");
         let error = json["error"].as_str().unwrap();
         assert!(
-            error.contains("2 different jobs") && error.contains("AMD Radeon") && error.contains("A100"),
+            error.contains("2 different jobs")
+                && error.contains("AMD Radeon")
+                && error.contains("A100"),
             "{error}"
         );
     });
+}
+
+/// Every file of an agent spool, uploaded as the agents do (profiles,
+/// collective records, OS readings), batch ids from the host folder and
+/// file name.
+async fn upload_spool(app: &axum::Router, token: &str, job: &str, spool: &Path) {
+    let mut files = Vec::new();
+    let mut dirs = vec![spool.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    for (i, f) in files.iter().enumerate() {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let what = if name.ends_with(".pb.gz") {
+            "profiles"
+        } else if name.ends_with(".collectives.jsonl") {
+            "collectives"
+        } else if name.ends_with(".os.jsonl") {
+            "os"
+        } else {
+            continue;
+        };
+        let body = fs::read(f).unwrap();
+        if what != "profiles" && body.iter().all(u8::is_ascii_whitespace) {
+            continue; // the agents send no empty batch either
+        }
+        let uri = format!("/api/v1/jobs/{job}/{what}/b{i}");
+        let (status, json) = call(app, "POST", &uri, token, body).await;
+        assert_eq!(status, StatusCode::CREATED, "{uri} {}: {json}", f.display());
+    }
+}
+
+#[test]
+fn the_server_diagnoses_a_recorded_spool_as_the_library_does() {
+    for case in ["noisy-neighbour", "healthy"] {
+        let spool = repo()
+            .join("tests/fixtures/diagnose")
+            .join(case)
+            .join("agent");
+        let local = whyslow_diagnose::diagnose(
+            &whyslow_spool::read_spool(&spool).unwrap().evidence,
+            &Default::default(),
+        )
+        .unwrap()
+        .report;
+        let dir = temp_dir(&format!("spool-{case}"));
+        let (app, token) = server(&dir.join("store"));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let central = rt.block_on(async {
+            upload_spool(&app, &token, "job-a", &spool).await;
+            let (status, json) =
+                call(&app, "GET", "/api/v1/jobs/job-a/diagnosis", &token, vec![]).await;
+            assert_eq!(status, StatusCode::OK, "{json}");
+            // A bad period is a 400 that names it.
+            let (status, err) = call(
+                &app,
+                "GET",
+                "/api/v1/jobs/job-a/diagnosis?baseline=5..2",
+                &token,
+                vec![],
+            )
+            .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+            json
+        });
+        let _: whyslow_model::diagnosis::DiagnoseReport = serde_json::from_value(central.clone())
+            .expect("the server's diagnosis is a DiagnoseReport");
+        // Both through JSON text, as a client reads them (serde_json parses
+        // some decimals one ulp off the f64 they were printed from).
+        let local: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&local).unwrap()).unwrap();
+        assert_eq!(central["stragglers"], local["stragglers"], "{case}");
+        assert_eq!(central["layer"], local["layer"], "{case}");
+        assert_eq!(central["cpu_diff"], local["cpu_diff"], "{case}");
+        assert_eq!(central["offcpu_diff"], local["offcpu_diff"], "{case}");
+        assert_eq!(central["os_diff"], local["os_diff"], "{case}");
+        assert_eq!(central["network_diff"], local["network_diff"], "{case}");
+        assert_eq!(central["regressions"], local["regressions"], "{case}");
+        assert_eq!(central["baseline"], local["baseline"], "{case}");
+        assert_eq!(central["window"], local["window"], "{case}");
+        assert_eq!(
+            central["stragglers"].as_array().unwrap().is_empty(),
+            case == "healthy"
+        );
+    }
 }

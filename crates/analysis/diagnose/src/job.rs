@@ -469,6 +469,49 @@ pub fn diagnose(
     }
     let mut records: Vec<&CollectiveRecord> = evidence.collectives.iter().collect();
     let mut os_samples: Vec<&OsSample> = evidence.os_samples.iter().collect();
+    // One order whatever the door read the evidence in (a spool's file
+    // names, a store's upload order): sums of shares are then the same to
+    // the last bit, and so is the verdict.
+    for v in [&mut profiles, &mut offcpu_profiles, &mut host_profiles] {
+        v.sort_by(|a, b| {
+            (
+                a.start_unix_ns,
+                a.duration_ns,
+                &a.labels,
+                a.stacks.len(),
+                a.total(),
+            )
+                .cmp(&(
+                    b.start_unix_ns,
+                    b.duration_ns,
+                    &b.labels,
+                    b.stacks.len(),
+                    b.total(),
+                ))
+        });
+    }
+    records.sort_by(|a, b| {
+        (&a.group, a.rank, a.entry_ns, a.exit_ns, a.seq, &a.op)
+            .cmp(&(&b.group, b.rank, b.entry_ns, b.exit_ns, b.seq, &b.op))
+    });
+    os_samples.sort_by(|a, b| {
+        (
+            a.start_unix_ns,
+            &a.host,
+            a.rank,
+            a.pid,
+            a.duration_ns,
+            &a.job,
+        )
+            .cmp(&(
+                b.start_unix_ns,
+                &b.host,
+                b.rank,
+                b.pid,
+                b.duration_ns,
+                &b.job,
+            ))
+    });
     if profiles.is_empty() && records.is_empty() && os_samples.is_empty() {
         return Err(DiagnoseError::NothingToDiagnose);
     }
