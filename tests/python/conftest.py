@@ -111,3 +111,14 @@ def whyslow_server_cmd(*args):
         if c and os.access(c, os.X_OK):
             return [c] + list(args)
     pytest.fail("no whyslow binary with the server (build it: cargo build -p whyslow)")
+
+
+def pytest_runtest_logreport(report):
+    """Every skipped test, with its reason, into $WHYSLOW_SKIP_LOG (set by
+    ./scripts/test, whose summary counts and lists them with the Rust ones)."""
+    path = os.environ.get("WHYSLOW_SKIP_LOG")
+    if not path or not report.skipped:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    with open(path, "a") as f:
+        f.write("%s\t%s\n" % (report.nodeid, str(reason).replace("\n", " ")))

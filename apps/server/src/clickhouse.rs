@@ -768,7 +768,7 @@ mod tests {
     #[test]
     fn hourly_rollups_are_written_and_read_back_when_a_server_is_given() {
         let Ok(url) = std::env::var("WHYSLOW_CLICKHOUSE_URL") else {
-            eprintln!("skipped: set WHYSLOW_CLICKHOUSE_URL to a ClickHouse HTTP endpoint");
+            whyslow_testkit::skip("set WHYSLOW_CLICKHOUSE_URL to a ClickHouse HTTP endpoint");
             return;
         };
         let s = ClickHouseStore::open(ClickHouseConfig {

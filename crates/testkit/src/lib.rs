@@ -22,3 +22,27 @@ pub fn fixtures() -> PathBuf {
     );
     dir
 }
+
+/// Says that the calling test cannot run here, and why: printed, and
+/// appended as `test<TAB>reason` to `$WHYSLOW_SKIP_LOG` when set
+/// (`./scripts/test` sets it, then counts and lists the skips in its
+/// summary), so a skip is never mistaken for a pass. The caller returns
+/// right after. The test's name is its thread's (libtest names each test's
+/// thread after it).
+pub fn skip(reason: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    eprintln!("skipped: {test}: {reason}");
+    if let Some(path) = std::env::var_os("WHYSLOW_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{test}\t{}", reason.replace(['\n', '\t'], " "));
+        }
+    }
+}

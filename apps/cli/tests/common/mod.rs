@@ -27,7 +27,7 @@ pub fn chromium() -> Option<PathBuf> {
             std::env::var_os("WHYSLOW_REQUIRE_BROWSER").is_none(),
             "WHYSLOW_REQUIRE_BROWSER is set but no chromium is on PATH"
         );
-        eprintln!("skipped: no chromium on PATH (apt-get install chromium)");
+        whyslow_testkit::skip("no chromium on PATH (apt-get install chromium)");
     }
     found
 }

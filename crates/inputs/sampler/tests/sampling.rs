@@ -144,16 +144,19 @@ fn cpu_busy_idle_at(rate_hz: f64) {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn busy_thread_reads_one_idle_reads_zero_1khz() {
     cpu_busy_idle_at(1000.0);
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn busy_thread_reads_one_idle_reads_zero_10khz() {
     cpu_busy_idle_at(10_000.0);
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn loopback_traffic_shows_nic_utilization() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Sampler::start(SamplerConfig {
@@ -202,6 +205,7 @@ fn loopback_traffic_shows_nic_utilization() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn unknown_speed_interface_is_skipped_with_a_note() {
     let out = Sampler::start(SamplerConfig {
         rate_hz: 100.0,
@@ -220,6 +224,7 @@ fn unknown_speed_interface_is_skipped_with_a_note() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn vanishing_threads_and_process_never_panic() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Sampler::start(SamplerConfig {
@@ -270,6 +275,7 @@ fn vanishing_threads_and_process_never_panic() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn rejects_bad_configs() {
     for rate_hz in [0.0, 0.5, 10_001.0, f64::NAN] {
         let e = Sampler::start(SamplerConfig {
@@ -286,6 +292,7 @@ fn rejects_bad_configs() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn gpu_reports_not_available_without_error() {
     let out = Sampler::start(SamplerConfig {
         rate_hz: 100.0,
@@ -308,6 +315,7 @@ fn gpu_reports_not_available_without_error() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn samples_file_round_trips_through_whyslow_ingest() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Sampler::start(SamplerConfig {
@@ -353,6 +361,7 @@ fn samples_file_round_trips_through_whyslow_ingest() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn kineto_time_base_shifts_timestamps() {
     let base = whyslow_sampler::kineto_base_time_ns(whyslow_sampler::clock::realtime_ns());
     let out = Sampler::start(SamplerConfig {
@@ -377,6 +386,7 @@ fn kineto_time_base_shifts_timestamps() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn stop_is_prompt_at_1hz() {
     let s = Sampler::start(SamplerConfig {
         rate_hz: 1.0,
@@ -397,6 +407,7 @@ fn stop_is_prompt_at_1hz() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): samples live processes and a NIC for seconds"]
 fn cpu_freq_is_sampled_or_reported_not_available() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = Sampler::start(SamplerConfig {

@@ -125,9 +125,10 @@ fn run_with(
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): eBPF sampling of live processes (root, BPF)"]
 fn ebpf_sampler_filters_aggregates_and_takes_kernel_stacks() {
     if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+        whyslow_testkit::skip(&why);
         return;
     }
     let shape = known_shape();
@@ -255,6 +256,7 @@ fn ebpf_sampler_filters_aggregates_and_takes_kernel_stacks() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): eBPF sampling of live processes (root, BPF)"]
 fn bad_settings_are_refused_with_the_reason() {
     for (hz, rate) in [(5, 1.0), (1000, 1.0), (99, 0.0), (99, 1.5), (99, f64::NAN)] {
         let opts = EbpfOptions {
@@ -311,13 +313,14 @@ impl Drop for TempCgroup {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): eBPF sampling of live processes (root, BPF)"]
 fn a_cgroup_target_keeps_only_its_processes_on_either_cgroup_version() {
     if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+        whyslow_testkit::skip(&why);
         return;
     }
     let Some(cg) = TempCgroup::new() else {
-        eprintln!("skipped: no writable cgroup with the CPU controller here");
+        whyslow_testkit::skip("no writable cgroup with the CPU controller here");
         return;
     };
     let inside = busy_loop();
@@ -355,9 +358,10 @@ fn a_cgroup_target_keeps_only_its_processes_on_either_cgroup_version() {
 }
 
 #[test]
+#[ignore = "system test (./scripts/test --all): eBPF sampling of live processes (root, BPF)"]
 fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
     if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+        whyslow_testkit::skip(&why);
         return;
     }
     // A reader blocked on a pipe that gets a byte every 50 ms: its thread
@@ -484,9 +488,10 @@ fn reach(p: &StackProfile, thread: &str, want: &[&str]) -> (f64, f64, u64) {
 /// through the zlib extension and the interpreter's loop to the thread's
 /// start, and the stat thread's from the syscall wrapper to the same root.
 #[test]
+#[ignore = "system test (./scripts/test --all): eBPF sampling of live processes (root, BPF)"]
 fn cfi_rows_in_the_kernel_unwind_python_without_frame_pointers() {
     if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+        whyslow_testkit::skip(&why);
         return;
     }
     let shape = known_shape();
@@ -546,9 +551,10 @@ fn cfi_rows_in_the_kernel_unwind_python_without_frame_pointers() {
 /// stack, and gimli's evaluator finishes the walk there. Samples in `spin`,
 /// under `realigned`, reach `main`.
 #[test]
+#[ignore = "system test (./scripts/test --all): eBPF sampling of live processes (root, BPF)"]
 fn complex_cfi_rules_are_finished_in_userspace_on_a_copied_stack() {
     if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+        whyslow_testkit::skip(&why);
         return;
     }
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/realign.c");

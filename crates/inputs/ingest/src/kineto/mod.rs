@@ -524,9 +524,10 @@ mod tests {
 
     /// Same comparison on any file named by `WHYSLOW_EQ_FILE` (manual check).
     #[test]
-    #[ignore]
+    #[ignore = "manual: WHYSLOW_EQ_FILE=trace.json cargo test -- --ignored fast_path"]
     fn fast_path_matches_general_path_on_file() {
         let Some(f) = std::env::var_os("WHYSLOW_EQ_FILE") else {
+            whyslow_testkit::skip("set WHYSLOW_EQ_FILE to a trace to compare on");
             return;
         };
         let f = std::path::PathBuf::from(f);
