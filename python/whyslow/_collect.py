@@ -56,11 +56,12 @@ def summarize(cfg: Config, rank: int, host: str, trace: str, sampler: Any,
     if samples is not None:
         try:
             fp_json = _whyslow.summarize_trace(trace, fp_out, rank=rank, host=host,
-                                               samples_path=samples)
+                                               samples_path=samples, job=cfg.job_id or None)
         except Exception as e:
             log.warning("whyslow: summarizing with samples failed, without them: %s", e)
     if fp_json is None:
-        fp_json = _whyslow.summarize_trace(trace, fp_out, rank=rank, host=host)
+        fp_json = _whyslow.summarize_trace(trace, fp_out, rank=rank, host=host,
+                                           job=cfg.job_id or None)
     if not cfg.keep_traces:
         try:
             os.remove(trace)

@@ -73,6 +73,7 @@ def summarize_trace(
     max_functions: int = 100,
     beta_floor: float = 0.001,
     samples_path: Optional[str] = None,
+    job: Optional[str] = None,
 ) -> str: ...
 def localize_fingerprints(
     fingerprints: Sequence[str],

@@ -281,6 +281,7 @@ impl PyTriggerPolicy {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the binding's keyword arguments
 fn summarize_impl(
     trace_path: &Path,
     out_path: Option<&Path>,
@@ -288,6 +289,7 @@ fn summarize_impl(
     host: Option<String>,
     group: Option<String>,
     samples_path: Option<&Path>,
+    job: Option<String>,
     opts: &whyslow_summarize::SummarizeOptions,
 ) -> Result<String, String> {
     let samples = match samples_path {
@@ -311,7 +313,16 @@ fn summarize_impl(
     if group.is_some() {
         trace.meta.group = group;
     }
-    let fp = whyslow_summarize::summarize(&trace, &samples, opts);
+    let mut fp = whyslow_summarize::summarize(&trace, &samples, opts);
+    if job.is_some() {
+        // The job's id as the launcher names it: what tells two jobs apart
+        // even on the same hardware (fingerprint version 2).
+        fp.job = whyslow_model::JobIdentity {
+            id: job,
+            ..fp.job.unwrap_or_default()
+        }
+        .known();
+    }
     if let Some(out) = out_path {
         whyslow_ingest::write_fingerprint(out, &fp).map_err(|e| e.to_string())?;
     }
@@ -324,9 +335,10 @@ fn summarize_impl(
 /// given. `rank` overrides the rank the trace declares. `samples_path` is a
 /// whyslow samples file of this worker (e.g. written by
 /// `Sampler.write`) on the trace's time origin; its utilization then
-/// gives the fingerprint's μ/σ. Releases the GIL.
+/// gives the fingerprint's μ/σ; `job` is the job's id (the fingerprint's
+/// `job.id`). Releases the GIL.
 #[pyfunction]
-#[pyo3(signature = (trace_path, out_path=None, rank=None, host=None, group=None, max_functions=100, beta_floor=0.001, samples_path=None))]
+#[pyo3(signature = (trace_path, out_path=None, rank=None, host=None, group=None, max_functions=100, beta_floor=0.001, samples_path=None, job=None))]
 #[allow(clippy::too_many_arguments)]
 fn summarize_trace(
     py: Python<'_>,
@@ -338,6 +350,7 @@ fn summarize_trace(
     max_functions: usize,
     beta_floor: f64,
     samples_path: Option<PathBuf>,
+    job: Option<String>,
 ) -> PyResult<String> {
     let opts = whyslow_summarize::SummarizeOptions {
         max_functions,
@@ -352,6 +365,7 @@ fn summarize_trace(
             host,
             group,
             samples_path.as_deref(),
+            job,
             &opts,
         )
     })
