@@ -1440,11 +1440,18 @@ fn collective_records_name_the_straggler_on_the_server_and_the_job_page() {
         b"",
     );
     assert_eq!(code, 200, "{page}");
+    // The job page shows the whole diagnosis (issue 26): the verdict line,
+    // the layer and each late group's entry-time plot.
     assert!(
-        page.contains("Stragglers") && page.contains("<svg"),
+        page.contains("Cross-layer diagnosis") && page.contains("<svg"),
         "{page}"
     );
-    assert!(page.contains("<td>default_pg</td><td>2</td>"), "{page}");
+    assert!(page.contains("Late: rank 2 (group default_pg"), "{page}");
+    // And the API its JSON, ranks as integers.
+    let (code, body) = srv.request("GET", "/api/v1/jobs/job-c/diagnosis", Some(&ta), b"");
+    assert_eq!(code, 200, "{body}");
+    let d: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(d["stragglers"][0]["rank"], 2, "{body}");
     drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
 }
