@@ -18,7 +18,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use whyslow_diagnose::{DiagnoseConfig, DiagnoseError};
-use whyslow_model::Fingerprint;
 
 /// `whyslow diagnose`.
 #[derive(Args, Debug)]
@@ -77,30 +76,6 @@ pub enum Format {
     Json,
 }
 
-/// Each rank's fingerprints under `paths` for the GPU layer: fingerprint
-/// files as they are, profiler traces summarized; unreadable files are
-/// skipped with a note.
-fn fingerprints(paths: &[PathBuf], notes: &mut Vec<String>) -> Result<Vec<Fingerprint>> {
-    use whyslow_ingest::InputFile;
-    let mut out = Vec::new();
-    for file in whyslow_ingest::discover(paths)? {
-        let fp = match &file {
-            InputFile::Fingerprint(p) => {
-                whyslow_ingest::read_fingerprint(p).map_err(|e| e.to_string())
-            }
-            InputFile::Kineto(p) => whyslow_ingest::read_worker_trace(p)
-                .map(|t| whyslow_summarize::summarize(&t, &Default::default(), &Default::default()))
-                .map_err(|e| e.to_string()),
-            _ => continue,
-        };
-        match fp {
-            Ok(fp) => out.push(fp),
-            Err(e) => notes.push(format!("skipped {}: {e}", file.path().display())),
-        }
-    }
-    Ok(out)
-}
-
 fn write(path: &Path, body: &[u8]) -> Result<()> {
     std::fs::write(path, body).with_context(|| format!("writing {}", path.display()))
 }
@@ -111,7 +86,10 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
     let spool = whyslow_spool::read_spool(&args.dir)?;
     let mut evidence = spool.evidence;
     if !args.fingerprints.is_empty() {
-        evidence.fingerprints = Some(fingerprints(&args.fingerprints, &mut evidence.notes)?);
+        evidence.fingerprints = Some(whyslow_pipeline::read_fingerprints(
+            &args.fingerprints,
+            &mut evidence.notes,
+        )?);
     }
     let range = |s: &Option<String>, what| {
         s.as_deref()

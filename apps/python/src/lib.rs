@@ -515,32 +515,8 @@ fn diagnose_spool(
             .map_err(|e| PyOSError::new_err(e.to_string()))?
             .evidence;
         if let Some(paths) = fingerprints.filter(|p| !p.is_empty()) {
-            let mut fps = Vec::new();
-            let files =
-                whyslow_ingest::discover(&paths).map_err(|e| PyOSError::new_err(e.to_string()))?;
-            for f in files {
-                let fp = match &f {
-                    whyslow_ingest::InputFile::Fingerprint(p) => {
-                        whyslow_ingest::read_fingerprint(p).map_err(|e| e.to_string())
-                    }
-                    whyslow_ingest::InputFile::Kineto(p) => whyslow_ingest::read_worker_trace(p)
-                        .map(|t| {
-                            whyslow_summarize::summarize(
-                                &t,
-                                &Default::default(),
-                                &Default::default(),
-                            )
-                        })
-                        .map_err(|e| e.to_string()),
-                    _ => continue,
-                };
-                match fp {
-                    Ok(fp) => fps.push(fp),
-                    Err(e) => evidence
-                        .notes
-                        .push(format!("skipped {}: {e}", f.path().display())),
-                }
-            }
+            let fps = whyslow_pipeline::read_fingerprints(&paths, &mut evidence.notes)
+                .map_err(|e| PyOSError::new_err(e.to_string()))?;
             evidence.fingerprints = Some(fps);
         }
         let cfg = whyslow_diagnose::DiagnoseConfig {

@@ -199,3 +199,29 @@ pub fn analyze_inputs(
         input_warnings: warnings,
     })
 }
+
+/// Each rank's fingerprints under `paths` (files or folders): fingerprint
+/// files as they are, profiler traces summarized (PerfTracker §4.2). What
+/// the diagnosis's GPU layer reads per rank (`whyslow diagnose
+/// --fingerprints`, `whyslow.diagnose(fingerprints=…)`); an unreadable file
+/// is skipped with a note.
+pub fn read_fingerprints(
+    paths: &[PathBuf],
+    notes: &mut Vec<String>,
+) -> Result<Vec<Fingerprint>, AnalyzeError> {
+    let mut out = Vec::new();
+    for file in whyslow_ingest::discover(paths).map_err(AnalyzeError::Listing)? {
+        let fp = match &file {
+            InputFile::Fingerprint(p) => whyslow_ingest::read_fingerprint(p),
+            InputFile::Kineto(p) => whyslow_ingest::read_worker_trace(p).map(|t| {
+                whyslow_summarize::summarize(&t, &BTreeMap::new(), &SummarizeOptions::default())
+            }),
+            _ => continue,
+        };
+        match fp {
+            Ok(fp) => out.push(fp),
+            Err(e) => notes.push(format!("skipped {}: {e}", file.path().display())),
+        }
+    }
+    Ok(out)
+}

@@ -30,7 +30,9 @@
 
 mod inputs;
 
-pub use inputs::{analyze_inputs, AnalyzeError, AnalyzedInputs, InputOptions, Progress};
+pub use inputs::{
+    analyze_inputs, read_fingerprints, AnalyzeError, AnalyzedInputs, InputOptions, Progress,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

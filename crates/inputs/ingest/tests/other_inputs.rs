@@ -153,7 +153,23 @@ fn fingerprints_round_trip_and_reject() {
     let text = std::fs::read_to_string(&p).unwrap();
     assert_eq!(text.trim_end().lines().count(), 1, "compact JSON");
     assert_eq!(read_fingerprint(&p).unwrap(), fp);
-    write(&p, &text.replace("\"version\":1", "\"version\":99"));
+    let current = format!("\"version\":{FINGERPRINT_VERSION}");
+    assert!(text.contains(&current), "{text}");
+    // A version 1 file (before the job identity) still reads.
+    write(&p, &text.replace(&current, "\"version\":1"));
+    assert_eq!(read_fingerprint(&p).unwrap().job, None);
+    // With the job identity it round-trips.
+    let mut with_job = fp.clone();
+    with_job.job = whyslow_model::JobIdentity {
+        id: Some("train-42".into()),
+        world_size: Some(8),
+        backend: Some("nccl".into()),
+        session: None,
+    }
+    .known();
+    write_fingerprint(&p, &with_job).unwrap();
+    assert_eq!(read_fingerprint(&p).unwrap(), with_job);
+    write(&p, &text.replace(&current, "\"version\":99"));
     let e = read_fingerprint(&p).unwrap_err();
     assert!(e.to_string().contains("newer"), "{e}");
     write(&p, &text.replace("whyslow-fingerprint", "other"));
