@@ -793,22 +793,27 @@ async fn get_flamegraph(
 /// Batches of collective records a straggler verdict reads (the latest).
 pub const MAX_COLLECTIVE_BATCHES: usize = 2000;
 
-/// Parses a batch of collective records (JSON lines); the first bad line
-/// is the error, with its number.
-pub fn parse_collectives(
-    text: &str,
-) -> Result<Vec<whyslow_model::collective::CollectiveRecord>, String> {
+/// Parses a batch of JSON lines, each a `T` (`what` names one in the
+/// error); the first bad line is the error, with its number.
+fn parse_jsonl<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<Vec<T>, String> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         out.push(
-            serde_json::from_str(line)
-                .map_err(|e| format!("line {}: not a collective record: {e}", i + 1))?,
+            serde_json::from_str(line).map_err(|e| format!("line {}: not {what}: {e}", i + 1))?,
         );
     }
     Ok(out)
+}
+
+/// Parses a batch of collective records (JSON lines); the first bad line
+/// is the error, with its number.
+pub fn parse_collectives(
+    text: &str,
+) -> Result<Vec<whyslow_model::collective::CollectiveRecord>, String> {
+    parse_jsonl(text, "a collective record")
 }
 
 /// SysOM-AI §3.1's slow-rank detection over a job's latest collective
@@ -915,17 +920,7 @@ async fn post_collectives(
 /// Parses a batch of OS signal readings (JSON lines of
 /// `whyslow_model::os::OsSample`); the first bad line is the error.
 pub fn parse_os_samples(text: &str) -> Result<Vec<whyslow_model::os::OsSample>, String> {
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        out.push(
-            serde_json::from_str(line)
-                .map_err(|e| format!("line {}: not an OS signal reading: {e}", i + 1))?,
-        );
-    }
-    Ok(out)
+    parse_jsonl(text, "an OS signal reading")
 }
 
 async fn post_os_samples(
