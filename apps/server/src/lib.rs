@@ -545,6 +545,13 @@ pub fn diff_flamegraph(
     let internal = |e: StoreError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
     let symbols = state.symbols.as_ref().map(|s| (s, tenant));
     if let Some(h) = q.base_hour {
+        // The stores keep nanoseconds in an i64: later than 2262 is no time.
+        const MAX_UNIX_S: i64 = i64::MAX / 1_000_000_000;
+        if !(0..=MAX_UNIX_S).contains(&h) {
+            return Err(bad(format!(
+                "base_hour {h}: expected a Unix time in seconds, 0..={MAX_UNIX_S}"
+            )));
+        }
         let hour = h.div_euclid(3600) * 3600;
         let other = q.base_job.as_deref().unwrap_or(job);
         store::check_name("job", other).map_err(|e| bad(e.to_string()))?;
