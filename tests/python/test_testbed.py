@@ -401,14 +401,17 @@ def test_agents_name_the_host_that_drops_packets(tmp_path):
                       fault_after=5, tb_args=_agent_args() + ["--float-cores"],
                       env_extra={"WHYSLOW_THRESHOLD": "100"})
     rep, show = _diagnose(res)
-    assert rep["layer"] == "network", show
     lossy = rep["network_diff"]
+    show = json.dumps({"layer": rep["layer"], "network_diff": lossy}, indent=1) + "\n" + show
+    assert rep["layer"] == "network", show
     sides = {r: h["side"] for h in lossy for r in h["ranks"]}
     assert sides.get(host) in ("receives", "both"), show
     assert "sends" in sides.values() or sides[host] == "both", show
-    assert all(h["stands_out"] for h in lossy), show
-    # Only the ends of host 1's paths, never every host.
-    assert len(lossy) < 4, show
+    # Host 1 first and standing out; the others named only for resending,
+    # which the ring's hosts do alike (1-2 % on 2026-11-26, 0.1-0.2 % on
+    # 2026-11-25): none of them stands out.
+    assert lossy[0]["ranks"] == [host] and lossy[0]["stands_out"], show
+    assert all(h["side"] == "sends" and not h["stands_out"] for h in lossy[1:]), show
 
 
 def test_agents_on_a_healthy_run_name_nothing(tmp_path):

@@ -259,7 +259,7 @@ pub struct LossyHost {
     pub out_segs_per_s: f64,
     /// Segments it received per second.
     pub in_segs_per_s: f64,
-    /// Whether each side over its floor is at least
+    /// Whether a side over its floor is at least
     /// `NetworkConfig::min_ratio` times its peers' median (or it has no
     /// peer): `false` when the loss is everywhere.
     pub stands_out: bool,
