@@ -73,6 +73,10 @@ def init(**config: Any) -> Optional[Any]:
         _setup_logging(cfg.log_level)
         if cfg.disable:
             return None
+        if cfg.flight_recorder:
+            from ._hang import enable_flight_recorder
+
+            enable_flight_recorder()
         from ._runtime import Tracker
 
         t = Tracker(cfg)

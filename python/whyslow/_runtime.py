@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional
 
-from . import _collect, _faults, _whyslow
+from . import _collect, _faults, _hang, _whyslow
 from ._config import Config
 from ._hooks import Hooks
 from ._session import JobStore, session_record
@@ -78,6 +78,7 @@ class Tracker:
         self.want: Optional[str] = None  # reason to propose a session
         self.signal_flag = False
         self.threads: List[threading.Thread] = []
+        self.hang: Optional[Any] = None  # the hang gatherer, after a stall
         self.stats: Dict[str, Any] = {
             "triggers": 0,
             "sessions": 0,
@@ -220,6 +221,15 @@ class Tracker:
 
     def _report_blocked(self, idle_ns: int, mean_ns: float) -> None:
         self.stats["blocked"] += 1
+        now = time.time_ns()
+        wait_ns = max(self.cfg.block_factor * mean_ns, self.cfg.block_min_s * 1e9)
+        gatherer = _hang.HangGatherer(
+            self.cfg, self.jobstore, self.rank, self.world_size, self.job_dir,
+            detected_at_ns=now, threshold_at_ns=int(now - idle_ns + wait_ns), stop=self._stop,
+        )
+        th = threading.Thread(target=gatherer.run, name="whyslow-hang", daemon=True)
+        th.start()
+        self.hang = gatherer
         frames = sys._current_frames()
         main = threading.main_thread().ident
         lines = []

@@ -7,6 +7,7 @@ deadline."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any, Dict, Iterable, Optional
@@ -61,6 +62,9 @@ class JobStore:
                 self.store = c10d._get_default_store()
                 self.world_size = dist.get_world_size()
                 self.rank = dist.get_rank()
+                # Where this rank runs, so that a peer on the same host can
+                # tell a rank that exited from one that cannot answer.
+                self.store.set(self.key("pid", self.rank), "%s %d" % (os.uname().nodename, os.getpid()))
         except ImportError:
             pass
         return self.store

@@ -62,6 +62,9 @@ enum Command {
     /// Cross-layer diagnosis over the agents' profile spools (SysOM-AI §3.1):
     /// the per-group CPU waterline and the temporal baseline.
     Diagnose(crate::diagnose::DiagnoseArgs),
+    /// A hung job: the ranks every other rank waits for, and what they do
+    /// instead, from Flight Recorder dumps, stacks and collective records.
+    Hang(crate::hang::HangArgs),
     /// The central service: fingerprints uploaded by every job, localized
     /// centrally, reports over HTTP (`server token create` makes tokens).
     #[cfg(feature = "server")]
@@ -189,6 +192,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Profile(args) => crate::record::run_profile(args),
         Command::Flamegraph(args) => crate::profile::run_flamegraph(args),
         Command::Diagnose(args) => crate::diagnose::run(args),
+        Command::Hang(args) => crate::hang::run(args),
         #[cfg(feature = "node")]
         Command::Collectives(args) => crate::collectives::run(args),
         #[cfg(feature = "server")]

@@ -24,6 +24,7 @@ mod collectives;
 mod commands;
 mod diagnose;
 mod flows;
+mod hang;
 mod profile;
 #[cfg(feature = "node")]
 mod record;

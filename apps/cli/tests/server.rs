@@ -1386,6 +1386,7 @@ fn collective_records_name_the_straggler_on_the_server_and_the_job_page() {
                     exit_ns: start + 14_000_000 + 2_000_000 + offset,
                     bytes: 4096,
                     source: "gloo-uprobe".into(),
+                    open: false,
                 };
                 lines.push_str(&serde_json::to_string(&rec).unwrap());
                 lines.push('\n');

@@ -134,6 +134,7 @@ impl Pending {
             exit_ns: exit,
             bytes: self.bytes,
             source: source.into(),
+            open: false,
         }
     }
 }

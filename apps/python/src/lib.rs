@@ -538,6 +538,37 @@ fn diagnose_spool(
     })
 }
 
+/// A hang's verdict from what the ranks left in `folder` (Flight Recorder
+/// dumps, stack files, collective records): `(report JSON, terminal text)`,
+/// the same call as `whyslow hang`. Writes the HTML page to `html_path`
+/// when given. Releases the GIL.
+#[pyfunction]
+#[pyo3(signature = (folder, world_size=None, min_wait_s=None, html_path=None))]
+fn hang_report(
+    py: Python<'_>,
+    folder: PathBuf,
+    world_size: Option<u32>,
+    min_wait_s: Option<f64>,
+    html_path: Option<PathBuf>,
+) -> PyResult<(String, String)> {
+    py.allow_threads(|| {
+        let cfg = whyslow_hang::HangConfig {
+            min_wait_s,
+            world_size,
+        };
+        let r = whyslow_pipeline::analyze_hang_dir(&folder, &cfg)
+            .map_err(|e| PyOSError::new_err(e.to_string()))?;
+        if let Some(p) = html_path {
+            let page =
+                whyslow_report::hang::hang_html(&format!("whyslow hang {}", folder.display()), &r);
+            std::fs::write(&p, page)
+                .map_err(|e| PyOSError::new_err(format!("{}: {e}", p.display())))?;
+        }
+        let json = serde_json::to_string_pretty(&r).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((json, whyslow_report::hang::hang_table(&r)))
+    })
+}
+
 /// The diagnosis report (JSON, as [`diagnose_spool`] returns it) as text
 /// for the terminal.
 #[pyfunction]
@@ -765,6 +796,7 @@ fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(report_table, m)?)?;
     m.add_function(wrap_pyfunction!(kineto_base_ns, m)?)?;
     m.add_function(wrap_pyfunction!(parse_wire, m)?)?;
+    m.add_function(wrap_pyfunction!(hang_report, m)?)?;
     m.add_function(wrap_pyfunction!(rebase_samples_file, m)?)?;
     m.add_class::<PySampler>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

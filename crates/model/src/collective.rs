@@ -32,4 +32,8 @@ pub struct CollectiveRecord {
     /// What recorded it (`gloo-uprobe`, `nccl-plugin`, …).
     #[serde(default)]
     pub source: String,
+    /// Entered and not finished when it was written (`exit_ns` is then the
+    /// time it was seen still open): what a hang leaves (`whyslow hang`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open: bool,
 }

@@ -20,6 +20,7 @@ pub mod collective;
 pub mod diagnosis;
 mod fingerprint;
 pub mod flow;
+pub mod hang;
 pub mod os;
 mod report;
 pub mod rng;

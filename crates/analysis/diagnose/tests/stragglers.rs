@@ -72,6 +72,7 @@ fn simulate(s: &Sim, seed: u64) -> Vec<CollectiveRecord> {
                     exit_ns: ((done + rng.range(0.0, 30.0) + offsets[r as usize]) * 1e3) as u64,
                     bytes: 1 << 20,
                     source: "sim".into(),
+                    open: false,
                 });
             }
             t = done + rng.range(200.0, 2000.0);

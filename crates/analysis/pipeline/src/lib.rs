@@ -375,3 +375,15 @@ pub fn iterations_from_history(history: Vec<(u64, f64)>) -> Option<IterationTime
 
 #[cfg(test)]
 mod tests;
+
+/// A hang's verdict from what the ranks left in `dir` (`whyslow hang`,
+/// the online package's hang report, the Python `whyslow.hang`): the one
+/// call every door makes (PerfTracker §4.1 detects the stall; this names
+/// the ranks the others wait for).
+pub fn analyze_hang_dir(
+    dir: &std::path::Path,
+    cfg: &whyslow_hang::HangConfig,
+) -> Result<whyslow_model::hang::HangReport, whyslow_hang_inputs::HangInputError> {
+    let evidence = whyslow_hang_inputs::read_dir(dir)?;
+    Ok(whyslow_hang::analyze(&evidence, cfg))
+}

@@ -231,6 +231,7 @@ impl NcclSequencer {
             exit_ns: e.exit_ns.saturating_add_signed(self.clock_offset_ns),
             bytes: e.bytes(),
             source: "nccl-uprobe".into(),
+            open: false,
         })
     }
 }

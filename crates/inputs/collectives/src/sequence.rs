@@ -84,6 +84,7 @@ impl Sequencer {
                 .saturating_add_signed(self.clock_offset_ns),
             bytes: e.bytes(),
             source: "gloo-uprobe".into(),
+            open: false,
         })
     }
 

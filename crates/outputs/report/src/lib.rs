@@ -11,6 +11,7 @@
 
 pub mod diagnose;
 pub mod flows;
+pub mod hang;
 mod format;
 mod html;
 mod lines;

@@ -1,0 +1,878 @@
+//! Who a hung job waits for (PerfTracker §4.1 detects the stall: no event
+//! for 5× the mean iteration; this names the culprit).
+//!
+//! Every collective of a process group pairs the members' calls by their
+//! sequence number in the group. From each rank's last issued, started and
+//! finished sequence numbers per group (PyTorch's Flight Recorder, or a
+//! node agent's open collective records) a rank that has waited in
+//! collective `s` of group `g` for longer than a bound waits for every
+//! member of `g` that has not issued `s`. Those edges form a waits-for
+//! graph across groups (a rank stuck in tensor-parallel all-gather waits
+//! for a peer stuck in a data-parallel all-reduce that waits for the
+//! culprit); the culprits are its roots:
+//!
+//! * a member that is in no collective: it never reached this one (its
+//!   stack says where it is);
+//! * a member with no evidence: it could not answer, or its process is gone;
+//! * a member that issued a different collective at the same sequence
+//!   number, or whose collectives left its own program order (it skipped
+//!   one): a mismatch, which shows as a cycle of waits between groups;
+//! * a member whose device never started the collective (NCCL);
+//! * if every member issued and none finished, the collective itself is
+//!   stuck: the transport or a device, not a rank's program.
+//!
+//! Without Flight Recorder state, stacks alone still tell ranks blocked in
+//! a collective call from ranks elsewhere.
+#![deny(missing_docs)]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use whyslow_model::hang::{
+    CollectiveState, Culprit, GroupInfo, HangEvidence, HangReason, HangReport, RankEvidence,
+    RankSummary, RecordedCollective, StackFrame, ThreadStack, Waiting, HANG_REPORT_VERSION,
+};
+
+/// Settings of [`analyze`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HangConfig {
+    /// A pending collective counts as hung after this long, seconds; None:
+    /// 5× the iteration period the dumps show (PerfTracker §4.1's factor),
+    /// at least [`MIN_WAIT_FLOOR_S`].
+    pub min_wait_s: Option<f64>,
+    /// The job's world size, when the caller knows it.
+    pub world_size: Option<u32>,
+}
+
+/// The shortest wait counted as a hang when the bound is derived.
+pub const MIN_WAIT_FLOOR_S: f64 = 0.5;
+
+/// PyTorch's collective entry points, as they appear in Python stacks.
+const COLLECTIVE_FUNCTIONS: &[&str] = &[
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "reduce",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "wait",
+];
+
+/// Per (rank, group): how far the rank got.
+#[derive(Debug, Clone, Copy, Default)]
+struct Progress {
+    enqueued: Option<u64>,
+    started: Option<u64>,
+    completed: Option<u64>,
+}
+
+struct Job<'a> {
+    ranks: BTreeMap<u32, &'a RankEvidence>,
+    groups: BTreeMap<String, GroupInfo>,
+    members: BTreeMap<String, BTreeSet<u32>>,
+    progress: BTreeMap<(u32, String), Progress>,
+}
+
+fn is_default(g: &GroupInfo) -> bool {
+    g.desc == "default_pg" || (g.name == "0" && g.desc.is_empty())
+}
+
+impl<'a> Job<'a> {
+    fn new(ev: &'a HangEvidence, world: u32) -> Job<'a> {
+        let ranks: BTreeMap<u32, &RankEvidence> = ev.ranks.iter().map(|r| (r.rank, r)).collect();
+        let mut groups: BTreeMap<String, GroupInfo> = BTreeMap::new();
+        let mut members: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+        let mut progress: BTreeMap<(u32, String), Progress> = BTreeMap::new();
+        for r in &ev.ranks {
+            for g in &r.groups {
+                let e = groups.entry(g.name.clone()).or_insert_with(|| GroupInfo {
+                    name: g.name.clone(),
+                    desc: String::new(),
+                    ranks: None,
+                });
+                if e.desc.is_empty() {
+                    e.desc = g.desc.clone();
+                }
+                let m = members.entry(g.name.clone()).or_default();
+                m.insert(r.rank);
+                if let Some(rs) = &g.ranks {
+                    m.extend(rs.iter().copied());
+                }
+            }
+            for p in &r.progress {
+                let e = progress.entry((r.rank, p.group.clone())).or_default();
+                e.enqueued = e.enqueued.max(p.last_enqueued);
+                e.started = e.started.max(p.last_started);
+                e.completed = e.completed.max(p.last_completed);
+                members.entry(p.group.clone()).or_default().insert(r.rank);
+            }
+            for c in r.collectives.iter().filter(|c| !c.p2p) {
+                let e = progress.entry((r.rank, c.group.clone())).or_default();
+                e.enqueued = e.enqueued.max(Some(c.seq));
+                if c.state >= CollectiveState::Started {
+                    e.started = e.started.max(Some(c.seq));
+                }
+                if c.state == CollectiveState::Completed {
+                    e.completed = e.completed.max(Some(c.seq));
+                }
+                members.entry(c.group.clone()).or_default().insert(r.rank);
+                groups.entry(c.group.clone()).or_insert_with(|| GroupInfo {
+                    name: c.group.clone(),
+                    desc: String::new(),
+                    ranks: None,
+                });
+            }
+        }
+        for (name, g) in groups.iter_mut() {
+            let m = members.entry(name.clone()).or_default();
+            if is_default(g) {
+                m.extend(0..world);
+            }
+            g.ranks = Some(m.iter().copied().collect());
+        }
+        Job {
+            ranks,
+            groups,
+            members,
+            progress,
+        }
+    }
+
+    fn has_fr(&self, r: u32) -> bool {
+        self.ranks
+            .get(&r)
+            .is_some_and(|e| !e.collectives.is_empty() || !e.progress.is_empty())
+    }
+
+    fn prog(&self, r: u32, g: &str) -> Progress {
+        self.progress
+            .get(&(r, g.to_string()))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn entry(&self, r: u32, g: &str, seq: u64) -> Option<&'a RecordedCollective> {
+        self.ranks.get(&r).and_then(|e| {
+            e.collectives
+                .iter()
+                .rev()
+                .find(|c| !c.p2p && c.group == g && c.seq == seq)
+        })
+    }
+
+    fn desc(&self, g: &str) -> String {
+        self.groups
+            .get(g)
+            .map(|x| x.desc.clone())
+            .unwrap_or_default()
+    }
+
+    fn label(&self, g: &str) -> String {
+        match self.desc(g) {
+            d if d.is_empty() => format!("group {g}"),
+            d => format!("{d} (group {g})"),
+        }
+    }
+}
+
+/// A collective's identity for pairing: op, sizes and where the program
+/// issued it.
+fn signature(c: &RecordedCollective) -> (String, Vec<Vec<i64>>, String) {
+    let site = c
+        .call_site()
+        .map(|f| format!("{}:{}", f.file, f.line))
+        .unwrap_or_default();
+    (c.op.clone(), c.input_sizes.clone(), site)
+}
+
+fn site_of(c: &RecordedCollective) -> String {
+    c.call_site()
+        .map(|f| {
+            let file = f.file.rsplit('/').next().unwrap_or(&f.file);
+            format!("{file}:{}", f.line)
+        })
+        .unwrap_or_default()
+}
+
+/// The median gap between a rank's collectives issued from the same place
+/// (one per iteration), seconds.
+fn iteration_period_s(ev: &HangEvidence) -> Option<f64> {
+    let mut periods = Vec::new();
+    for r in &ev.ranks {
+        let mut last: BTreeMap<(String, String, String), u64> = BTreeMap::new();
+        let mut gaps = Vec::new();
+        for c in &r.collectives {
+            let Some(t) = c.created_ns else { continue };
+            let key = (c.group.clone(), c.op.clone(), site_of(c));
+            if let Some(prev) = last.insert(key, t) {
+                if t > prev {
+                    gaps.push((t - prev) as f64 / 1e9);
+                }
+            }
+        }
+        if gaps.len() >= 3 {
+            gaps.sort_by(f64::total_cmp);
+            periods.push(gaps[gaps.len() / 2]);
+        }
+    }
+    if periods.is_empty() {
+        return None;
+    }
+    periods.sort_by(f64::total_cmp);
+    Some(periods[periods.len() / 2])
+}
+
+/// Whether a stack's innermost frames are in a torch.distributed call.
+fn in_collective(s: &ThreadStack) -> Option<String> {
+    s.frames.iter().take(6).find_map(|f| {
+        (f.file.contains("torch/distributed/")
+            && COLLECTIVE_FUNCTIONS.contains(&f.function.as_str()))
+        .then(|| f.function.clone())
+    })
+}
+
+fn main_stack(ev: Option<&RankEvidence>) -> Option<ThreadStack> {
+    let ev = ev?;
+    ev.stacks
+        .iter()
+        .find(|s| s.thread == "main")
+        .or_else(|| ev.stacks.first())
+        .cloned()
+}
+
+/// The innermost frame of the user's code (outside the interpreter's
+/// libraries), else the innermost.
+fn where_in(s: &ThreadStack) -> Option<&StackFrame> {
+    s.frames
+        .iter()
+        .find(|f| {
+            !f.file.contains("/torch/")
+                && !f.file.contains("/lib/python3")
+                && !f.file.starts_with('<')
+                && !f.file.is_empty()
+        })
+        .or_else(|| s.frames.first())
+}
+
+#[derive(Debug, Clone)]
+struct Wait {
+    rank: u32,
+    group: String,
+    seq: u64,
+    op: String,
+    sizes: Vec<Vec<i64>>,
+    waited_s: Option<f64>,
+    waits_for: BTreeSet<u32>,
+    not_started: BTreeSet<u32>,
+}
+
+/// The verdict for one hang's evidence.
+pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
+    let mut notes = ev.notes.clone();
+    let max_rank = ev.ranks.iter().map(|r| r.rank + 1).max().unwrap_or(0);
+    let declared = ev
+        .ranks
+        .iter()
+        .flat_map(|r| r.groups.iter())
+        .filter_map(|g| g.ranks.as_ref())
+        .flatten()
+        .map(|r| r + 1)
+        .max()
+        .unwrap_or(0);
+    let world = cfg
+        .world_size
+        .or(ev.world_size)
+        .unwrap_or(max_rank.max(declared))
+        .max(max_rank);
+    let job = Job::new(ev, world);
+    let period = iteration_period_s(ev);
+    let min_wait_s = cfg
+        .min_wait_s
+        .unwrap_or_else(|| period.map_or(MIN_WAIT_FLOOR_S, |p| (5.0 * p).max(MIN_WAIT_FLOOR_S)));
+
+    let summaries: Vec<RankSummary> = (0..world)
+        .map(|r| {
+            let e = job.ranks.get(&r);
+            let mut sources: Vec<String> = e
+                .map(|e| e.stacks.iter().map(|s| s.source.clone()).collect())
+                .unwrap_or_default();
+            sources.sort();
+            sources.dedup();
+            RankSummary {
+                rank: r,
+                collectives: e.map_or(0, |e| e.collectives.len()),
+                stack_sources: sources,
+                exited: e.is_some_and(|e| e.exited),
+            }
+        })
+        .collect();
+
+    // 1. Who waits where: the oldest unfinished collective per (rank, group).
+    let mut waits: Vec<Wait> = Vec::new();
+    let mut young = 0usize;
+    for (&(r, ref g), p) in &job.progress {
+        let (Some(enq), completed) = (p.enqueued, p.completed) else {
+            continue;
+        };
+        if completed.is_some_and(|c| c >= enq) {
+            continue;
+        }
+        let seq = completed.map_or(1, |c| c + 1);
+        let entry = job.entry(r, g, seq);
+        let dumped = job.ranks.get(&r).and_then(|e| e.dumped_at_ns);
+        let waited_s = match (entry.and_then(|e| e.created_ns), dumped) {
+            (Some(c), Some(d)) => Some(d.saturating_sub(c) as f64 / 1e9),
+            _ => None,
+        };
+        if waited_s.is_some_and(|w| w < min_wait_s) {
+            young += 1;
+            continue;
+        }
+        waits.push(Wait {
+            rank: r,
+            group: g.clone(),
+            seq,
+            op: entry.map(|e| e.op.clone()).unwrap_or_default(),
+            sizes: entry.map(|e| e.input_sizes.clone()).unwrap_or_default(),
+            waited_s,
+            waits_for: BTreeSet::new(),
+            not_started: BTreeSet::new(),
+        });
+    }
+    if waits.is_empty() {
+        return no_flight_recorder_verdict(ev, &job, world, summaries, min_wait_s, young, notes);
+    }
+
+    // 2. Whom each waiter waits for.
+    let mut stuck_groups = BTreeSet::new();
+    let mut mismatched: BTreeMap<u32, (String, u64, String)> = BTreeMap::new();
+    for w in &mut waits {
+        let members = job.members.get(&w.group).cloned().unwrap_or_default();
+        let mine = job.entry(w.rank, &w.group, w.seq);
+        let mut entered = Vec::new();
+        for &m in members.iter().filter(|&&m| m != w.rank) {
+            if !job.has_fr(m) {
+                w.waits_for.insert(m);
+                continue;
+            }
+            let p = job.prog(m, &w.group);
+            if p.enqueued.is_none_or(|e| e < w.seq) {
+                w.waits_for.insert(m);
+            } else {
+                entered.push(m);
+            }
+        }
+        // Same sequence number, different collective: a mismatch.
+        if let Some(mine) = mine {
+            let mut sigs: BTreeMap<(String, Vec<Vec<i64>>, String), Vec<u32>> = BTreeMap::new();
+            sigs.entry(signature(mine)).or_default().push(w.rank);
+            for &m in &entered {
+                if let Some(e) = job.entry(m, &w.group, w.seq) {
+                    sigs.entry(signature(e)).or_default().push(m);
+                }
+            }
+            if sigs.len() > 1 {
+                let most = sigs.values().map(Vec::len).max().unwrap_or(0);
+                let majority: Vec<_> = sigs.iter().filter(|(_, v)| v.len() == most).collect();
+                if majority.len() == 1 {
+                    let (maj_sig, _) = majority[0];
+                    for (sig, rs) in &sigs {
+                        if sig == maj_sig {
+                            continue;
+                        }
+                        for &r in rs {
+                            let detail = format!(
+                                "issued {} ({:?}{}) as seq {} of {} where its peers issued {} ({:?}{})",
+                                sig.0,
+                                sig.1,
+                                if sig.2.is_empty() { String::new() } else { format!(", {}", short(&sig.2)) },
+                                w.seq,
+                                job.label(&w.group),
+                                maj_sig.0,
+                                maj_sig.1,
+                                if maj_sig.2.is_empty() { String::new() } else { format!(", {}", short(&maj_sig.2)) },
+                            );
+                            mismatched.insert(r, (w.group.clone(), w.seq, detail));
+                        }
+                    }
+                }
+            }
+        }
+        if w.waits_for.is_empty() {
+            // Everyone issued it. NCCL says whether each device started it.
+            let started: Vec<u32> = std::iter::once(w.rank)
+                .chain(entered.iter().copied())
+                .filter(|&m| job.prog(m, &w.group).started.is_some_and(|s| s >= w.seq))
+                .collect();
+            if !started.is_empty() {
+                for m in std::iter::once(w.rank).chain(entered.iter().copied()) {
+                    if !started.contains(&m) {
+                        w.not_started.insert(m);
+                    }
+                }
+            }
+            if w.not_started.is_empty() && !mismatched.keys().any(|r| members.contains(r)) {
+                stuck_groups.insert(w.group.clone());
+            }
+        }
+    }
+
+    // 3. The graph: waiter -> members it waits for (or that did not start).
+    let waiting_ranks: BTreeSet<u32> = waits.iter().map(|w| w.rank).collect();
+    let mut edges: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    for w in &waits {
+        let e = edges.entry(w.rank).or_default();
+        e.extend(w.waits_for.iter().copied());
+        e.extend(w.not_started.iter().copied());
+    }
+    let reach = |from: u32| -> BTreeSet<u32> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from];
+        while let Some(x) = todo.pop() {
+            for &y in edges.get(&x).into_iter().flatten() {
+                if seen.insert(y) {
+                    todo.push(y);
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<u32, BTreeSet<u32>> =
+        edges.keys().map(|&r| (r, reach(r))).collect();
+    // Roots: ranks waited for that wait for nobody.
+    let mut roots: BTreeSet<u32> = edges
+        .values()
+        .flatten()
+        .copied()
+        .filter(|r| edges.get(r).is_none_or(BTreeSet::is_empty))
+        .collect();
+    // Cycles with no way out: ranks that reach themselves and reach no root.
+    let mut cyclic: BTreeSet<u32> = reaches
+        .iter()
+        .filter(|(r, set)| set.contains(r) && set.iter().all(|x| !roots.contains(x)))
+        .map(|(&r, _)| r)
+        .collect();
+    // A mismatch inside a cycle explains it: name those ranks, not every
+    // member of the cycle. Else: the rank whose pending collective leaves
+    // its own program order (it skipped one).
+    let mut out_of_order: BTreeMap<u32, String> = BTreeMap::new();
+    if !cyclic.is_empty() {
+        let named: BTreeSet<u32> = cyclic
+            .iter()
+            .copied()
+            .filter(|r| mismatched.contains_key(r))
+            .collect();
+        if named.is_empty() {
+            for &r in &cyclic {
+                if let Some(d) = program_order_break(&job, r, &waits) {
+                    out_of_order.insert(r, d);
+                }
+            }
+        }
+        if !named.is_empty() || !out_of_order.is_empty() {
+            roots.extend(named.iter().copied());
+            roots.extend(out_of_order.keys().copied());
+            cyclic.clear();
+        }
+    }
+    let more: Vec<u32> = mismatched
+        .keys()
+        .copied()
+        .filter(|r| !cyclic.contains(r))
+        .collect();
+    roots.extend(more);
+    roots.extend(cyclic.iter().copied());
+
+    // 4. Culprits, each with the group whose members wait for it.
+    let mut culprits = Vec::new();
+    for &r in &roots {
+        let waiters_direct: Vec<&Wait> = waits
+            .iter()
+            .filter(|w| w.waits_for.contains(&r) || w.not_started.contains(&r))
+            .collect();
+        let waited_by: Vec<u32> = reaches
+            .iter()
+            .filter(|(w, set)| **w != r && set.contains(&r))
+            .map(|(&w, _)| w)
+            .collect();
+        let ev_r = job.ranks.get(&r).copied();
+        let stack = main_stack(ev_r);
+        let (reason, group, seq, op, sizes, detail) = if let Some((g, s, d)) = mismatched.get(&r) {
+            let e = job.entry(r, g, *s);
+            (
+                HangReason::Mismatch,
+                g.clone(),
+                *s,
+                e.map(|e| e.op.clone()).unwrap_or_default(),
+                e.map(|e| e.input_sizes.clone()).unwrap_or_default(),
+                d.clone(),
+            )
+        } else {
+            // The group most of its direct waiters wait in.
+            let mut by_group: BTreeMap<(String, u64), usize> = BTreeMap::new();
+            for w in &waiters_direct {
+                *by_group.entry((w.group.clone(), w.seq)).or_default() += 1;
+            }
+            let best = by_group
+                .iter()
+                .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+                .map(|(k, _)| k.clone());
+            let (g, s) = best.unwrap_or_else(|| {
+                waits
+                    .iter()
+                    .find(|w| w.rank == r)
+                    .map(|w| (w.group.clone(), w.seq))
+                    .unwrap_or_default()
+            });
+            let w0 = waits.iter().find(|w| w.group == g && w.seq == s);
+            let op = w0.map(|w| w.op.clone()).unwrap_or_default();
+            let sizes = w0.map(|w| w.sizes.clone()).unwrap_or_default();
+            let (reason, detail) = if let Some(d) = out_of_order.get(&r) {
+                (HangReason::Mismatch, d.clone())
+            } else if cyclic.contains(&r) {
+                (
+                    HangReason::Deadlock,
+                    format!(
+                        "waits in a cycle of groups: ranks {} each wait for another of them",
+                        join(&cyclic)
+                    ),
+                )
+            } else if waiters_direct.iter().any(|w| w.not_started.contains(&r)) {
+                (
+                    HangReason::NotStarted,
+                    format!(
+                        "issued {op} seq {s} of {} but its device never started it: work queued before it does not finish",
+                        job.label(&g)
+                    ),
+                )
+            } else if ev_r.is_some_and(|e| e.exited) {
+                (HangReason::Exited, "its process had exited".to_string())
+            } else if ev_r.is_none_or(|e| {
+                e.collectives.is_empty()
+                    && e.progress.is_empty()
+                    && e.stacks.iter().all(|s| s.source == "proc")
+            }) {
+                let kernel = stack
+                    .as_ref()
+                    .and_then(|s| s.frames.first().map(|f| (s.thread.clone(), f.function.clone())));
+                (
+                    HangReason::Unresponsive,
+                    match kernel {
+                        Some((thread, f)) => format!(
+                            "did not answer: alive, its {thread} in {f}; a rank that cannot run Python (holding the GIL in native code) or is stopped"
+                        ),
+                        None => "left no dump and no stack: it could not answer (holding the GIL in native code, stopped) or its process is gone".to_string(),
+                    },
+                )
+            } else {
+                (HangReason::NeverReached, never_reached(&job, r, &g, s, stack.as_ref()))
+            };
+            (reason, g, s, op, sizes, detail)
+        };
+        culprits.push(Culprit {
+            rank: r,
+            group_desc: job.desc(&group),
+            group_ranks: job
+                .members
+                .get(&group)
+                .map(|m| m.iter().copied().collect())
+                .unwrap_or_default(),
+            group,
+            op,
+            seq,
+            sizes,
+            reason,
+            detail,
+            stack: stack.or_else(|| last_issue_stack(ev_r)),
+            waited_by,
+        });
+    }
+    let waiting: Vec<Waiting> = waits
+        .iter()
+        .filter(|w| !roots.contains(&w.rank) || !w.waits_for.is_empty())
+        .map(|w| Waiting {
+            rank: w.rank,
+            group: w.group.clone(),
+            group_desc: job.desc(&w.group),
+            op: w.op.clone(),
+            seq: w.seq,
+            waits_for: w.waits_for.union(&w.not_started).copied().collect(),
+            waited_s: w.waited_s,
+        })
+        .collect();
+    let waiting_only: BTreeSet<u32> = waiting_ranks.difference(&roots).copied().collect();
+    let verdict = if !culprits.is_empty() {
+        let names: Vec<String> = culprits
+            .iter()
+            .map(|c| {
+                format!(
+                    "rank {} ({}, {} seq {} of {})",
+                    c.rank,
+                    c.reason.as_str(),
+                    c.op,
+                    c.seq,
+                    job.label(&c.group)
+                )
+            })
+            .collect();
+        format!(
+            "hang: {} hold(s) up {} waiting rank(s)",
+            names.join("; "),
+            waiting_only.len()
+        )
+    } else if !stuck_groups.is_empty() {
+        format!(
+            "hang: every member issued the pending collective of {} and none finished: the transport or a device, not a rank's program",
+            stuck_groups
+                .iter()
+                .map(|g| job.label(g))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    } else {
+        "hang: ranks wait in collectives, but the evidence names no rank they wait for".to_string()
+    };
+    if period.is_none() && cfg.min_wait_s.is_none() {
+        notes.push(format!(
+            "no iteration period in the dumps: pending collectives count as hung after {MIN_WAIT_FLOOR_S} s"
+        ));
+    }
+    let missing: Vec<u32> = (0..world).filter(|r| !job.ranks.contains_key(r)).collect();
+    if !missing.is_empty() {
+        notes.push(format!("no evidence from rank(s) {}", join(&missing)));
+    }
+    HangReport {
+        version: HANG_REPORT_VERSION,
+        hang: true,
+        verdict,
+        culprits,
+        waiting,
+        stuck_groups: stuck_groups.into_iter().collect(),
+        ranks: summaries,
+        min_wait_s,
+        notes,
+    }
+}
+
+fn short(site: &str) -> String {
+    match site.rsplit_once('/') {
+        Some((_, s)) => s.to_string(),
+        None => site.to_string(),
+    }
+}
+
+fn join<'a>(rs: impl IntoIterator<Item = &'a u32>) -> String {
+    rs.into_iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// Where a rank that never issued the collective is instead.
+fn never_reached(job: &Job, r: u32, g: &str, s: u64, stack: Option<&ThreadStack>) -> String {
+    let mut parts = vec![format!("never issued seq {s} of {}", job.label(g))];
+    if let Some(last) = job.ranks.get(&r).and_then(|e| e.collectives.last()) {
+        let site = site_of(last);
+        parts.push(format!(
+            "its last collective: {} seq {} of {}{} ({})",
+            last.op,
+            last.seq,
+            job.label(&last.group),
+            if site.is_empty() { String::new() } else { format!(" from {site}") },
+            match last.state {
+                CollectiveState::Completed => "finished",
+                CollectiveState::Started => "started",
+                CollectiveState::Scheduled => "issued",
+            }
+        ));
+    }
+    if let Some(st) = stack {
+        if let Some(f) = where_in(st) {
+            parts.push(format!("its {} thread is in {}", st.thread, f.label()));
+        }
+        if let Some(c) = in_collective(st) {
+            parts.push(format!("(inside torch.distributed.{c}, of a group without a dump)"));
+        }
+    }
+    parts.join("; ")
+}
+
+/// The Python frames that issued the rank's last collective, when no
+/// stack of the moment exists.
+fn last_issue_stack(ev: Option<&RankEvidence>) -> Option<ThreadStack> {
+    let last = ev?.collectives.iter().rev().find(|c| !c.frames.is_empty())?;
+    Some(ThreadStack {
+        thread: "main".into(),
+        frames: last.frames.clone(),
+        source: "flight-recorder".into(),
+        taken_at_ns: last.created_ns,
+    })
+}
+
+/// A rank whose pending collective does not follow the collective before
+/// it the way its own history does: it skipped one (or issued one too
+/// many). Returns the words for the report.
+fn program_order_break(job: &Job, r: u32, waits: &[Wait]) -> Option<String> {
+    let ev = job.ranks.get(&r)?;
+    let cs: Vec<&RecordedCollective> = ev.collectives.iter().filter(|c| !c.p2p).collect();
+    let key = |c: &RecordedCollective| (c.group.clone(), c.op.clone(), site_of(c));
+    let w = waits.iter().find(|w| w.rank == r)?;
+    let pos = cs
+        .iter()
+        .rposition(|c| c.group == w.group && c.seq == w.seq)?;
+    if pos == 0 {
+        return None;
+    }
+    let prev = key(cs[pos - 1]);
+    let cur = key(cs[pos]);
+    // What followed `prev` before, in this rank's history.
+    let mut followers: BTreeMap<(String, String, String), usize> = BTreeMap::new();
+    for i in 0..pos.saturating_sub(1) {
+        if key(cs[i]) == prev {
+            *followers.entry(key(cs[i + 1])).or_default() += 1;
+        }
+    }
+    let total: usize = followers.values().sum();
+    if total < 3 || followers.get(&cur).copied().unwrap_or(0) * 10 >= total {
+        return None;
+    }
+    let (usual, _) = followers.iter().max_by_key(|(_, n)| **n)?;
+    Some(format!(
+        "left its program order: after {} of {} ({}) it issued {} seq {} of {} ({}), where {} of {} times it issued {} of {} ({}) next: it skipped that collective, so its collectives no longer pair with its peers'",
+        prev.1,
+        job.label(&prev.0),
+        prev.2,
+        cur.1,
+        w.seq,
+        job.label(&cur.0),
+        cur.2,
+        followers.values().max().copied().unwrap_or(0),
+        total,
+        usual.1,
+        job.label(&usual.0),
+        usual.2,
+    ))
+}
+
+/// No collective is hung by the Flight Recorder's account: either nothing
+/// hangs, or there is no Flight Recorder state and the stacks must tell.
+fn no_flight_recorder_verdict(
+    ev: &HangEvidence,
+    job: &Job,
+    world: u32,
+    ranks: Vec<RankSummary>,
+    min_wait_s: f64,
+    young: usize,
+    mut notes: Vec<String>,
+) -> HangReport {
+    let any_fr = ev.ranks.iter().any(|r| job.has_fr(r.rank));
+    let mut culprits = Vec::new();
+    let mut waiting = Vec::new();
+    let verdict = if any_fr {
+        if young > 0 {
+            notes.push(format!(
+                "{young} collective(s) in flight for less than {min_wait_s:.1} s: a slow step, not a hang"
+            ));
+        }
+        "no hang: no collective has waited longer than the bound".to_string()
+    } else {
+        // Stacks only: ranks inside a collective call wait; the others
+        // (with a stack) are where they are instead.
+        let mut inside = BTreeSet::new();
+        let mut outside = BTreeMap::new();
+        for r in &ev.ranks {
+            let Some(st) = main_stack(Some(r)) else { continue };
+            match in_collective(&st) {
+                Some(op) => {
+                    inside.insert(r.rank);
+                    waiting.push(Waiting {
+                        rank: r.rank,
+                        group: String::new(),
+                        group_desc: String::new(),
+                        op,
+                        seq: 0,
+                        waits_for: Vec::new(),
+                        waited_s: None,
+                    });
+                }
+                None => {
+                    outside.insert(r.rank, st);
+                }
+            }
+        }
+        let silent: Vec<u32> = (0..world).filter(|r| !job.ranks.contains_key(r)).collect();
+        if inside.is_empty() {
+            "no hang named: no rank's stack is inside a collective (and no Flight Recorder dump)"
+                .to_string()
+        } else {
+            let all: Vec<u32> = outside.keys().copied().chain(silent.iter().copied()).collect();
+            for w in &mut waiting {
+                w.waits_for = all.clone();
+            }
+            for (&r, st) in &outside {
+                let at = where_in(st).map(StackFrame::label).unwrap_or_default();
+                culprits.push(Culprit {
+                    rank: r,
+                    group: String::new(),
+                    group_desc: String::new(),
+                    group_ranks: Vec::new(),
+                    op: String::new(),
+                    seq: 0,
+                    sizes: Vec::new(),
+                    reason: HangReason::NeverReached,
+                    detail: format!("not in a collective: its {} thread is in {at}", st.thread),
+                    stack: Some(st.clone()),
+                    waited_by: inside.iter().copied().collect(),
+                });
+            }
+            for &r in &silent {
+                culprits.push(Culprit {
+                    rank: r,
+                    group: String::new(),
+                    group_desc: String::new(),
+                    group_ranks: Vec::new(),
+                    op: String::new(),
+                    seq: 0,
+                    sizes: Vec::new(),
+                    reason: HangReason::Unresponsive,
+                    detail: "left no stack: it could not answer (holding the GIL in native code, stopped) or its process is gone".into(),
+                    stack: None,
+                    waited_by: inside.iter().copied().collect(),
+                });
+            }
+            notes.push("no Flight Recorder state: groups and sequence numbers unknown; judged from stacks alone".into());
+            if culprits.is_empty() {
+                "hang: every rank with a stack is inside a collective; nothing names whom they wait for".into()
+            } else {
+                format!(
+                    "hang (from stacks): rank(s) {} not in a collective while {} wait in one",
+                    culprits.iter().map(|c| c.rank.to_string()).collect::<Vec<_>>().join(","),
+                    join(&inside)
+                )
+            }
+        }
+    };
+    let hang = !waiting.is_empty();
+    let _ = job.groups.len();
+    HangReport {
+        version: HANG_REPORT_VERSION,
+        hang,
+        verdict,
+        culprits,
+        waiting,
+        stuck_groups: Vec::new(),
+        ranks,
+        min_wait_s,
+        notes,
+    }
+}

@@ -1,0 +1,633 @@
+//! Reads what the ranks of a hung job left behind into
+//! [`HangEvidence`] (PerfTracker §4.1: a blocked job; `whyslow hang`):
+//!
+//! * PyTorch Flight Recorder dumps, in torch's pickle format (versions 2.x,
+//!   NCCL and gloo process groups; decoded as data by [`pickle`], never by
+//!   running an unpickler) or as JSON (`_dump_fr_trace_json`). The rank is
+//!   the trailing integer of the file name, as torch names them
+//!   (`nccl_trace_rank_3`), unless the dump carries its own `rank`;
+//! * whyslow's own files: `stacks-rank<r>.json` (every thread's stack,
+//!   the rank's process groups, when it was taken) and the older
+//!   `blocked-rank<r>-<time>.txt`;
+//! * a node agent's collective records (`*.collectives.jsonl`).
+//!
+//! A damaged or foreign file gets one note naming it; the rest are still
+//! read. Only a folder that cannot be listed is an error.
+#![deny(missing_docs)]
+
+pub mod pickle;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use whyslow_model::hang::{
+    CollectiveState, GroupInfo, GroupProgress, HangEvidence, RankEvidence, RecordedCollective,
+    StackFrame, ThreadStack,
+};
+
+use pickle::Value;
+
+/// A folder that cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {source}")]
+pub struct HangInputError {
+    /// The folder.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Why one file was not used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DumpError {
+    /// Not a pickle that decodes, nor JSON.
+    #[error("not a Flight Recorder dump (pickle: {0})")]
+    Pickle(#[from] pickle::PickleError),
+    /// JSON that does not parse.
+    #[error("not a Flight Recorder dump (JSON: {0})")]
+    Json(String),
+    /// Decodes, but is not shaped like a dump.
+    #[error("not a Flight Recorder dump: {0}")]
+    Shape(String),
+    /// No rank in the dump or the file name.
+    #[error("no rank: neither the dump nor the file name (a trailing integer) gives one")]
+    NoRank,
+}
+
+/// A Flight Recorder dump decoded: the rank's groups, progress and
+/// collectives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlightRecorderDump {
+    /// The rank the dump says it is from, if it says.
+    pub rank: Option<u32>,
+    /// Format version (`2.10`).
+    pub version: String,
+    /// Groups with members (NCCL's `pg_config`).
+    pub groups: Vec<GroupInfo>,
+    /// Per-group counters (`pg_status`).
+    pub progress: Vec<GroupProgress>,
+    /// Entries, oldest first.
+    pub collectives: Vec<RecordedCollective>,
+}
+
+/// Decodes a dump from its bytes (pickle, or JSON when it starts with `{`).
+pub fn read_dump(bytes: &[u8]) -> Result<FlightRecorderDump, DumpError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    let v = if first == Some(b'{') {
+        let j: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| DumpError::Json(e.to_string()))?;
+        from_json(&j)
+    } else {
+        pickle::loads(bytes)?
+    };
+    from_value(&v)
+}
+
+fn from_json(j: &serde_json::Value) -> Value {
+    match j {
+        serde_json::Value::Null => Value::None,
+        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Value::Int(i),
+            None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Value::Str(s.clone()),
+        serde_json::Value::Array(a) => Value::List(a.iter().map(from_json).collect()),
+        serde_json::Value::Object(o) => {
+            Value::Dict(o.iter().map(|(k, v)| (k.clone(), from_json(v))).collect())
+        }
+    }
+}
+
+fn int(v: Option<&Value>) -> Option<i64> {
+    v.and_then(|v| match v {
+        Value::Str(s) => s.trim().parse().ok(),
+        other => other.as_i64(),
+    })
+}
+
+fn text(v: Option<&Value>) -> String {
+    v.and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+fn sizes(v: Option<&Value>) -> Vec<Vec<i64>> {
+    v.and_then(Value::as_seq)
+        .map(|outer| {
+            outer
+                .iter()
+                .map(|s| {
+                    s.as_seq()
+                        .map(|d| d.iter().filter_map(Value::as_i64).collect())
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `"[0, 1, 2]"` (how torch writes members) or a list.
+fn ranks_of(v: Option<&Value>) -> Option<Vec<u32>> {
+    match v? {
+        Value::Str(s) => {
+            let inner = s.trim().trim_start_matches('[').trim_end_matches(']');
+            if inner.trim().is_empty() {
+                return Some(Vec::new());
+            }
+            inner
+                .split(',')
+                .map(|x| x.trim().parse::<u32>().ok())
+                .collect()
+        }
+        other => other.as_seq().map(|s| {
+            s.iter()
+                .filter_map(|x| x.as_i64().and_then(|i| u32::try_from(i).ok()))
+                .collect()
+        }),
+    }
+}
+
+fn counter(v: Option<&Value>) -> Option<u64> {
+    int(v).and_then(|i| u64::try_from(i).ok())
+}
+
+fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
+    let Value::Dict(top) = v else {
+        return Err(DumpError::Shape("the top level is not a dict".into()));
+    };
+    let entries = top
+        .get("entries")
+        .and_then(Value::as_seq)
+        .ok_or_else(|| DumpError::Shape("no `entries` list".into()))?;
+    let version = match top.get("version") {
+        Some(Value::Str(s)) => s.clone(),
+        Some(Value::Float(f)) => f.to_string(),
+        Some(Value::Int(i)) => i.to_string(),
+        _ => return Err(DumpError::Shape("no `version`".into())),
+    };
+    let mut pg_names: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut collectives = Vec::with_capacity(entries.len());
+    for e in entries {
+        let Value::Dict(_) = e else { continue };
+        let (group, desc) = match e.get("process_group").and_then(Value::as_seq) {
+            Some([name, desc, ..]) => (text(Some(name)), text(Some(desc))),
+            _ => (text(e.get("process_group")), String::new()),
+        };
+        let pg_id = int(e.get("pg_id")).map(|i| i.to_string()).unwrap_or_default();
+        if !pg_id.is_empty() {
+            pg_names.insert(pg_id, (group.clone(), desc.clone()));
+        }
+        let p2p = matches!(e.get("is_p2p"), Some(Value::Bool(true)));
+        let seq = if p2p {
+            counter(e.get("p2p_seq_id"))
+        } else {
+            counter(e.get("collective_seq_id")).or_else(|| counter(e.get("seq_id")))
+        }
+        .unwrap_or(0);
+        let name = text(e.get("profiling_name"));
+        let op = name.rsplit(':').next().unwrap_or_default().to_string();
+        let retired = matches!(e.get("retired"), Some(Value::Bool(true)));
+        let state = match text(e.get("state")).as_str() {
+            _ if retired => CollectiveState::Completed,
+            "completed" => CollectiveState::Completed,
+            "started" => CollectiveState::Started,
+            _ => CollectiveState::Scheduled,
+        };
+        let frames = e
+            .get("frames")
+            .and_then(Value::as_seq)
+            .unwrap_or_default()
+            .iter()
+            .map(|f| StackFrame {
+                function: text(f.get("name")),
+                file: text(f.get("filename")),
+                line: counter(f.get("line")).unwrap_or(0) as u32,
+            })
+            .collect();
+        collectives.push(RecordedCollective {
+            group,
+            seq,
+            p2p,
+            op,
+            input_sizes: sizes(e.get("input_sizes")),
+            output_sizes: sizes(e.get("output_sizes")),
+            dtypes: e
+                .get("input_dtypes")
+                .and_then(Value::as_seq)
+                .unwrap_or_default()
+                .iter()
+                .map(|d| text(Some(d)))
+                .collect(),
+            state,
+            created_ns: counter(e.get("time_created_ns")),
+            frames,
+        });
+    }
+    let mut groups = Vec::new();
+    if let Some(Value::Dict(cfg)) = top.get("pg_config") {
+        for (key, g) in cfg {
+            let name = match text(g.get("name")) {
+                n if n.is_empty() => key.clone(),
+                n => n,
+            };
+            // gloo's dumps carry one nameless entry that describes no group.
+            if name.is_empty() {
+                continue;
+            }
+            groups.push(GroupInfo {
+                name,
+                desc: text(g.get("desc")),
+                ranks: ranks_of(g.get("ranks")),
+            });
+        }
+    }
+    let mut progress = Vec::new();
+    if let Some(Value::Dict(status)) = top.get("pg_status") {
+        for (pg_id, s) in status {
+            // Keys are the process's group indices (`pg_id`); entries map
+            // them to the group's name, which every rank shares.
+            let Some((name, _)) = pg_names.get(pg_id) else {
+                continue;
+            };
+            progress.push(GroupProgress {
+                group: name.clone(),
+                last_enqueued: counter(s.get("last_enqueued_collective")),
+                last_started: counter(s.get("last_started_collective")),
+                last_completed: counter(s.get("last_completed_collective")),
+            });
+        }
+    }
+    for (name, desc) in pg_names.values() {
+        if !groups.iter().any(|g| &g.name == name) {
+            groups.push(GroupInfo {
+                name: name.clone(),
+                desc: desc.clone(),
+                ranks: None,
+            });
+        } else if let Some(g) = groups.iter_mut().find(|g| &g.name == name) {
+            if g.desc.is_empty() {
+                g.desc = desc.clone();
+            }
+        }
+    }
+    Ok(FlightRecorderDump {
+        rank: counter(top.get("rank")).and_then(|r| u32::try_from(r).ok()),
+        version,
+        groups,
+        progress,
+        collectives,
+    })
+}
+
+/// The trailing integer of a file name (`nccl_trace_rank_12` → 12).
+pub fn trailing_rank(name: &str) -> Option<u32> {
+    let stem = name.strip_suffix(".json").unwrap_or(name);
+    let digits: String = stem
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    if digits.is_empty() {
+        None
+    } else {
+        digits.parse().ok()
+    }
+}
+
+/// whyslow's `stacks-rank<r>.json` (written by the online package).
+#[derive(Debug, Clone, serde::Deserialize)]
+struct StacksDoc {
+    format: String,
+    rank: u32,
+    #[serde(default)]
+    dumped_at_ns: Option<u64>,
+    #[serde(default = "python")]
+    source: String,
+    #[serde(default)]
+    threads: Vec<ThreadDoc>,
+    #[serde(default)]
+    groups: Vec<GroupInfo>,
+    #[serde(default)]
+    exited: bool,
+}
+
+fn python() -> String {
+    "python".to_string()
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+struct ThreadDoc {
+    thread: String,
+    frames: Vec<StackFrame>,
+}
+
+/// Reads whyslow's `blocked-rank<r>-<time>.txt`: `--- thread NAME` then
+/// Python's `traceback.format_stack` text (outermost first).
+pub fn read_blocked_text(text: &str) -> Vec<ThreadStack> {
+    let mut out: Vec<ThreadStack> = Vec::new();
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("--- thread ") {
+            out.push(ThreadStack {
+                thread: name.trim().to_string(),
+                frames: Vec::new(),
+                source: "python".into(),
+                taken_at_ns: None,
+            });
+            continue;
+        }
+        let l = line.trim_start();
+        let Some(rest) = l.strip_prefix("File \"") else {
+            continue;
+        };
+        let Some(cur) = out.last_mut() else { continue };
+        // File "path", line N, in func
+        let Some((file, rest)) = rest.split_once("\", line ") else {
+            continue;
+        };
+        let (line_no, func) = match rest.split_once(", in ") {
+            Some((n, f)) => (n.trim().parse().unwrap_or(0), f.trim().to_string()),
+            None => (rest.trim().parse().unwrap_or(0), String::new()),
+        };
+        cur.frames.push(StackFrame {
+            function: func,
+            file: file.to_string(),
+            line: line_no,
+        });
+    }
+    for t in &mut out {
+        t.frames.reverse();
+    }
+    out
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), HangInputError> {
+    let rd = std::fs::read_dir(dir).map_err(|source| HangInputError {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut entries: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            walk(&p, out)?;
+        } else {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+fn rank_entry(ranks: &mut BTreeMap<u32, RankEvidence>, r: u32) -> &mut RankEvidence {
+    ranks.entry(r).or_insert_with(|| RankEvidence {
+        rank: r,
+        ..Default::default()
+    })
+}
+
+fn merge_groups(into: &mut Vec<GroupInfo>, from: Vec<GroupInfo>) {
+    for g in from {
+        match into.iter_mut().find(|x| x.name == g.name) {
+            Some(x) => {
+                if x.desc.is_empty() {
+                    x.desc = g.desc;
+                }
+                if x.ranks.is_none() {
+                    x.ranks = g.ranks;
+                }
+            }
+            None => into.push(g),
+        }
+    }
+}
+
+fn mtime_ns(path: &Path) -> Option<u64> {
+    let m = std::fs::metadata(path).ok()?.modified().ok()?;
+    let d = m.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(d.as_nanos()).ok()
+}
+
+/// Everything under `dir` (searched recursively), per rank.
+pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
+    let mut files = Vec::new();
+    walk(dir, &mut files)?;
+    let mut ranks: BTreeMap<u32, RankEvidence> = BTreeMap::new();
+    let mut notes = Vec::new();
+    let mut records = Vec::new();
+    // A dump file's modification time stands for when it was taken only
+    // where the rank's own stack file does not say (a copy loses it).
+    let mut file_times: BTreeMap<u32, u64> = BTreeMap::new();
+    for path in files {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let shown = path.display().to_string();
+        if name.starts_with("hang-report") || name == "timing.json" || name.starts_with('.') {
+            continue;
+        }
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) => {
+                notes.push(format!("{shown}: cannot read: {e}"));
+                continue;
+            }
+        };
+        if name.ends_with(".collectives.jsonl") {
+            records.push((shown, bytes));
+            continue;
+        }
+        if name.starts_with("blocked-rank") && name.ends_with(".txt") {
+            let r = name["blocked-rank".len()..]
+                .split('-')
+                .next()
+                .and_then(|s| s.parse::<u32>().ok());
+            match r {
+                Some(r) => {
+                    let stacks = read_blocked_text(&String::from_utf8_lossy(&bytes));
+                    let ev = rank_entry(&mut ranks, r);
+                    ev.files.push(shown);
+                    // The JSON stacks of the same moment say more: keep the
+                    // text only when there are none.
+                    if ev.stacks.is_empty() {
+                        ev.stacks = stacks;
+                    }
+                }
+                None => notes.push(format!("{shown}: skipped: no rank in the name")),
+            }
+            continue;
+        }
+        if name.starts_with("stacks-rank") && name.ends_with(".json") {
+            match serde_json::from_slice::<StacksDoc>(&bytes) {
+                Ok(doc) if doc.format == "whyslow-hang-rank" => {
+                    let ev = rank_entry(&mut ranks, doc.rank);
+                    ev.files.push(shown);
+                    ev.stacks = doc
+                        .threads
+                        .into_iter()
+                        .map(|t| ThreadStack {
+                            thread: t.thread,
+                            frames: t.frames,
+                            source: doc.source.clone(),
+                            taken_at_ns: doc.dumped_at_ns,
+                        })
+                        .collect();
+                    ev.dumped_at_ns = doc.dumped_at_ns.or(ev.dumped_at_ns);
+                    ev.exited |= doc.exited;
+                    merge_groups(&mut ev.groups, doc.groups);
+                }
+                Ok(doc) => notes.push(format!(
+                    "{shown}: skipped: format {:?}, not whyslow-hang-rank",
+                    doc.format
+                )),
+                Err(e) => notes.push(format!("{shown}: skipped: not a whyslow stack file: {e}")),
+            }
+            continue;
+        }
+        let is_json = name.ends_with(".json");
+        let named_rank = trailing_rank(&name);
+        if !is_json && named_rank.is_none() {
+            notes.push(format!(
+                "{shown}: skipped: not a dump (no rank at the end of its name)"
+            ));
+            continue;
+        }
+        match read_dump(&bytes) {
+            Ok(d) => {
+                let Some(r) = d.rank.or(named_rank) else {
+                    notes.push(format!("{shown}: skipped: {}", DumpError::NoRank));
+                    continue;
+                };
+                let at = mtime_ns(&path);
+                let ev = rank_entry(&mut ranks, r);
+                ev.files.push(shown);
+                ev.fr_version = Some(d.version);
+                merge_groups(&mut ev.groups, d.groups);
+                ev.progress = d.progress;
+                ev.collectives = d.collectives;
+                if let Some(at) = at {
+                    file_times.entry(r).or_insert(at);
+                }
+            }
+            Err(e) => notes.push(format!("{shown}: skipped: {e}")),
+        }
+    }
+    for (r, at) in file_times {
+        if let Some(ev) = ranks.get_mut(&r) {
+            ev.dumped_at_ns = ev.dumped_at_ns.or(Some(at));
+        }
+    }
+    for (shown, bytes) in records {
+        read_records(&shown, &bytes, &mut ranks, &mut notes);
+    }
+    Ok(HangEvidence {
+        ranks: ranks.into_values().collect(),
+        world_size: None,
+        notes,
+    })
+}
+
+/// A node agent's collective records: each open one (entered, not
+/// finished) becomes a scheduled collective of its rank; finished ones
+/// advance the rank's progress in the group.
+fn read_records(
+    shown: &str,
+    bytes: &[u8],
+    ranks: &mut BTreeMap<u32, RankEvidence>,
+    notes: &mut Vec<String>,
+) {
+    let mut bad = 0usize;
+    for line in String::from_utf8_lossy(bytes).lines() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let rec: whyslow_model::collective::CollectiveRecord = match serde_json::from_str(line) {
+            Ok(r) => r,
+            Err(_) => {
+                bad += 1;
+                continue;
+            }
+        };
+        let (Some(rank), Some(seq)) = (rec.global_rank, rec.seq) else {
+            continue;
+        };
+        let ev = rank_entry(ranks, rank);
+        // Flight Recorder state, when present, is more complete.
+        if ev.fr_version.is_some() {
+            continue;
+        }
+        let done = rec.exit_ns > 0 && !rec.open;
+        let p = match ev.progress.iter_mut().find(|p| p.group == rec.group) {
+            Some(p) => p,
+            None => {
+                ev.progress.push(GroupProgress {
+                    group: rec.group.clone(),
+                    last_enqueued: None,
+                    last_started: None,
+                    last_completed: None,
+                });
+                ev.progress.last_mut().expect("just pushed")
+            }
+        };
+        p.last_enqueued = p.last_enqueued.max(Some(seq));
+        p.last_started = p.last_started.max(Some(seq));
+        if done {
+            p.last_completed = p.last_completed.max(Some(seq));
+        }
+        if !ev.groups.iter().any(|g| g.name == rec.group) {
+            ev.groups.push(GroupInfo {
+                name: rec.group.clone(),
+                desc: String::new(),
+                ranks: None,
+            });
+        }
+        ev.collectives.push(RecordedCollective {
+            group: rec.group,
+            seq,
+            p2p: matches!(rec.op.as_str(), "send" | "recv"),
+            op: rec.op,
+            input_sizes: Vec::new(),
+            output_sizes: Vec::new(),
+            dtypes: Vec::new(),
+            state: if done {
+                CollectiveState::Completed
+            } else {
+                CollectiveState::Started
+            },
+            created_ns: None,
+            frames: Vec::new(),
+        });
+        if !ev.files.iter().any(|f| f == shown) {
+            ev.files.push(shown.to_string());
+        }
+    }
+    if bad > 0 {
+        notes.push(format!("{shown}: {bad} line(s) skipped: not collective records"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailing_rank_as_torch_names_files() {
+        assert_eq!(trailing_rank("nccl_trace_rank_12"), Some(12));
+        assert_eq!(trailing_rank("fr_trace_rank_0.json"), Some(0));
+        assert_eq!(trailing_rank("README"), None);
+    }
+
+    #[test]
+    fn blocked_text_is_innermost_first() {
+        let t = "--- thread main\n  File \"/a/train.py\", line 10, in <module>\n    main()\n  File \"/a/train.py\", line 5, in main\n    time.sleep(1)\n\n--- thread 1234\n  File \"/x.py\", line 1, in run\n";
+        let s = read_blocked_text(t);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].thread, "main");
+        assert_eq!(s[0].frames[0].function, "main");
+        assert_eq!(s[0].frames[0].line, 5);
+        assert_eq!(s[0].frames[1].function, "<module>");
+        assert_eq!(s[1].frames[0].file, "/x.py");
+    }
+}

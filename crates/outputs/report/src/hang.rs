@@ -1,0 +1,270 @@
+//! `whyslow hang`'s outputs: the terminal report and a self-contained HTML
+//! page with the waits-for graph (who waits for whom, culprits on top).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use whyslow_model::hang::{HangReport, ThreadStack};
+
+use crate::html::escape;
+
+fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+fn group_label(name: &str, desc: &str) -> String {
+    if desc.is_empty() {
+        format!("group {name}")
+    } else {
+        format!("{desc} (group {name})")
+    }
+}
+
+fn stack_lines(st: &ThreadStack, max: usize) -> Vec<String> {
+    let mut out: Vec<String> = st
+        .frames
+        .iter()
+        .take(max)
+        .map(|f| format!("    {}", clean(&f.label())))
+        .collect();
+    if st.frames.len() > max {
+        out.push(format!("    … {} more frame(s)", st.frames.len() - max));
+    }
+    out
+}
+
+/// The report for a terminal.
+pub fn hang_table(r: &HangReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{}", clean(&r.verdict));
+    if !r.culprits.is_empty() {
+        let _ = writeln!(s, "\nCulprits (the ranks the others wait for):");
+    }
+    for c in &r.culprits {
+        let group = if c.group.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " in {} {:?}: {} seq {}{}",
+                clean(&group_label(&c.group, &c.group_desc)),
+                c.group_ranks,
+                clean(&c.op),
+                c.seq,
+                if c.sizes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {:?}", c.sizes)
+                }
+            )
+        };
+        let _ = writeln!(s, "  rank {} [{}]{}", c.rank, c.reason.as_str(), group);
+        let _ = writeln!(s, "    {}", clean(&c.detail));
+        if !c.waited_by.is_empty() {
+            let _ = writeln!(
+                s,
+                "    waited for by rank(s) {}",
+                crate::compact_ranks(&c.waited_by, 120)
+            );
+        }
+        if let Some(st) = &c.stack {
+            let _ = writeln!(s, "    stack ({}, {} thread):", clean(&st.source), clean(&st.thread));
+            for l in stack_lines(st, 8) {
+                let _ = writeln!(s, "  {l}");
+            }
+        }
+    }
+    if !r.waiting.is_empty() {
+        let _ = writeln!(s, "\nWaiting:");
+        for w in &r.waiting {
+            let waited = w.waited_s.map(|x| format!(" for {x:.1} s")).unwrap_or_default();
+            let whom = if w.waits_for.is_empty() {
+                "the collective itself".to_string()
+            } else {
+                format!("rank(s) {}", crate::compact_ranks(&w.waits_for, 120))
+            };
+            let group = if w.group.is_empty() {
+                String::new()
+            } else {
+                format!(" of {}", clean(&group_label(&w.group, &w.group_desc)))
+            };
+            let _ = writeln!(
+                s,
+                "  rank {} in {} seq {}{}{}: waits for {}",
+                w.rank,
+                clean(&w.op),
+                w.seq,
+                group,
+                waited,
+                whom
+            );
+        }
+    }
+    if !r.notes.is_empty() {
+        let _ = writeln!(s, "\nNotes:");
+        for n in &r.notes {
+            let _ = writeln!(s, "  - {}", clean(n));
+        }
+    }
+    s
+}
+
+/// The waits-for graph as SVG: culprits on the top row, each waiting rank
+/// one row below the farthest rank it waits for.
+pub fn waits_for_svg(r: &HangReport) -> String {
+    let mut level: BTreeMap<u32, usize> = BTreeMap::new();
+    for c in &r.culprits {
+        level.insert(c.rank, 0);
+    }
+    let edges: Vec<(u32, u32)> = r
+        .waiting
+        .iter()
+        .flat_map(|w| w.waits_for.iter().map(move |&t| (w.rank, t)))
+        .collect();
+    for _ in 0..r.waiting.len() + 1 {
+        for &(from, to) in &edges {
+            let lt = level.get(&to).copied().unwrap_or(0);
+            let e = level.entry(from).or_insert(lt + 1);
+            if *e < lt + 1 && *e < 64 {
+                *e = lt + 1;
+            }
+        }
+    }
+    for w in &r.waiting {
+        level.entry(w.rank).or_insert(1);
+    }
+    let mut rows: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+    for (&rank, &l) in &level {
+        rows.entry(l).or_default().push(rank);
+    }
+    let widest = rows.values().map(Vec::len).max().unwrap_or(1).max(1);
+    let (w, h) = (
+        (widest as f64 * 90.0 + 40.0).max(300.0),
+        rows.len() as f64 * 80.0 + 40.0,
+    );
+    let mut pos: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
+    for (i, (_, ranks)) in rows.iter().enumerate() {
+        let step = w / (ranks.len() as f64 + 1.0);
+        for (j, rank) in ranks.iter().enumerate() {
+            pos.insert(*rank, (step * (j as f64 + 1.0), 40.0 + i as f64 * 80.0));
+        }
+    }
+    let culprit = |x: u32| r.culprits.iter().any(|c| c.rank == x);
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w:.0}' height='{h:.0}' role='img' aria-label='waits-for graph'>\
+<defs><marker id='arrow' viewBox='0 0 10 10' refX='10' refY='5' markerWidth='7' markerHeight='7' orient='auto-start-reverse'><path d='M0,0L10,5L0,10z' fill='#555'/></marker></defs>"
+    );
+    for &(from, to) in &edges {
+        let (Some(a), Some(b)) = (pos.get(&from), pos.get(&to)) else {
+            continue;
+        };
+        let (dx, dy) = (b.0 - a.0, b.1 - a.1);
+        let len = (dx * dx + dy * dy).sqrt().max(1.0);
+        let (ux, uy) = (dx / len * 22.0, dy / len * 22.0);
+        let _ = write!(
+            s,
+            "<line x1='{:.1}' y1='{:.1}' x2='{:.1}' y2='{:.1}' stroke='#555' marker-end='url(#arrow)'/>",
+            a.0 + ux,
+            a.1 + uy,
+            b.0 - ux,
+            b.1 - uy
+        );
+    }
+    for (&rank, &(x, y)) in &pos {
+        let (fill, stroke) = if culprit(rank) {
+            ("#fdd", "#c00")
+        } else {
+            ("#eef", "#558")
+        };
+        let _ = write!(
+            s,
+            "<circle cx='{x:.1}' cy='{y:.1}' r='20' fill='{fill}' stroke='{stroke}' stroke-width='2'/><text x='{x:.1}' y='{:.1}' text-anchor='middle' font-family='sans-serif' font-size='13'>{rank}</text>",
+            y + 4.5
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// A self-contained HTML page.
+pub fn hang_html(title: &str, r: &HangReport) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<!doctype html><html><head><meta charset='utf-8'><title>{}</title>\
+<style>body{{font-family:sans-serif;margin:2em;max-width:70em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}}pre{{background:#f6f6f6;padding:.5em;margin:.2em 0}}.culprit{{color:#a00}}</style></head><body>",
+        escape(title)
+    );
+    let _ = write!(s, "<h1>{}</h1><p><b>{}</b></p>", escape(title), escape(&r.verdict));
+    if !r.culprits.is_empty() || !r.waiting.is_empty() {
+        let _ = write!(
+            s,
+            "<h2>Who waits for whom</h2><p>An arrow goes from a waiting rank to a rank it waits for; culprits in red.</p>{}",
+            waits_for_svg(r)
+        );
+    }
+    if !r.culprits.is_empty() {
+        s.push_str("<h2>Culprits</h2><table><tr><th>rank</th><th>reason</th><th>group</th><th>collective</th><th>what it did instead</th><th>waited for by</th><th>stack</th></tr>");
+        for c in &r.culprits {
+            let stack = c
+                .stack
+                .as_ref()
+                .map(|st| {
+                    format!(
+                        "<small>{} ({} thread)</small><pre>{}</pre>",
+                        escape(&st.source),
+                        escape(&st.thread),
+                        escape(
+                            &stack_lines(st, 12)
+                                .iter()
+                                .map(|l| l.trim_start())
+                                .collect::<Vec<_>>()
+                                .join("\n")
+                        )
+                    )
+                })
+                .unwrap_or_default();
+            let _ = write!(
+                s,
+                "<tr><td class='culprit'>{}</td><td>{}</td><td>{} {}</td><td>{} seq {} {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                c.rank,
+                c.reason.as_str(),
+                escape(&group_label(&c.group, &c.group_desc)),
+                escape(&format!("{:?}", c.group_ranks)),
+                escape(&c.op),
+                c.seq,
+                escape(&if c.sizes.is_empty() { String::new() } else { format!("{:?}", c.sizes) }),
+                escape(&c.detail),
+                escape(&crate::compact_ranks(&c.waited_by, 120)),
+                stack
+            );
+        }
+        s.push_str("</table>");
+    }
+    if !r.waiting.is_empty() {
+        s.push_str("<h2>Waiting</h2><table><tr><th>rank</th><th>group</th><th>collective</th><th>waited</th><th>waits for</th></tr>");
+        for w in &r.waiting {
+            let _ = write!(
+                s,
+                "<tr><td>{}</td><td>{}</td><td>{} seq {}</td><td>{}</td><td>{}</td></tr>",
+                w.rank,
+                escape(&w.group),
+                escape(&w.op),
+                w.seq,
+                w.waited_s.map(|x| format!("{x:.1} s")).unwrap_or_default(),
+                escape(&crate::compact_ranks(&w.waits_for, 120))
+            );
+        }
+        s.push_str("</table>");
+    }
+    if !r.notes.is_empty() {
+        s.push_str("<h2>Notes</h2><ul>");
+        for n in &r.notes {
+            let _ = write!(s, "<li>{}</li>", escape(n));
+        }
+        s.push_str("</ul>");
+    }
+    s.push_str("</body></html>\n");
+    s
+}
