@@ -68,7 +68,10 @@ def torch_verdict(folder, repaired):
             named |= {int(x) for x in m.group(1).split(",") if x.strip()}
         for m in re.finditer(r"(?:mismatch|Mismatch)[^\n]*rank[s]? ?\{?([0-9, ]+)", text):
             named |= {int(x) for x in m.group(1).split(",") if x.strip()}
-        return named, ""
+        missed = set()
+        for m in re.finditer(r"missed FR dumps from ranks \(\{([0-9, ]*)\}\)", text):
+            missed |= {int(x) for x in m.group(1).split(",") if x.strip()}
+        return named, ("cannot decide: no dumps from %s" % ",".join(map(str, sorted(missed)))) if missed else ""
 
 
 def main():
@@ -98,10 +101,10 @@ def main():
             ok = False
         else:
             ok, why = hang_cases.judge(report, truth)
-            ours = "%s: %s" % (
-                ", ".join("%d %s in %s" % (c["rank"], c["reason"], c["group_desc"] or "?")
-                          for c in report["culprits"]) or "no hang",
-                why)
+            ours = ", ".join("%d %s in %s" % (c["rank"], c["reason"], c["group_desc"] or "?")
+                             for c in report["culprits"]) or "no hang"
+            if not ok:
+                ours += " (%s)" % why
         want = sorted(int(k) for k in truth["culprits"])
         theirs = []
         for repaired in (False, True):
@@ -110,9 +113,10 @@ def main():
                 theirs.append(note)
             else:
                 right = sorted(named) == want
-                theirs.append("%s (%s)" % (
+                theirs.append("%s (%s)%s" % (
                     ", ".join(map(str, sorted(named))) or "nothing",
-                    "right" if right else "wrong"))
+                    "right" if right else "wrong",
+                    "; " + note if note else ""))
         rows.append((name, truth["about"], ", ".join(map(str, want)) or "none (no hang)",
                      ("**right**: " if ok else "**wrong**: ") + ours, theirs[0], theirs[1]))
         print(rows[-1], flush=True)

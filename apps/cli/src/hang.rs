@@ -33,7 +33,10 @@ pub struct HangArgs {
 /// Runs `whyslow hang`; exit status 0 whether or not the job hangs.
 pub fn run(args: HangArgs) -> Result<u8> {
     if let Some(w) = args.min_wait {
-        anyhow::ensure!(w.is_finite() && w >= 0.0, "--min-wait {w}: want seconds >= 0");
+        anyhow::ensure!(
+            w.is_finite() && w >= 0.0,
+            "--min-wait {w}: want seconds >= 0"
+        );
     }
     let cfg = whyslow_hang::HangConfig {
         min_wait_s: args.min_wait,

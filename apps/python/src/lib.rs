@@ -564,7 +564,8 @@ fn hang_report(
             std::fs::write(&p, page)
                 .map_err(|e| PyOSError::new_err(format!("{}: {e}", p.display())))?;
         }
-        let json = serde_json::to_string_pretty(&r).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let json =
+            serde_json::to_string_pretty(&r).map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok((json, whyslow_report::hang::hang_table(&r)))
     })
 }

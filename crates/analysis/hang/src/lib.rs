@@ -190,7 +190,9 @@ impl<'a> Job<'a> {
 
 /// A collective's identity for pairing: op, sizes and where the program
 /// issued it.
-fn signature(c: &RecordedCollective) -> (String, Vec<Vec<i64>>, String) {
+type Signature = (String, Vec<Vec<i64>>, String);
+
+fn signature(c: &RecordedCollective) -> Signature {
     let site = c
         .call_site()
         .map(|f| format!("{}:{}", f.file, f.line))
@@ -377,7 +379,7 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
         }
         // Same sequence number, different collective: a mismatch.
         if let Some(mine) = mine {
-            let mut sigs: BTreeMap<(String, Vec<Vec<i64>>, String), Vec<u32>> = BTreeMap::new();
+            let mut sigs: BTreeMap<Signature, Vec<u32>> = BTreeMap::new();
             sigs.entry(signature(mine)).or_default().push(w.rank);
             for &m in &entered {
                 if let Some(e) = job.entry(m, &w.group, w.seq) {
@@ -417,14 +419,19 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
                 .chain(entered.iter().copied())
                 .filter(|&m| job.prog(m, &w.group).started.is_some_and(|s| s >= w.seq))
                 .collect();
+            let mut lagging = false;
             if !started.is_empty() {
                 for m in std::iter::once(w.rank).chain(entered.iter().copied()) {
                     if !started.contains(&m) {
-                        w.not_started.insert(m);
+                        lagging = true;
+                        // A rank does not wait for itself.
+                        if m != w.rank {
+                            w.not_started.insert(m);
+                        }
                     }
                 }
             }
-            if w.not_started.is_empty() && !mismatched.keys().any(|r| members.contains(r)) {
+            if !lagging && !mismatched.keys().any(|r| members.contains(r)) {
                 stuck_groups.insert(w.group.clone());
             }
         }
@@ -450,8 +457,7 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
         }
         seen
     };
-    let reaches: BTreeMap<u32, BTreeSet<u32>> =
-        edges.keys().map(|&r| (r, reach(r))).collect();
+    let reaches: BTreeMap<u32, BTreeSet<u32>> = edges.keys().map(|&r| (r, reach(r))).collect();
     // Roots: ranks waited for that wait for nobody.
     let mut roots: BTreeSet<u32> = edges
         .values()
@@ -565,9 +571,11 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
                     && e.progress.is_empty()
                     && e.stacks.iter().all(|s| s.source == "proc")
             }) {
-                let kernel = stack
-                    .as_ref()
-                    .and_then(|s| s.frames.first().map(|f| (s.thread.clone(), f.function.clone())));
+                let kernel = stack.as_ref().and_then(|s| {
+                    s.frames
+                        .first()
+                        .map(|f| (s.thread.clone(), f.function.clone()))
+                });
                 (
                     HangReason::Unresponsive,
                     match kernel {
@@ -578,7 +586,10 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
                     },
                 )
             } else {
-                (HangReason::NeverReached, never_reached(&job, r, &g, s, stack.as_ref()))
+                (
+                    HangReason::NeverReached,
+                    never_reached(&job, r, &g, s, stack.as_ref()),
+                )
             };
             (reason, g, s, op, sizes, detail)
         };
@@ -675,7 +686,10 @@ fn short(site: &str) -> String {
 }
 
 fn join<'a>(rs: impl IntoIterator<Item = &'a u32>) -> String {
-    rs.into_iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    rs.into_iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Where a rank that never issued the collective is instead.
@@ -688,7 +702,11 @@ fn never_reached(job: &Job, r: u32, g: &str, s: u64, stack: Option<&ThreadStack>
             last.op,
             last.seq,
             job.label(&last.group),
-            if site.is_empty() { String::new() } else { format!(" from {site}") },
+            if site.is_empty() {
+                String::new()
+            } else {
+                format!(" from {site}")
+            },
             match last.state {
                 CollectiveState::Completed => "finished",
                 CollectiveState::Started => "started",
@@ -701,7 +719,9 @@ fn never_reached(job: &Job, r: u32, g: &str, s: u64, stack: Option<&ThreadStack>
             parts.push(format!("its {} thread is in {}", st.thread, f.label()));
         }
         if let Some(c) = in_collective(st) {
-            parts.push(format!("(inside torch.distributed.{c}, of a group without a dump)"));
+            parts.push(format!(
+                "(inside torch.distributed.{c}, of a group without a dump)"
+            ));
         }
     }
     parts.join("; ")
@@ -710,7 +730,11 @@ fn never_reached(job: &Job, r: u32, g: &str, s: u64, stack: Option<&ThreadStack>
 /// The Python frames that issued the rank's last collective, when no
 /// stack of the moment exists.
 fn last_issue_stack(ev: Option<&RankEvidence>) -> Option<ThreadStack> {
-    let last = ev?.collectives.iter().rev().find(|c| !c.frames.is_empty())?;
+    let last = ev?
+        .collectives
+        .iter()
+        .rev()
+        .find(|c| !c.frames.is_empty())?;
     Some(ThreadStack {
         thread: "main".into(),
         frames: last.frames.clone(),
@@ -791,7 +815,9 @@ fn no_flight_recorder_verdict(
         let mut inside = BTreeSet::new();
         let mut outside = BTreeMap::new();
         for r in &ev.ranks {
-            let Some(st) = main_stack(Some(r)) else { continue };
+            let Some(st) = main_stack(Some(r)) else {
+                continue;
+            };
             match in_collective(&st) {
                 Some(op) => {
                     inside.insert(r.rank);
@@ -815,7 +841,11 @@ fn no_flight_recorder_verdict(
             "no hang named: no rank's stack is inside a collective (and no Flight Recorder dump)"
                 .to_string()
         } else {
-            let all: Vec<u32> = outside.keys().copied().chain(silent.iter().copied()).collect();
+            let all: Vec<u32> = outside
+                .keys()
+                .copied()
+                .chain(silent.iter().copied())
+                .collect();
             for w in &mut waiting {
                 w.waits_for = all.clone();
             }
@@ -856,7 +886,11 @@ fn no_flight_recorder_verdict(
             } else {
                 format!(
                     "hang (from stacks): rank(s) {} not in a collective while {} wait in one",
-                    culprits.iter().map(|c| c.rank.to_string()).collect::<Vec<_>>().join(","),
+                    culprits
+                        .iter()
+                        .map(|c| c.rank.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
                     join(&inside)
                 )
             }
@@ -874,5 +908,421 @@ fn no_flight_recorder_verdict(
         ranks,
         min_wait_s,
         notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Shapes the recorded gloo jobs do not have: NCCL's started/completed
+    //! states, other sizes at the same sequence number, a collective all
+    //! members entered, three-level chains, ranks that left nothing.
+    use super::*;
+    use whyslow_model::hang::{GroupProgress, StackFrame};
+
+    const S: u64 = 1_000_000_000;
+
+    fn coll(
+        group: &str,
+        seq: u64,
+        op: &str,
+        n: i64,
+        state: CollectiveState,
+        t: u64,
+        line: u32,
+    ) -> RecordedCollective {
+        RecordedCollective {
+            group: group.into(),
+            seq,
+            p2p: false,
+            op: op.into(),
+            input_sizes: vec![vec![n]],
+            output_sizes: vec![vec![n]],
+            dtypes: vec!["Float".into()],
+            state,
+            created_ns: Some(t),
+            frames: vec![StackFrame {
+                function: "train".into(),
+                file: "/job/train.py".into(),
+                line,
+            }],
+        }
+    }
+
+    fn group(name: &str, desc: &str, ranks: &[u32]) -> GroupInfo {
+        GroupInfo {
+            name: name.into(),
+            desc: desc.into(),
+            ranks: Some(ranks.to_vec()),
+        }
+    }
+
+    /// `steps` healthy iterations of one all-reduce per group in `groups`
+    /// (1 s apart), then the given extra entries; dumped at `dump_s`.
+    fn rank(
+        r: u32,
+        groups: &[GroupInfo],
+        steps: u64,
+        extra: Vec<RecordedCollective>,
+        dump_s: u64,
+    ) -> RankEvidence {
+        let mut cs = Vec::new();
+        for s in 1..=steps {
+            for (k, g) in groups.iter().enumerate() {
+                cs.push(coll(
+                    &g.name,
+                    s,
+                    "all_reduce",
+                    1024,
+                    CollectiveState::Completed,
+                    s * S + k as u64,
+                    10 + k as u32,
+                ));
+            }
+        }
+        cs.extend(extra);
+        RankEvidence {
+            rank: r,
+            groups: groups.to_vec(),
+            collectives: cs,
+            dumped_at_ns: Some(dump_s * S),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn nccl_a_rank_whose_device_never_started_the_collective() {
+        // 4 ranks, one group; all issued seq 11, three started it.
+        let g = [group("0", "default_pg", &[0, 1, 2, 3])];
+        let ranks = (0..4)
+            .map(|r| {
+                let st = if r == 3 {
+                    CollectiveState::Scheduled
+                } else {
+                    CollectiveState::Started
+                };
+                rank(
+                    r,
+                    &g,
+                    10,
+                    vec![coll("0", 11, "all_reduce", 1024, st, 11 * S, 10)],
+                    200,
+                )
+            })
+            .collect();
+        let r = analyze(
+            &HangEvidence {
+                ranks,
+                ..Default::default()
+            },
+            &HangConfig::default(),
+        );
+        assert_eq!(r.culprits.len(), 1, "{r:?}");
+        assert_eq!(
+            (r.culprits[0].rank, r.culprits[0].reason),
+            (3, HangReason::NotStarted)
+        );
+        assert_eq!(r.culprits[0].waited_by, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn every_member_in_and_none_finished_is_the_transport() {
+        let g = [group("0", "default_pg", &[0, 1, 2])];
+        let ranks = (0..3)
+            .map(|r| {
+                rank(
+                    r,
+                    &g,
+                    10,
+                    vec![coll(
+                        "0",
+                        11,
+                        "all_reduce",
+                        1024,
+                        CollectiveState::Started,
+                        11 * S,
+                        10,
+                    )],
+                    200,
+                )
+            })
+            .collect();
+        let r = analyze(
+            &HangEvidence {
+                ranks,
+                ..Default::default()
+            },
+            &HangConfig::default(),
+        );
+        assert!(r.hang && r.culprits.is_empty(), "{r:?}");
+        assert_eq!(r.stuck_groups, vec!["0".to_string()]);
+        assert!(r.verdict.contains("transport"), "{}", r.verdict);
+    }
+
+    #[test]
+    fn other_sizes_at_the_same_sequence_number_is_a_mismatch() {
+        let g = [group("0", "default_pg", &[0, 1, 2])];
+        let ranks = (0..3)
+            .map(|r| {
+                let n = if r == 1 { 4096 } else { 1024 };
+                rank(
+                    r,
+                    &g,
+                    10,
+                    vec![coll(
+                        "0",
+                        11,
+                        "all_reduce",
+                        n,
+                        CollectiveState::Scheduled,
+                        11 * S,
+                        10,
+                    )],
+                    200,
+                )
+            })
+            .collect();
+        let r = analyze(
+            &HangEvidence {
+                ranks,
+                ..Default::default()
+            },
+            &HangConfig::default(),
+        );
+        assert_eq!(r.culprits.len(), 1, "{r:?}");
+        assert_eq!(
+            (r.culprits[0].rank, r.culprits[0].reason),
+            (1, HangReason::Mismatch)
+        );
+        assert!(
+            r.culprits[0].detail.contains("4096"),
+            "{}",
+            r.culprits[0].detail
+        );
+    }
+
+    #[test]
+    fn a_three_level_chain_names_its_root_only() {
+        // tp {0,1}, ep {1,2}, dp {2,3}, each rank's step: its groups in
+        // that order. 3 is computing; 2 waits for it in dp; 1 waits for 2
+        // in ep (2 is in dp); 0 waits for 1 in tp (1 is still in ep).
+        let tp = group("1", "tp", &[0, 1]);
+        let ep = group("2", "ep", &[1, 2]);
+        let dp = group("3", "dp", &[2, 3]);
+        let pend = |g: &str, line: u32| {
+            coll(
+                g,
+                11,
+                "all_reduce",
+                1024,
+                CollectiveState::Scheduled,
+                11 * S,
+                line,
+            )
+        };
+        let ranks = vec![
+            // rank 0: [tp] → pending tp 11
+            rank(0, std::slice::from_ref(&tp), 10, vec![pend("1", 10)], 300),
+            // rank 1: [ep, tp] → ep 11 pending (tp 11 not issued yet)
+            rank(1, &[ep.clone(), tp.clone()], 10, vec![pend("2", 10)], 300),
+            // rank 2: [dp, ep] → dp 11 pending
+            rank(2, &[dp.clone(), ep.clone()], 10, vec![pend("3", 10)], 300),
+            // rank 3: [dp] → nothing issued for step 11
+            rank(3, std::slice::from_ref(&dp), 10, vec![], 300),
+        ];
+        let r = analyze(
+            &HangEvidence {
+                ranks,
+                ..Default::default()
+            },
+            &HangConfig::default(),
+        );
+        assert_eq!(
+            r.culprits.iter().map(|c| c.rank).collect::<Vec<_>>(),
+            vec![3],
+            "{r:?}"
+        );
+        let c = &r.culprits[0];
+        assert_eq!(
+            (c.reason, c.group_desc.as_str()),
+            (HangReason::NeverReached, "dp")
+        );
+        assert_eq!(c.waited_by, vec![0, 1, 2]);
+        let w0 = r.waiting.iter().find(|w| w.rank == 0).unwrap();
+        assert_eq!(w0.waits_for, vec![1]);
+    }
+
+    #[test]
+    fn a_member_that_left_nothing_is_unresponsive() {
+        // NCCL's pg_config names rank 3 a member; rank 3 left no file.
+        let g = [group("0", "default_pg", &[0, 1, 2, 3])];
+        let ranks = (0..3)
+            .map(|r| {
+                rank(
+                    r,
+                    &g,
+                    10,
+                    vec![coll(
+                        "0",
+                        11,
+                        "all_reduce",
+                        1024,
+                        CollectiveState::Scheduled,
+                        11 * S,
+                        10,
+                    )],
+                    200,
+                )
+            })
+            .collect();
+        let r = analyze(
+            &HangEvidence {
+                ranks,
+                ..Default::default()
+            },
+            &HangConfig::default(),
+        );
+        assert_eq!(
+            r.culprits
+                .iter()
+                .map(|c| (c.rank, c.reason))
+                .collect::<Vec<_>>(),
+            vec![(3, HangReason::Unresponsive)]
+        );
+        assert!(
+            r.notes
+                .iter()
+                .any(|n| n.contains("no evidence from rank(s) 3")),
+            "{:?}",
+            r.notes
+        );
+    }
+
+    #[test]
+    fn a_pending_collective_younger_than_the_bound_is_no_hang() {
+        // Rank 2 is 0.2 s late into seq 11 (iterations 1 s apart): slow.
+        let g = [group("0", "default_pg", &[0, 1, 2])];
+        let ranks = (0..3)
+            .map(|r| {
+                let extra = if r == 2 {
+                    vec![]
+                } else {
+                    vec![coll(
+                        "0",
+                        11,
+                        "all_reduce",
+                        1024,
+                        CollectiveState::Scheduled,
+                        11 * S,
+                        10,
+                    )]
+                };
+                rank(r, &g, 10, extra, 11 * S / S)
+            })
+            .map(|mut e| {
+                e.dumped_at_ns = Some(11 * S + S / 5);
+                e
+            })
+            .collect();
+        let r = analyze(
+            &HangEvidence {
+                ranks,
+                ..Default::default()
+            },
+            &HangConfig::default(),
+        );
+        assert!(!r.hang && r.culprits.is_empty(), "{r:?}");
+        assert!(
+            (r.min_wait_s - 5.0).abs() < 1e-9,
+            "5x the 1 s period: {}",
+            r.min_wait_s
+        );
+    }
+
+    #[test]
+    fn a_cycle_with_no_rank_out_of_order_is_a_deadlock() {
+        // 0 waits for 1 in group a, 1 waits for 0 in group b, both from
+        // their first collective (no history to tell who left its order).
+        let a = group("1", "a", &[0, 1]);
+        let b = group("2", "b", &[0, 1]);
+        let ranks = vec![
+            RankEvidence {
+                rank: 0,
+                groups: vec![a.clone(), b.clone()],
+                collectives: vec![coll(
+                    "1",
+                    1,
+                    "all_reduce",
+                    8,
+                    CollectiveState::Scheduled,
+                    S,
+                    1,
+                )],
+                dumped_at_ns: Some(100 * S),
+                ..Default::default()
+            },
+            RankEvidence {
+                rank: 1,
+                groups: vec![a, b],
+                collectives: vec![coll(
+                    "2",
+                    1,
+                    "all_reduce",
+                    8,
+                    CollectiveState::Scheduled,
+                    S,
+                    2,
+                )],
+                dumped_at_ns: Some(100 * S),
+                ..Default::default()
+            },
+        ];
+        let r = analyze(
+            &HangEvidence {
+                ranks,
+                ..Default::default()
+            },
+            &HangConfig::default(),
+        );
+        assert_eq!(
+            r.culprits
+                .iter()
+                .map(|c| (c.rank, c.reason))
+                .collect::<Vec<_>>(),
+            vec![(0, HangReason::Deadlock), (1, HangReason::Deadlock)],
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn progress_counters_without_entries_are_enough() {
+        // A dump whose ring buffer lost the entries keeps pg_status.
+        let g = [group("0", "default_pg", &[0, 1])];
+        let mk = |r: u32, enq: u64| RankEvidence {
+            rank: r,
+            groups: g.to_vec(),
+            progress: vec![GroupProgress {
+                group: "0".into(),
+                last_enqueued: Some(enq),
+                last_started: None,
+                last_completed: Some(10),
+            }],
+            dumped_at_ns: Some(100 * S),
+            ..Default::default()
+        };
+        let r = analyze(
+            &HangEvidence {
+                ranks: vec![mk(0, 11), mk(1, 10)],
+                ..Default::default()
+            },
+            &HangConfig::default(),
+        );
+        assert_eq!(
+            r.culprits
+                .iter()
+                .map(|c| (c.rank, c.reason))
+                .collect::<Vec<_>>(),
+            vec![(1, HangReason::NeverReached)],
+            "{r:?}"
+        );
     }
 }

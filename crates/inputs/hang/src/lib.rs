@@ -74,6 +74,9 @@ pub struct FlightRecorderDump {
 /// Decodes a dump from its bytes (pickle, or JSON when it starts with `{`).
 pub fn read_dump(bytes: &[u8]) -> Result<FlightRecorderDump, DumpError> {
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    if first.is_none() {
+        return Err(DumpError::Shape("the file is empty".into()));
+    }
     let v = if first == Some(b'{') {
         let j: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| DumpError::Json(e.to_string()))?;
@@ -173,7 +176,9 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
             Some([name, desc, ..]) => (text(Some(name)), text(Some(desc))),
             _ => (text(e.get("process_group")), String::new()),
         };
-        let pg_id = int(e.get("pg_id")).map(|i| i.to_string()).unwrap_or_default();
+        let pg_id = int(e.get("pg_id"))
+            .map(|i| i.to_string())
+            .unwrap_or_default();
         if !pg_id.is_empty() {
             pg_names.insert(pg_id, (group.clone(), desc.clone()));
         }
@@ -604,7 +609,9 @@ fn read_records(
         }
     }
     if bad > 0 {
-        notes.push(format!("{shown}: {bad} line(s) skipped: not collective records"));
+        notes.push(format!(
+            "{shown}: {bad} line(s) skipped: not collective records"
+        ));
     }
 }
 

@@ -146,6 +146,12 @@ pub fn loads(data: &[u8]) -> Result<Value, PickleError> {
         memo: BTreeMap::new(),
     };
     let root = m.run()?;
+    // The size the tree will have once shared values are copied, counted
+    // on the shared graph first (linear in the file), so an expansion
+    // bomb is refused before anything is copied.
+    if m.expanded_size(root)? > NODE_BUDGET as u64 {
+        return Err(PickleError::TooLarge(NODE_BUDGET));
+    }
     let mut budget = NODE_BUDGET;
     m.build(root, &mut budget, 0)
 }
@@ -237,7 +243,7 @@ impl<'a> Machine<'a> {
         }
     }
     fn set_items(&mut self, target: usize, items: Vec<usize>) -> Result<(), PickleError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.bad("odd number of dict items"));
         }
         let pairs: Vec<(usize, usize)> = items.chunks(2).map(|c| (c[0], c[1])).collect();
@@ -281,7 +287,9 @@ impl<'a> Machine<'a> {
                 b'.' => return self.pop(),
                 b'(' => self.stack.push(Slot::Mark),
                 b'0' => {
-                    self.stack.pop().ok_or_else(|| self.bad("pop of empty stack"))?;
+                    self.stack
+                        .pop()
+                        .ok_or_else(|| self.bad("pop of empty stack"))?;
                 }
                 b'1' => {
                     self.pop_mark()?;
@@ -332,7 +340,10 @@ impl<'a> Machine<'a> {
                 b'F' => {
                     let l = self.line()?;
                     let t = self.text(l)?;
-                    let v = t.trim().parse::<f64>().map_err(|_| self.bad("float text"))?;
+                    let v = t
+                        .trim()
+                        .parse::<f64>()
+                        .map_err(|_| self.bad("float text"))?;
                     self.leaf(Value::Float(v))?
                 }
                 b'G' => {
@@ -411,7 +422,7 @@ impl<'a> Machine<'a> {
                 }
                 b'd' => {
                     let items = self.pop_mark()?;
-                    if items.len() % 2 != 0 {
+                    if !items.len().is_multiple_of(2) {
                         return Err(self.bad("odd number of dict items"));
                     }
                     let pairs = items.chunks(2).map(|c| (c[0], c[1])).collect();
@@ -443,7 +454,9 @@ impl<'a> Machine<'a> {
                         b'p' => {
                             let l = self.line()?;
                             let t = self.text(l)?;
-                            t.trim().parse::<u64>().map_err(|_| self.bad("memo index"))?
+                            t.trim()
+                                .parse::<u64>()
+                                .map_err(|_| self.bad("memo index"))?
                         }
                         b'q' => self.le(1)?,
                         b'r' => self.le(4)?,
@@ -457,7 +470,9 @@ impl<'a> Machine<'a> {
                         b'g' => {
                             let l = self.line()?;
                             let t = self.text(l)?;
-                            t.trim().parse::<u64>().map_err(|_| self.bad("memo index"))?
+                            t.trim()
+                                .parse::<u64>()
+                                .map_err(|_| self.bad("memo index"))?
                         }
                         b'h' => self.le(1)?,
                         _ => self.le(4)?,
@@ -506,15 +521,67 @@ impl<'a> Machine<'a> {
                 b'b' => {
                     let st = self.pop()?;
                     let o = self.top()?;
-                    match &mut self.arena[o] {
-                        Node::Object { state, .. } => *state = Some(st),
-                        // BUILD on a plain container: keep the container.
-                        _ => {}
+                    // BUILD on a plain container: keep the container.
+                    if let Node::Object { state, .. } = &mut self.arena[o] {
+                        *state = Some(st);
                     }
                 }
                 _ => return Err(PickleError::Unsupported { op, at }),
             }
         }
+    }
+
+    fn children(&self, i: usize) -> Vec<usize> {
+        match &self.arena[i] {
+            Node::Leaf(_) | Node::Global(_) => Vec::new(),
+            Node::List(v) | Node::Tuple(v) => v.clone(),
+            Node::Dict(p) => p.iter().flat_map(|&(k, v)| [k, v]).collect(),
+            Node::Object { args, state, .. } => args.iter().copied().chain(*state).collect(),
+        }
+    }
+
+    /// Values under `root` once every shared one is copied (saturating);
+    /// a cycle is an error.
+    fn expanded_size(&self, root: usize) -> Result<u64, PickleError> {
+        // 0 = unseen, 1 = on the path (a cycle if met again), 2 = done.
+        let mut mark = vec![0u8; self.arena.len()];
+        let mut size = vec![0u64; self.arena.len()];
+        let mut stack = vec![(root, false)];
+        while let Some((i, children_done)) = stack.pop() {
+            if children_done {
+                let total = self
+                    .children(i)
+                    .iter()
+                    .fold(1u64, |acc, &c| acc.saturating_add(size[c]));
+                size[i] = total;
+                mark[i] = 2;
+                continue;
+            }
+            match mark[i] {
+                2 => continue,
+                1 => {
+                    return Err(PickleError::Malformed {
+                        at: self.pos,
+                        what: "a value that contains itself",
+                    })
+                }
+                _ => {}
+            }
+            mark[i] = 1;
+            stack.push((i, true));
+            for c in self.children(i) {
+                if mark[c] == 1 {
+                    return Err(PickleError::Malformed {
+                        at: self.pos,
+                        what: "a value that contains itself",
+                    });
+                }
+                if mark[c] == 0 {
+                    stack.push((c, false));
+                }
+            }
+        }
+        Ok(size[root])
     }
 
     fn build(&self, i: usize, budget: &mut usize, depth: usize) -> Result<Value, PickleError> {

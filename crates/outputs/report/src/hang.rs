@@ -69,7 +69,12 @@ pub fn hang_table(r: &HangReport) -> String {
             );
         }
         if let Some(st) = &c.stack {
-            let _ = writeln!(s, "    stack ({}, {} thread):", clean(&st.source), clean(&st.thread));
+            let _ = writeln!(
+                s,
+                "    stack ({}, {} thread):",
+                clean(&st.source),
+                clean(&st.thread)
+            );
             for l in stack_lines(st, 8) {
                 let _ = writeln!(s, "  {l}");
             }
@@ -78,7 +83,10 @@ pub fn hang_table(r: &HangReport) -> String {
     if !r.waiting.is_empty() {
         let _ = writeln!(s, "\nWaiting:");
         for w in &r.waiting {
-            let waited = w.waited_s.map(|x| format!(" for {x:.1} s")).unwrap_or_default();
+            let waited = w
+                .waited_s
+                .map(|x| format!(" for {x:.1} s"))
+                .unwrap_or_default();
             let whom = if w.waits_for.is_empty() {
                 "the collective itself".to_string()
             } else {
@@ -196,7 +204,12 @@ pub fn hang_html(title: &str, r: &HangReport) -> String {
 <style>body{{font-family:sans-serif;margin:2em;max-width:70em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}}pre{{background:#f6f6f6;padding:.5em;margin:.2em 0}}.culprit{{color:#a00}}</style></head><body>",
         escape(title)
     );
-    let _ = write!(s, "<h1>{}</h1><p><b>{}</b></p>", escape(title), escape(&r.verdict));
+    let _ = write!(
+        s,
+        "<h1>{}</h1><p><b>{}</b></p>",
+        escape(title),
+        escape(&r.verdict)
+    );
     if !r.culprits.is_empty() || !r.waiting.is_empty() {
         let _ = write!(
             s,

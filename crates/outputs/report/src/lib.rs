@@ -11,8 +11,8 @@
 
 pub mod diagnose;
 pub mod flows;
-pub mod hang;
 mod format;
+pub mod hang;
 mod html;
 mod lines;
 mod perfetto;
