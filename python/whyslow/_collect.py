@@ -88,13 +88,30 @@ def _pending_dir(cfg: Config) -> str:
 
 def _post(cfg: Config, job: str, session: str, fingerprint: str) -> Tuple[bool, bool, str]:
     """One POST; (done, worth retrying later, why not)."""
-    import urllib.error
     import urllib.parse
-    import urllib.request
 
     url = "%s/api/v1/jobs/%s/sessions/%s/fingerprints" % (
         cfg.server.rstrip("/"), urllib.parse.quote(job, safe=""), urllib.parse.quote(session, safe=""))
-    req = urllib.request.Request(url, data=fingerprint.encode(), method="POST", headers={
+    return _post_url(cfg, url, fingerprint)
+
+
+def upload_hang(cfg: Config, report_json: str, batch: str) -> None:
+    """Uploads a hang report (``/api/v1/jobs/<job>/hangs/<batch>``); raises
+    RuntimeError naming why it was not stored."""
+    import urllib.parse
+
+    url = "%s/api/v1/jobs/%s/hangs/%s" % (
+        cfg.server.rstrip("/"), urllib.parse.quote(cfg.job_id, safe=""), urllib.parse.quote(batch, safe=""))
+    done, _, why = _post_url(cfg, url, report_json)
+    if not done:
+        raise RuntimeError("%s: %s" % (cfg.server, why))
+
+
+def _post_url(cfg: Config, url: str, body: str) -> Tuple[bool, bool, str]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body.encode(), method="POST", headers={
         "Content-Type": "application/json",
         "Authorization": "Bearer %s" % cfg.token,
     })

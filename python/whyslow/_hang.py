@@ -265,3 +265,11 @@ class HangGatherer:
         }
         with open(os.path.join(folder, "timing.json"), "w") as f:
             json.dump(timing, f)
+        if getattr(self.cfg, "server", None):
+            try:
+                from . import _collect
+
+                _collect.upload_hang(self.cfg, report_json, os.path.basename(folder))
+                log.info("whyslow: hang report uploaded to %s", self.cfg.server)
+            except Exception as e:
+                log.warning("whyslow: hang report not uploaded: %s", e)

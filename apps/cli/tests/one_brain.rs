@@ -312,3 +312,59 @@ fn the_server_diagnoses_a_recorded_spool_as_the_library_does() {
         );
     }
 }
+
+#[test]
+fn a_hang_report_reads_the_same_from_the_command_line_and_the_server() {
+    // What the online package uploads after a stall: the report of
+    // `whyslow hang`, computed by the same library call.
+    let dir_in = repo().join("tests/fixtures/hang/sleep");
+    let (code, out, err) = whyslow(&["hang", dir_in.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let local: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(local["culprits"][0]["rank"], 2, "{out}");
+    let dir = temp_dir("hang");
+    let (app, token) = server(&dir.join("store"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let uri = "/api/v1/jobs/job-h/hangs/hang-1";
+        let (status, json) = call(&app, "POST", uri, &token, out.clone().into_bytes()).await;
+        assert_eq!(status, StatusCode::CREATED, "{json}");
+        assert_eq!(json["culprits"], serde_json::json!([2]));
+        let (status, _) = call(&app, "POST", uri, &token, out.clone().into_bytes()).await;
+        assert_eq!(status, StatusCode::OK, "a retry is stored once");
+        let (status, json) = call(&app, "GET", "/api/v1/jobs/job-h/hang", &token, vec![]).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        assert_eq!(json, local);
+        // Not a hang report: a 400 that says what was expected.
+        let (status, json) = call(
+            &app,
+            "POST",
+            "/api/v1/jobs/job-h/hangs/bad",
+            &token,
+            b"{\"jobs\": []}".to_vec(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{json}");
+        assert!(json.to_string().contains("not a hang report"), "{json}");
+        // The job page shows it first, with the waits-for graph.
+        let req = Request::builder()
+            .uri("/ui/jobs/job-h")
+            .header("cookie", format!("whyslow_token={token}"))
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let page = axum::body::to_bytes(resp.into_body(), 1 << 24)
+            .await
+            .unwrap();
+        let page = String::from_utf8_lossy(&page);
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert!(page.contains("<h2>Hang</h2>"), "{page}");
+        assert!(page.contains("stalled_data_loader"), "{page}");
+        assert!(page.contains("waits-for graph"), "{page}");
+    });
+}

@@ -183,12 +183,14 @@ impl ClickHouseStore {
                  uploaded_ns UInt64)
              ENGINE = ReplacingMergeTree ORDER BY (tenant, job, batch) {ttl}"
         ))?;
-        s.exec(&format!(
-            "CREATE TABLE IF NOT EXISTS {db}.flows (
-                 tenant Int64, job String, batch String, body String CODEC(ZSTD(3)),
-                 uploaded_ns UInt64)
-             ENGINE = ReplacingMergeTree ORDER BY (tenant, job, batch) {ttl}"
-        ))?;
+        for table in ["flows", "hangs"] {
+            s.exec(&format!(
+                "CREATE TABLE IF NOT EXISTS {db}.{table} (
+                     tenant Int64, job String, batch String, body String CODEC(ZSTD(3)),
+                     uploaded_ns UInt64)
+                 ENGINE = ReplacingMergeTree ORDER BY (tenant, job, batch) {ttl}"
+            ))?;
+        }
         Ok(s)
     }
 
@@ -540,7 +542,8 @@ impl Store for ClickHouseStore {
              UNION ALL SELECT 1 FROM {db}.profiles WHERE tenant = {t} AND job = {j}
              UNION ALL SELECT 1 FROM {db}.collectives WHERE tenant = {t} AND job = {j}
              UNION ALL SELECT 1 FROM {db}.os_samples WHERE tenant = {t} AND job = {j}
-             UNION ALL SELECT 1 FROM {db}.flows WHERE tenant = {t} AND job = {j} LIMIT 1"
+             UNION ALL SELECT 1 FROM {db}.flows WHERE tenant = {t} AND job = {j}
+             UNION ALL SELECT 1 FROM {db}.hangs WHERE tenant = {t} AND job = {j} LIMIT 1"
         ))?;
         Ok(!rows.is_empty())
     }
@@ -653,6 +656,20 @@ impl Store for ClickHouseStore {
 
     fn flows(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError> {
         self.blobs("flows", tenant, job, limit)
+    }
+
+    fn put_hang(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        json: &str,
+    ) -> Result<bool, StoreError> {
+        self.put_blob("hangs", tenant, job, batch, json)
+    }
+
+    fn hangs(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.blobs("hangs", tenant, job, limit)
     }
 
     fn hour_profile(

@@ -76,6 +76,7 @@ pub struct Metrics {
     collective_records: AtomicU64,
     os_readings: AtomicU64,
     flow_analyses: AtomicU64,
+    hang_reports: AtomicU64,
     raw_archived: AtomicU64,
     raw_archived_bytes: AtomicU64,
     profiles_compacted: AtomicU64,
@@ -166,6 +167,11 @@ impl Metrics {
                 "whyslow_server_flow_analyses_ingested_total",
                 "flow analyses stored (`whyslow flows analyze --format json`)",
                 c(&self.flow_analyses),
+            ),
+            (
+                "whyslow_server_hang_reports_ingested_total",
+                "hang reports stored (the online package's, after a stall)",
+                c(&self.hang_reports),
             ),
             (
                 "whyslow_server_raw_uploads_archived_total",
@@ -874,6 +880,7 @@ async fn post_text_batch<S: serde::Serialize + Send + 'static>(
             match kind {
                 "collectives" => &m.collective_records,
                 "os" => &m.os_readings,
+                "hangs" => &m.hang_reports,
                 _ => &m.flow_analyses,
             }
             .fetch_add(items, Ordering::Relaxed);
@@ -1125,6 +1132,72 @@ async fn post_flows(
         |s, t, j, b, text| s.put_flows(t, j, b, text),
     )
     .await
+}
+
+/// Most culprits plus waiting ranks a hang report may hold.
+const MAX_HANG_RANKS: usize = 1 << 20;
+
+/// Parses a hang report as `whyslow hang --format json` writes it.
+pub fn parse_hang_report(text: &str) -> Result<whyslow_model::hang::HangReport, String> {
+    let r: whyslow_model::hang::HangReport = serde_json::from_str(text)
+        .map_err(|e| format!("not a hang report (`whyslow hang --format json`): {e}"))?;
+    if r.culprits.len() + r.waiting.len() > MAX_HANG_RANKS {
+        return Err(format!(
+            "{} ranks in one hang report: at most {MAX_HANG_RANKS}",
+            r.culprits.len() + r.waiting.len()
+        ));
+    }
+    Ok(r)
+}
+
+async fn post_hang(
+    State(state): State<Arc<AppState>>,
+    UrlPath(names): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let parse = |text: &str| {
+        let r = parse_hang_report(text)?;
+        Ok((
+            json!({ "hang": r.hang, "culprits": r.culprits.iter().map(|c| c.rank).collect::<Vec<_>>() }),
+            1,
+        ))
+    };
+    post_text_batch(
+        state,
+        names,
+        headers,
+        body,
+        ("hangs", "json"),
+        parse,
+        |s, t, j, b, text| s.put_hang(t, j, b, text),
+    )
+    .await
+}
+
+async fn get_hang(
+    State(state): State<Arc<AppState>>,
+    UrlPath(job): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        store::check_name("job", &job)?;
+        let (st, j) = (state.clone(), job.clone());
+        let mut latest = blocking(move || Ok(st.store.hangs(t, &j, 1)?)).await?;
+        let Some(text) = latest.pop() else {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no hang report of job {job:?}"),
+            ));
+        };
+        parse_hang_report(&text)
+            .map(Json)
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
 }
 
 /// The job's latest flow analysis, or 404.
@@ -1383,6 +1456,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/jobs/{job}/os/{batch}", post(post_os_samples))
         .route("/api/v1/jobs/{job}/flows/{batch}", post(post_flows))
         .route("/api/v1/jobs/{job}/flows", get(get_flows))
+        .route("/api/v1/jobs/{job}/hangs/{batch}", post(post_hang))
+        .route("/api/v1/jobs/{job}/hang", get(get_hang))
         .route(
             "/api/v1/jobs/{job}/flows.perfetto.json",
             get(get_flows_perfetto),

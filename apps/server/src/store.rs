@@ -231,6 +231,18 @@ pub trait Store: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// The job's most recent `limit` flow analyses, newest first.
     fn flows(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError>;
+    /// Stores one hang report of a job (the JSON of `whyslow hang --format
+    /// json`, as the online package uploads it after a stall); `false`
+    /// when the batch was stored before.
+    fn put_hang(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        json: &str,
+    ) -> Result<bool, StoreError>;
+    /// The job's most recent `limit` hang reports, newest first.
+    fn hangs(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError>;
     /// Moves profiles uploaded before `before_unix_s` into the store's
     /// long-term layout; returns (profiles moved, segments written). The
     /// embedded store writes columnar segments ([`SqliteStore::compact`]);
@@ -365,7 +377,12 @@ impl SqliteStore {
                  tenant INTEGER NOT NULL, job TEXT NOT NULL, batch TEXT NOT NULL,
                  body TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL, seq INTEGER NOT NULL,
                  PRIMARY KEY (tenant, batch));
-             CREATE INDEX IF NOT EXISTS flows_by_job ON flows (tenant, job, seq);",
+             CREATE INDEX IF NOT EXISTS flows_by_job ON flows (tenant, job, seq);
+             CREATE TABLE IF NOT EXISTS hangs (
+                 tenant INTEGER NOT NULL, job TEXT NOT NULL, batch TEXT NOT NULL,
+                 body TEXT NOT NULL, uploaded_unix_s INTEGER NOT NULL, seq INTEGER NOT NULL,
+                 PRIMARY KEY (tenant, batch));
+             CREATE INDEX IF NOT EXISTS hangs_by_job ON hangs (tenant, job, seq);",
         )?;
         // Where a profile lives once compacted (a path under DATA/segments;
         // NULL: its pprof is in the row). Added to databases made before.
@@ -730,6 +747,7 @@ impl Store for SqliteStore {
             "collectives",
             "os_samples",
             "flows",
+            "hangs",
         ] {
             let found = db
                 .query_row(
@@ -892,6 +910,20 @@ impl Store for SqliteStore {
         self.batches("flows", tenant, job, limit)
     }
 
+    fn put_hang(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        batch: &str,
+        json: &str,
+    ) -> Result<bool, StoreError> {
+        self.put_batch("hangs", tenant, job, batch, json)
+    }
+
+    fn hangs(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.batches("hangs", tenant, job, limit)
+    }
+
     fn expire(&self, before_unix_s: i64) -> Result<u64, StoreError> {
         let mut n = 0;
         {
@@ -902,6 +934,7 @@ impl Store for SqliteStore {
                 "collectives",
                 "os_samples",
                 "flows",
+                "hangs",
             ] {
                 n += db.execute(
                     &format!("DELETE FROM {table} WHERE uploaded_unix_s < ?1"),
@@ -1128,6 +1161,14 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
     check!(ok!(s.flows(b, "job4", 10)).is_empty());
     check!(ok!(s.has_job(a, "job4")) && !ok!(s.has_job(b, "job4")));
     check!(s.put_flows(a, "job4", "../f", "{}").is_err());
+    // Hang reports: once per batch, newest first, per tenant.
+    check!(ok!(s.put_hang(a, "job5", "h1", "{\"n\":1}")));
+    check!(ok!(s.put_hang(a, "job5", "h2", "{\"n\":2}")));
+    check!(!ok!(s.put_hang(a, "job5", "h1", "{\"n\":1}")));
+    check!(ok!(s.hangs(a, "job5", 10)) == vec!["{\"n\":2}", "{\"n\":1}"]);
+    check!(ok!(s.hangs(b, "job5", 10)).is_empty());
+    check!(ok!(s.has_job(a, "job5")));
+    check!(s.put_hang(a, "job5", "../h", "{}").is_err());
     for bad in ["", "../x", ".hidden", "a/b", "a'b", &"x".repeat(201)] {
         check!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err());
     }

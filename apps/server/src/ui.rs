@@ -377,18 +377,28 @@ async fn job_page(
         }
         let diagnosis = crate::diagnosis_of(st.store.as_ref(), t, &j, &Default::default())?.ok();
         let flows = st.store.flows(t, &j, 1)?;
-        Ok((sessions, kinds, diagnosis, flows))
+        let hangs = st.store.hangs(t, &j, 1)?;
+        Ok((sessions, kinds, diagnosis, flows, hangs))
     })
     .await;
-    let (sessions, kinds, diagnosis, flows) = match found {
+    let (sessions, kinds, diagnosis, flows, hangs) = match found {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return server_error(&e.to_string()),
         Err(e) => return server_error(&e.to_string()),
     };
-    if sessions.is_empty() && kinds.is_empty() && diagnosis.is_none() && flows.is_empty() {
+    if sessions.is_empty()
+        && kinds.is_empty()
+        && diagnosis.is_none()
+        && flows.is_empty()
+        && hangs.is_empty()
+    {
         return not_found(&format!("No job {job:?}."));
     }
     let mut body = String::new();
+    // A hang first: the job is stopped, nothing else matters as much.
+    if let Some(r) = hangs.first().and_then(|h| crate::parse_hang_report(h).ok()) {
+        body.push_str(&hang_section(&r));
+    }
     if let Some(d) = &diagnosis {
         body.push_str(&diagnosis_section(&job, d));
     }
@@ -449,6 +459,15 @@ async fn job_page(
 /// The job's latest flow analysis (LLMPrism): its table (jobs, steps,
 /// pair types, findings), the per-switch DP bandwidth plot (Fig. 5) and the
 /// per-rank timelines as a Perfetto file (Fig. 4).
+fn hang_section(r: &whyslow_model::hang::HangReport) -> String {
+    format!(
+        "<h2>Hang</h2><p class=\"muted\">The latest hang report of this job: after a stall          (no iteration for 5× the mean, PerfTracker §4.1) every rank's stacks and Flight          Recorder dump, and the ranks the others wait for (<code>whyslow hang</code>).</p>          <p><b>{verdict}</b></p>{graph}<pre>{table}</pre>",
+        verdict = esc(&r.verdict),
+        graph = whyslow_report::hang::waits_for_svg(r),
+        table = esc(&whyslow_report::hang::hang_table(r)),
+    )
+}
+
 fn flows_section(job: &str, text: &str) -> String {
     let report = match crate::parse_flow_report(text) {
         Ok(r) => r,
