@@ -748,6 +748,11 @@ fn collectives_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<
         whyslow_sampler::clock::realtime_ns() - whyslow_sampler::clock::monotonic_ns(),
     );
     let mut pending_nccl: Vec<whyslow_collectives::nccl::NcclEvent> = Vec::new();
+    // Calls in flight longer than OPEN_AFTER are written once as open
+    // records (a hang: `whyslow hang`, `diagnose`), keyed by process,
+    // thread and entry.
+    let mut reported_open: BTreeMap<(u32, u32, u64), ()> = BTreeMap::new();
+    let mut last_open_scan = std::time::Instant::now();
     loop {
         // On stop, one last round writes everything still pending.
         let stopping = stop.load(Ordering::Relaxed);
@@ -899,6 +904,33 @@ fn collectives_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<
                 }
             }
         }
+        if last_open_scan.elapsed() >= Duration::from_secs(1) {
+            last_open_scan = std::time::Instant::now();
+            let open = tracer.in_flight();
+            let now = monotonic_ns();
+            reported_open.retain(|k, _| open.iter().any(|e| (e.pid, e.tid, e.entry_ns) == *k));
+            for mut e in open {
+                let key = (e.pid, e.tid, e.entry_ns);
+                if now.saturating_sub(e.entry_ns) < OPEN_AFTER_NS
+                    || reported_open.contains_key(&key)
+                {
+                    continue;
+                }
+                let Some(t) = traced.get(&e.pid) else {
+                    continue;
+                };
+                e.exit_ns = now;
+                if let Some(mut r) = sequencer.record(&e, &t.reg.job, t.reg.rank) {
+                    r.open = true;
+                    if let Ok(j) = serde_json::to_string(&r) {
+                        reported_open.insert(key, ());
+                        let l = lines.entry(e.pid).or_default();
+                        l.push_str(&j);
+                        l.push('\n');
+                    }
+                }
+            }
+        }
         for (pid, text) in lines {
             let Some(t) = traced.get_mut(&pid) else {
                 continue;
@@ -921,6 +953,11 @@ fn collectives_loop(dir: PathBuf, args: ProfilerArgs, spool: PathBuf, stop: Arc<
         }
     }
 }
+
+/// A collective in flight this long is written as an open record: far
+/// beyond any healthy collective (they take ms), well before PyTorch's
+/// collective timeouts (10-30 min).
+const OPEN_AFTER_NS: u64 = 10_000_000_000;
 
 /// CLOCK_MONOTONIC in ns (the clock of bpf_ktime_get_ns).
 fn monotonic_ns() -> u64 {

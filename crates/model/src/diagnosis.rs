@@ -50,6 +50,11 @@ pub struct DiagnoseReport {
     pub groups: Vec<GroupSummary>,
     /// What was not judged and why, and what the data did not support.
     pub notes: Vec<String>,
+    /// A hang seen in the collective records (calls in flight far longer
+    /// than any step while a member never entered): the ranks the others
+    /// wait for, as `whyslow hang` names them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang: Option<crate::hang::HangReport>,
 }
 
 impl DiagnoseReport {
@@ -63,7 +68,8 @@ impl DiagnoseReport {
             && self.os_diff.is_empty()
             && self.network_diff.is_empty()
             && self.gpu_diff.is_empty()
-            && self.regressions.is_empty())
+            && self.regressions.is_empty()
+            && self.hang.is_none())
     }
 }
 

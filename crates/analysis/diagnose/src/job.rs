@@ -467,7 +467,17 @@ pub fn diagnose(
             profiles.push(p);
         }
     }
-    let mut records: Vec<&CollectiveRecord> = evidence.collectives.iter().collect();
+    // Calls seen still in flight are a hang's evidence, not a late entry.
+    let hang = whyslow_hang::any_open(&evidence.collectives)
+        .then(|| {
+            whyslow_hang::analyze(
+                &whyslow_hang::evidence_from_records(&evidence.collectives),
+                &Default::default(),
+            )
+        })
+        .filter(|h| h.hang);
+    let mut records: Vec<&CollectiveRecord> =
+        evidence.collectives.iter().filter(|r| !r.open).collect();
     let mut os_samples: Vec<&OsSample> = evidence.os_samples.iter().collect();
     // One order whatever the door read the evidence in (a spool's file
     // names, a store's upload order): sums of shares are then the same to
@@ -512,7 +522,7 @@ pub fn diagnose(
                 &b.job,
             ))
     });
-    if profiles.is_empty() && records.is_empty() && os_samples.is_empty() {
+    if profiles.is_empty() && records.is_empty() && os_samples.is_empty() && hang.is_none() {
         return Err(DiagnoseError::NothingToDiagnose);
     }
     if profiles.is_empty() {
@@ -985,6 +995,7 @@ pub fn diagnose(
             .collect(),
         groups: summaries,
         notes,
+        hang,
     };
 
     // What the pictures are drawn from.

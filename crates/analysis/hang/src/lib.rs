@@ -27,6 +27,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+mod records;
+pub use records::{any_open, evidence_from_records};
+
 use whyslow_model::hang::{
     CollectiveState, Culprit, GroupInfo, HangEvidence, HangReason, HangReport, RankEvidence,
     RankSummary, RecordedCollective, StackFrame, ThreadStack, Waiting, HANG_REPORT_VERSION,

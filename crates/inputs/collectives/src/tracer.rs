@@ -263,6 +263,18 @@ impl Uprobes {
         }
     }
 
+    /// The raw `inflight` entries (calls entered and not returned), by
+    /// thread id: `N` bytes of the program's `struct entry` each.
+    pub(crate) fn in_flight<const N: usize>(&self) -> Vec<(u32, [u8; N])> {
+        let Some(m) = self.ebpf.map("inflight") else {
+            return Vec::new();
+        };
+        let Ok(map) = BpfHashMap::<&MapData, u32, [u8; N]>::try_from(m) else {
+            return Vec::new();
+        };
+        map.iter().filter_map(Result::ok).collect()
+    }
+
     /// The program's counters.
     pub(crate) fn stats(&self) -> Result<TracerStats, TraceError> {
         let m = self
@@ -325,8 +337,42 @@ impl GlooTracer {
         self.probes.poll(timeout, GlooEvent::parse)
     }
 
+    /// Calls entered and not returned yet, as events with `exit_ns` 0:
+    /// what a rank waiting in a collective that never finishes shows (a
+    /// hang). The process of each thread is read from `/proc`; threads
+    /// gone since are left out.
+    pub fn in_flight(&self) -> Vec<GlooEvent> {
+        // `struct entry`: entry_ns, context, context_words[4], op, pad,
+        // options[OPTION_WORDS].
+        const ENTRY: usize = 40 + 8 * OPTION_WORDS;
+        let mut out = Vec::new();
+        for (tid, e) in self.probes.in_flight::<ENTRY>() {
+            let Some(pid) = tgid_of(tid) else { continue };
+            // Laid out as the ring buffer's `struct event`.
+            let mut b = vec![0u8; 56 + 8 * OPTION_WORDS];
+            b[0..4].copy_from_slice(&pid.to_ne_bytes());
+            b[4..8].copy_from_slice(&tid.to_ne_bytes());
+            b[8..12].copy_from_slice(&e[32..36]); // op
+            b[16..32].copy_from_slice(&e[16..32]); // context words
+            b[32..40].copy_from_slice(&e[8..16]); // context
+            b[40..48].copy_from_slice(&e[0..8]); // entry_ns
+            b[56..].copy_from_slice(&e[40..]); // options
+            out.extend(GlooEvent::parse(&b));
+        }
+        out
+    }
+
     /// The program's counters.
     pub fn stats(&self) -> Result<TracerStats, TraceError> {
         self.probes.stats()
     }
+}
+
+/// The process a thread belongs to (`Tgid:` of `/proc/TID/status`).
+fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }

@@ -524,8 +524,24 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
             ev.dumped_at_ns = ev.dumped_at_ns.or(Some(at));
         }
     }
-    for (shown, bytes) in records {
-        read_records(&shown, &bytes, &mut ranks, &mut notes);
+    // Collective records stand in for ranks without Flight Recorder state.
+    let mut recs = Vec::new();
+    for (shown, bytes) in &records {
+        parse_records(shown, bytes, &mut recs, &mut notes);
+    }
+    if !recs.is_empty() {
+        for from in whyslow_hang::evidence_from_records(&recs).ranks {
+            let ev = rank_entry(&mut ranks, from.rank);
+            if ev.fr_version.is_some() {
+                continue;
+            }
+            ev.files
+                .push(format!("{} collective record file(s)", records.len()));
+            merge_groups(&mut ev.groups, from.groups);
+            ev.progress = from.progress;
+            ev.collectives = from.collectives;
+            ev.dumped_at_ns = ev.dumped_at_ns.or(from.dumped_at_ns);
+        }
     }
     Ok(HangEvidence {
         ranks: ranks.into_values().collect(),
@@ -534,13 +550,12 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
     })
 }
 
-/// A node agent's collective records: each open one (entered, not
-/// finished) becomes a scheduled collective of its rank; finished ones
-/// advance the rank's progress in the group.
-fn read_records(
+/// Collective records (one JSON per line); lines that do not parse are
+/// counted in a note.
+fn parse_records(
     shown: &str,
     bytes: &[u8],
-    ranks: &mut BTreeMap<u32, RankEvidence>,
+    out: &mut Vec<whyslow_model::collective::CollectiveRecord>,
     notes: &mut Vec<String>,
 ) {
     let mut bad = 0usize;
@@ -548,64 +563,9 @@ fn read_records(
         if line.trim().is_empty() {
             continue;
         }
-        let rec: whyslow_model::collective::CollectiveRecord = match serde_json::from_str(line) {
-            Ok(r) => r,
-            Err(_) => {
-                bad += 1;
-                continue;
-            }
-        };
-        let (Some(rank), Some(seq)) = (rec.global_rank, rec.seq) else {
-            continue;
-        };
-        let ev = rank_entry(ranks, rank);
-        // Flight Recorder state, when present, is more complete.
-        if ev.fr_version.is_some() {
-            continue;
-        }
-        let done = rec.exit_ns > 0 && !rec.open;
-        let p = match ev.progress.iter_mut().find(|p| p.group == rec.group) {
-            Some(p) => p,
-            None => {
-                ev.progress.push(GroupProgress {
-                    group: rec.group.clone(),
-                    last_enqueued: None,
-                    last_started: None,
-                    last_completed: None,
-                });
-                ev.progress.last_mut().expect("just pushed")
-            }
-        };
-        p.last_enqueued = p.last_enqueued.max(Some(seq));
-        p.last_started = p.last_started.max(Some(seq));
-        if done {
-            p.last_completed = p.last_completed.max(Some(seq));
-        }
-        if !ev.groups.iter().any(|g| g.name == rec.group) {
-            ev.groups.push(GroupInfo {
-                name: rec.group.clone(),
-                desc: String::new(),
-                ranks: None,
-            });
-        }
-        ev.collectives.push(RecordedCollective {
-            group: rec.group,
-            seq,
-            p2p: matches!(rec.op.as_str(), "send" | "recv"),
-            op: rec.op,
-            input_sizes: Vec::new(),
-            output_sizes: Vec::new(),
-            dtypes: Vec::new(),
-            state: if done {
-                CollectiveState::Completed
-            } else {
-                CollectiveState::Started
-            },
-            created_ns: None,
-            frames: Vec::new(),
-        });
-        if !ev.files.iter().any(|f| f == shown) {
-            ev.files.push(shown.to_string());
+        match serde_json::from_str(line) {
+            Ok(r) => out.push(r),
+            Err(_) => bad += 1,
         }
     }
     if bad > 0 {

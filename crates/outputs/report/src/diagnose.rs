@@ -135,6 +135,13 @@ fn write_table(
     r: &DiagnoseReport,
     (min_retrans_pct, min_out_of_order_pct): (f64, f64),
 ) -> std::fmt::Result {
+    if let Some(h) = &r.hang {
+        writeln!(out, "HANG (from the collective records)")?;
+        for l in crate::hang::hang_table(h).lines() {
+            writeln!(out, "  {l}")?;
+        }
+        writeln!(out)?;
+    }
     writeln!(out,
         "{} rank profiles in {} group(s); baseline {:.0}..{:.0} s, window {:.0}..{:.0} s (since the earliest profile)",
         r.profiles,
