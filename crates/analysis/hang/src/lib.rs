@@ -572,12 +572,10 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
             } else if ev_r.is_none_or(|e| {
                 e.collectives.is_empty()
                     && e.progress.is_empty()
-                    && e.stacks.iter().all(|s| s.source == "proc")
+                    && e.stacks.iter().all(|s| s.source != "python")
             }) {
                 let kernel = stack.as_ref().and_then(|s| {
-                    s.frames
-                        .first()
-                        .map(|f| (s.thread.clone(), f.function.clone()))
+                    where_in(s).map(|f| (format!("{} ({})", s.thread, s.source), f.label()))
                 });
                 (
                     HangReason::Unresponsive,

@@ -424,6 +424,7 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
     // A dump file's modification time stands for when it was taken only
     // where the rank's own stack file does not say (a copy loses it).
     let mut file_times: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut has_profiles = false;
     for path in files {
         let name = path
             .file_name()
@@ -442,6 +443,10 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
         };
         if name.ends_with(".collectives.jsonl") {
             records.push((shown, bytes));
+            continue;
+        }
+        if name.ends_with(".pb.gz") || name.ends_with(".os.jsonl") {
+            has_profiles |= name.ends_with(".pb.gz");
             continue;
         }
         if name.starts_with("blocked-rank") && name.ends_with(".txt") {
@@ -529,6 +534,19 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
     for (shown, bytes) in &records {
         parse_records(shown, bytes, &mut recs, &mut notes);
     }
+    // A node agent's profiles: where a rank that could not answer was, seen
+    // from outside (its last period's heaviest stacks, CPU and off-CPU).
+    if has_profiles {
+        match whyslow_spool::read_spool(dir) {
+            Ok(spool) => {
+                for (r, stacks) in agent_stacks(&spool.evidence.profiles) {
+                    let ev = rank_entry(&mut ranks, r);
+                    ev.stacks.extend(stacks);
+                }
+            }
+            Err(e) => notes.push(format!("agent profiles not read: {e}")),
+        }
+    }
     if !recs.is_empty() {
         for from in whyslow_hang::evidence_from_records(&recs).ranks {
             let ev = rank_entry(&mut ranks, from.rank);
@@ -548,6 +566,68 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
         world_size: None,
         notes,
     })
+}
+
+/// Per rank, the heaviest stack of its latest CPU and off-CPU profile
+/// (`source` `agent`), the one the rank spent its time in first: CPU when
+/// it was on a CPU for most of that period, else off-CPU.
+fn agent_stacks(
+    profiles: &[whyslow_model::stack::StackProfile],
+) -> BTreeMap<u32, Vec<ThreadStack>> {
+    use whyslow_model::stack::FrameKind;
+    let mut latest: BTreeMap<(u32, bool), &whyslow_model::stack::StackProfile> = BTreeMap::new();
+    for p in profiles {
+        let Some(rank) = p.labels.get("rank").and_then(|r| r.parse::<u32>().ok()) else {
+            continue;
+        };
+        let offcpu = p.labels.get("kind").is_some_and(|k| k == "offcpu");
+        let e = latest.entry((rank, offcpu)).or_insert(p);
+        if p.start_unix_ns > e.start_unix_ns {
+            *e = p;
+        }
+    }
+    let mut out: BTreeMap<u32, Vec<(bool, ThreadStack)>> = BTreeMap::new();
+    for ((rank, offcpu), p) in latest {
+        let Some(top) = p.stacks.iter().max_by_key(|s| s.count) else {
+            continue;
+        };
+        let frames = top
+            .frames
+            .iter()
+            .rev()
+            .filter_map(|&i| p.frames.get(i as usize))
+            .filter(|f| f.kind != FrameKind::Label)
+            .map(|f| StackFrame {
+                function: f
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| format!("0x{:x}", f.offset)),
+                file: f.module.clone().unwrap_or_default(),
+                line: f.line.unwrap_or(0),
+            })
+            .collect();
+        let on_cpu =
+            !offcpu && p.hz > 0.0 && p.total() as f64 >= 0.5 * p.hz * p.duration_ns as f64 / 1e9;
+        out.entry(rank).or_default().push((
+            on_cpu || offcpu,
+            ThreadStack {
+                thread: format!(
+                    "main ({} profile, the node agent)",
+                    if offcpu { "off-CPU" } else { "CPU" }
+                ),
+                frames,
+                source: "agent".into(),
+                taken_at_ns: Some(p.start_unix_ns + p.duration_ns),
+            },
+        ));
+    }
+    out.into_iter()
+        .map(|(r, mut v)| {
+            // The profile that accounts for the period first.
+            v.sort_by_key(|(first, _)| !first);
+            (r, v.into_iter().map(|(_, s)| s).collect())
+        })
+        .collect()
 }
 
 /// Collective records (one JSON per line); lines that do not parse are

@@ -202,3 +202,101 @@ fn a_damaged_file_is_named_and_the_rest_still_read() {
         "{show}"
     );
 }
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_tree(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn real_agent_spools_without_open_calls_are_no_hang() {
+    // Recorded on the testbed (tests/fixtures/diagnose): a healthy job and
+    // one with a noisy neighbour slowing a rank; neither hangs.
+    for case in ["healthy", "noisy-neighbour"] {
+        let dir = whyslow_testkit::fixtures()
+            .join("diagnose")
+            .join(case)
+            .join("agent");
+        let ev = whyslow_hang_inputs::read_dir(&dir).unwrap();
+        let r = analyze(&ev, &HangConfig::default());
+        assert!(!r.hang && r.culprits.is_empty(), "{case}: {}", r.verdict);
+        // The agent's profiles gave each rank a stack.
+        assert!(
+            r.ranks.iter().all(|x| x.stack_sources == ["agent"]),
+            "{case}: {:?}",
+            r.ranks
+        );
+    }
+}
+
+#[test]
+fn open_calls_in_a_real_agent_spool_name_the_rank_that_never_entered() {
+    // The healthy spool, then ranks 0, 1 and 3 seen 60 s inside the next
+    // all-reduce of the world group while rank 2 never enters it: as the
+    // agent writes a call in flight past its bound.
+    let src = whyslow_testkit::fixtures().join("diagnose/healthy/agent");
+    let tmp = tempfile::tempdir().unwrap();
+    copy_tree(&src, tmp.path());
+    let mut records = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.to_string_lossy().ends_with(".collectives.jsonl") {
+                for l in std::fs::read_to_string(&p).unwrap().lines() {
+                    records.push(
+                        serde_json::from_str::<whyslow_model::collective::CollectiveRecord>(l)
+                            .unwrap(),
+                    );
+                }
+            }
+        }
+    }
+    let world = records
+        .iter()
+        .filter(|r| r.group.contains("gloo4"))
+        .max_by_key(|r| r.seq)
+        .unwrap()
+        .clone();
+    let last_exit = records.iter().map(|r| r.exit_ns).max().unwrap();
+    let mut open = String::new();
+    for rank in [0u32, 1, 3] {
+        let mut r = world.clone();
+        r.rank = rank;
+        r.global_rank = Some(rank);
+        r.seq = Some(world.seq.unwrap() + 1);
+        r.entry_ns = last_exit + 100_000_000;
+        r.exit_ns = r.entry_ns + 60_000_000_000;
+        r.open = true;
+        open.push_str(&serde_json::to_string(&r).unwrap());
+        open.push('\n');
+    }
+    std::fs::write(tmp.path().join("open.collectives.jsonl"), open).unwrap();
+    let ev = whyslow_hang_inputs::read_dir(tmp.path()).unwrap();
+    let r = analyze(&ev, &HangConfig::default());
+    let show = whyslow_report::hang::hang_table(&r);
+    assert_eq!(
+        r.culprits
+            .iter()
+            .map(|c| (c.rank, c.reason.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(2, "never_reached")],
+        "{show}"
+    );
+    assert_eq!(
+        r.culprits[0].stack.as_ref().unwrap().source,
+        "agent",
+        "{show}"
+    );
+    assert_eq!(r.waiting.len(), 3, "{show}");
+}
