@@ -132,6 +132,10 @@ pub fn waits_for_svg(r: &HangReport) -> String {
         .collect();
     for _ in 0..r.waiting.len() + 1 {
         for &(from, to) in &edges {
+            // Culprits stay on top, even inside a cycle of waits.
+            if r.culprits.iter().any(|c| c.rank == from) {
+                continue;
+            }
             let lt = level.get(&to).copied().unwrap_or(0);
             let e = level.entry(from).or_insert(lt + 1);
             if *e < lt + 1 && *e < 64 {
