@@ -210,8 +210,10 @@ class Tracker:
         """Watchdog thread: §4.1 (2) blocked detection, once a second."""
         while not self._stop.wait(1.0):
             try:
-                if self.pending is not None or self.window is not None:
+                if self.window is not None:
                     continue  # our own window stalls ranks on purpose
+                # (A session proposed and not yet started does not: a hang
+                # before its target step is still a hang.)
                 b = self.det.check_blocked(_now())
                 if b is not None:
                     self._report_blocked(*b)

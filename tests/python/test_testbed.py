@@ -431,3 +431,31 @@ def test_agents_on_a_healthy_run_name_nothing(tmp_path):
     assert rep["stragglers"] == [], show
     assert rep["regressions"] == [], show
     assert rep["layer"] == "none", show
+
+
+def test_a_hang_across_hosts_names_its_culprit(tmp_path):
+    # Issue 27 across 4 hosts: rank 2 (host h2) sleeps in Python at step
+    # 150; the others wait in tp and dp collectives over TCP. The evidence
+    # travels through the job's store between hosts; the hung job runs
+    # until the testbed's timeout (exit 4), long after the report.
+    import glob
+    import hang_cases
+
+    out = str(tmp_path / "tb")
+    env = dict(os.environ)
+    env.update(TESTBED_ENV)
+    env["WHYSLOW_HANG_GATHER_S"] = "8"
+    train = os.path.join(ROOT, "tests", "python", "hang_train.py")
+    cmd = [sys.executable, RUN, "--hosts", "4", "--fault", "none", "--out", out, "--timeout", "45",
+           "--", train, "--hang", "sleep", "--hang-rank", "2", "--hang-at", "150"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=300)
+    text = p.stdout.decode(errors="replace")
+    if p.returncode == SKIP:
+        pytest.skip("testbed/run: " + text.strip().splitlines()[-1])
+    assert p.returncode == 4, text[-3000:]  # the job hung until the timeout
+    found = glob.glob(os.path.join(out, "whyslow-reports", "*", "hang-*", "hang-report.json"))
+    assert found, Result(p.returncode, text, out, 0).logs()
+    report = json.load(open(found[0]))
+    ok, why = hang_cases.judge(report, hang_cases.CASES["sleep"]["truth"])
+    assert ok, "%s\n%s" % (why, open(found[0].replace(".json", ".txt")).read())

@@ -105,6 +105,17 @@ fn a_rank_that_skipped_a_collective_is_named_not_the_cycle() {
 }
 
 #[test]
+fn across_testbed_hosts_a_sleeping_rank_is_named() {
+    check("testbed-sleep");
+}
+
+#[test]
+fn across_testbed_hosts_a_rank_holding_the_gil_is_unresponsive() {
+    // No peer on its host: no /proc view, only what the others wait for.
+    check("testbed-gil");
+}
+
+#[test]
 fn a_slow_job_is_not_a_hang() {
     check("slow");
 }
