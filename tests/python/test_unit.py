@@ -376,3 +376,33 @@ def test_analyze_and_diagnose_from_a_notebook(tmp_path):
     assert len(d.to_pandas("stragglers")) == 1
     with pytest.raises(ValueError, match="nothing to diagnose"):
         whyslow.diagnose(str(tmp_path))
+
+
+def test_the_flight_recorder_is_on_by_default_but_never_over_the_users_setting(monkeypatch):
+    from whyslow import _hang
+
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    _hang.enable_flight_recorder()
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == _hang.FR_DEFAULT_ENTRIES
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
+    _hang.enable_flight_recorder()
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "0"
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE")
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "100")
+    _hang.enable_flight_recorder()
+    assert "TORCH_FR_BUFFER_SIZE" not in os.environ
+
+
+def test_a_hang_report_from_recorded_dumps(tmp_path):
+    # The binding the online package calls: the same verdict as `whyslow hang`.
+    root = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hang", "sleep")
+    report, table = _whyslow.hang_report(root, 4)
+    r = json.loads(report)
+    assert [c["rank"] for c in r["culprits"]] == [2], table
+    assert "stalled_data_loader" in table
+    html = tmp_path / "hang.html"
+    _whyslow.hang_report(root, None, None, str(html))
+    assert "waits-for graph" in html.read_text()
+    with pytest.raises(OSError):
+        _whyslow.hang_report(str(tmp_path / "missing"))
