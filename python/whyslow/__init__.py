@@ -28,11 +28,12 @@ from typing import Any, Optional
 from ._config import Config
 
 __all__ = ["init", "step", "trigger", "shutdown", "tracker", "Config", "__version__",
-           "analyze", "diagnose", "Report", "Diagnosis"]
+           "analyze", "diagnose", "hang", "Report", "Diagnosis", "Hang"]
 
 # The offline analysis (whyslow.analysis), imported when first used: a
 # training job that only does `import whyslow` does not load it.
-_ANALYSIS = ("analyze", "diagnose", "Report", "Diagnosis", "Finding", "Straggler")
+_ANALYSIS = ("analyze", "diagnose", "hang", "Report", "Diagnosis", "Hang", "Culprit", "Finding",
+             "Straggler")
 
 
 def __getattr__(name: str) -> Any:

@@ -241,3 +241,74 @@ def diagnose(spool: PathLike, *, fingerprints: Optional[Union[PathLike, Sequence
         with open(page_path) as f:
             page = f.read()
     return Diagnosis(json.loads(text), page)
+
+
+class Culprit:
+    """A rank a hung job waits for (``whyslow hang``)."""
+
+    def __init__(self, raw: Dict[str, Any]):
+        self.raw = raw
+        self.rank: int = int(raw["rank"])
+        self.reason: str = raw["reason"]
+        self.group: str = raw.get("group_desc") or raw.get("group", "")
+        self.op: str = raw.get("op", "")
+        self.seq: int = int(raw.get("seq", 0))
+        self.detail: str = raw.get("detail", "")
+        self.waited_by: List[int] = [int(r) for r in raw.get("waited_by", [])]
+        stack = raw.get("stack") or {}
+        self.stack: List[str] = [
+            "%s (%s:%s)" % (f["function"], f.get("file", ""), f.get("line", 0)) if f.get("file") else f["function"]
+            for f in stack.get("frames", [])]
+
+    def __repr__(self) -> str:
+        return "<whyslow.Culprit rank %d: %s, %s seq %d of %s>" % (
+            self.rank, self.reason, self.op, self.seq, self.group)
+
+
+class Hang:
+    """A hang's verdict: the same JSON as ``whyslow hang --format json``,
+    the online package's ``hang-report.json`` and the server's ``GET
+    /api/v1/jobs/{job}/hang``."""
+
+    def __init__(self, raw: Dict[str, Any], page: Optional[str] = None):
+        self.raw = raw
+        self._page = page
+        self.hang: bool = bool(raw.get("hang"))
+        self.verdict: str = raw.get("verdict", "")
+        self.culprits: List[Culprit] = [Culprit(c) for c in raw.get("culprits", [])]
+        self.waiting: List[Dict[str, Any]] = raw.get("waiting", [])
+        self.notes: List[str] = raw.get("notes", [])
+
+    def to_json(self) -> str:
+        return json.dumps(self.raw, indent=1)
+
+    def to_pandas(self, table: str = "culprits"):
+        """``culprits`` or ``waiting`` as a DataFrame."""
+        if table not in ("culprits", "waiting"):
+            raise ValueError("table %r: culprits or waiting" % table)
+        return _pandas().json_normalize(self.raw.get(table, []))
+
+    def __str__(self) -> str:
+        return self.verdict
+
+    def __repr__(self) -> str:
+        return "<whyslow.Hang: %s>" % self.verdict
+
+    def _repr_html_(self) -> str:
+        if self._page is None:
+            return "<pre>%s</pre>" % html.escape(self.verdict)
+        return _frame(self._page, 700)
+
+
+def hang(folder: PathLike, *, world_size: Optional[int] = None,
+         min_wait_s: Optional[float] = None) -> Hang:
+    """Who a hung job waits for, from what its ranks left in ``folder``
+    (PyTorch Flight Recorder dumps, whyslow's stack files, an agent's
+    collective records and profiles) — ``whyslow hang`` as a call. Raises
+    OSError when the folder cannot be read."""
+    with tempfile.TemporaryDirectory(prefix="whyslow-hang-") as d:
+        page_path = os.path.join(d, "hang.html")
+        text, _ = _whyslow.hang_report(os.fspath(folder), world_size, min_wait_s, page_path)
+        with open(page_path) as f:
+            page = f.read()
+    return Hang(json.loads(text), page)

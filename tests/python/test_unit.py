@@ -406,3 +406,13 @@ def test_a_hang_report_from_recorded_dumps(tmp_path):
     assert "waits-for graph" in html.read_text()
     with pytest.raises(OSError):
         _whyslow.hang_report(str(tmp_path / "missing"))
+
+
+def test_whyslow_hang_as_a_call():
+    root = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hang", "mismatch")
+    h = whyslow.hang(root)
+    assert h.hang and [c.rank for c in h.culprits] == [2]
+    assert h.culprits[0].reason == "mismatch" and h.culprits[0].group == "dp"
+    assert "waits-for graph" in h._repr_html_()
+    healthy = whyslow.hang(os.path.join(os.path.dirname(__file__), "..", "fixtures", "hang", "healthy"))
+    assert not healthy.hang and not healthy.culprits
