@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _whyslow
 
-__all__ = ["analyze", "diagnose", "Report", "Finding", "Stat", "Diagnosis", "Straggler"]
+__all__ = ["analyze", "diagnose", "hang", "Report", "Finding", "Stat", "Diagnosis", "Straggler", "Hang", "Culprit"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
