@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 /// Version of [`HangReport`]'s JSON.
 pub const HANG_REPORT_VERSION: u32 = 1;
 
+/// The largest world rank taken from evidence (4 M ranks): a larger one in
+/// a file is damage, not a job.
+pub const MAX_RANK: u32 = (1 << 22) - 1;
+
 /// One frame of a stack, innermost first in a [`ThreadStack`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StackFrame {

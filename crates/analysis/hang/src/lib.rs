@@ -33,6 +33,7 @@ pub use records::{any_open, evidence_from_records};
 use whyslow_model::hang::{
     CollectiveState, Culprit, GroupInfo, HangEvidence, HangReason, HangReport, RankEvidence,
     RankSummary, RecordedCollective, StackFrame, ThreadStack, Waiting, HANG_REPORT_VERSION,
+    MAX_RANK,
 };
 
 /// Settings of [`analyze`].
@@ -287,21 +288,27 @@ struct Wait {
 /// The verdict for one hang's evidence.
 pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
     let mut notes = ev.notes.clone();
-    let max_rank = ev.ranks.iter().map(|r| r.rank + 1).max().unwrap_or(0);
+    let max_rank = ev
+        .ranks
+        .iter()
+        .map(|r| r.rank.min(MAX_RANK) + 1)
+        .max()
+        .unwrap_or(0);
     let declared = ev
         .ranks
         .iter()
         .flat_map(|r| r.groups.iter())
         .filter_map(|g| g.ranks.as_ref())
         .flatten()
-        .map(|r| r + 1)
+        .map(|r| r.min(&MAX_RANK) + 1)
         .max()
         .unwrap_or(0);
     let world = cfg
         .world_size
         .or(ev.world_size)
         .unwrap_or(max_rank.max(declared))
-        .max(max_rank);
+        .max(max_rank)
+        .min(MAX_RANK + 1);
     let job = Job::new(ev, world);
     let period = iteration_period_s(ev);
     let min_wait_s = cfg
@@ -335,7 +342,7 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
         if completed.is_some_and(|c| c >= enq) {
             continue;
         }
-        let seq = completed.map_or(1, |c| c + 1);
+        let seq = completed.map_or(1, |c| c.saturating_add(1));
         let entry = job.entry(r, g, seq);
         let dumped = job.ranks.get(&r).and_then(|e| e.dumped_at_ns);
         let waited_s = match (entry.and_then(|e| e.created_ns), dumped) {
@@ -361,83 +368,95 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
         return no_flight_recorder_verdict(ev, &job, world, summaries, min_wait_s, young, notes);
     }
 
-    // 2. Whom each waiter waits for.
+    // 2. Whom each waiter waits for: per pending (group, seq), once — every
+    // waiter of one instance waits for the same members.
     let mut stuck_groups = BTreeSet::new();
     let mut mismatched: BTreeMap<u32, (String, u64, String)> = BTreeMap::new();
-    for w in &mut waits {
-        let members = job.members.get(&w.group).cloned().unwrap_or_default();
-        let mine = job.entry(w.rank, &w.group, w.seq);
+    let keys: BTreeSet<(String, u64)> = waits.iter().map(|w| (w.group.clone(), w.seq)).collect();
+    // (group, seq) -> (members not in it, members whose device did not start it)
+    let mut verdicts: BTreeMap<(String, u64), (BTreeSet<u32>, BTreeSet<u32>)> = BTreeMap::new();
+    for (group, seq) in keys {
+        let members = job.members.get(&group).cloned().unwrap_or_default();
+        let mut laggards = BTreeSet::new();
         let mut entered = Vec::new();
-        for &m in members.iter().filter(|&&m| m != w.rank) {
-            if !job.has_fr(m) {
-                w.waits_for.insert(m);
-                continue;
-            }
-            let p = job.prog(m, &w.group);
-            if p.enqueued.is_none_or(|e| e < w.seq) {
-                w.waits_for.insert(m);
+        for &m in &members {
+            if !job.has_fr(m) || job.prog(m, &group).enqueued.is_none_or(|e| e < seq) {
+                laggards.insert(m);
             } else {
                 entered.push(m);
             }
         }
         // Same sequence number, different collective: a mismatch.
-        if let Some(mine) = mine {
-            let mut sigs: BTreeMap<Signature, Vec<u32>> = BTreeMap::new();
-            sigs.entry(signature(mine)).or_default().push(w.rank);
-            for &m in &entered {
-                if let Some(e) = job.entry(m, &w.group, w.seq) {
-                    sigs.entry(signature(e)).or_default().push(m);
-                }
+        let mut sigs: BTreeMap<Signature, Vec<u32>> = BTreeMap::new();
+        for &m in &entered {
+            if let Some(e) = job.entry(m, &group, seq) {
+                sigs.entry(signature(e)).or_default().push(m);
             }
-            if sigs.len() > 1 {
-                let most = sigs.values().map(Vec::len).max().unwrap_or(0);
-                let majority: Vec<_> = sigs.iter().filter(|(_, v)| v.len() == most).collect();
-                if majority.len() == 1 {
-                    let (maj_sig, _) = majority[0];
-                    for (sig, rs) in &sigs {
-                        if sig == maj_sig {
-                            continue;
-                        }
-                        for &r in rs {
-                            let detail = format!(
-                                "issued {} ({:?}{}) as seq {} of {} where its peers issued {} ({:?}{})",
-                                sig.0,
-                                sig.1,
-                                if sig.2.is_empty() { String::new() } else { format!(", {}", short(&sig.2)) },
-                                w.seq,
-                                job.label(&w.group),
-                                maj_sig.0,
-                                maj_sig.1,
-                                if maj_sig.2.is_empty() { String::new() } else { format!(", {}", short(&maj_sig.2)) },
-                            );
-                            mismatched.insert(r, (w.group.clone(), w.seq, detail));
-                        }
+        }
+        let mut mismatch_here = false;
+        if sigs.len() > 1 {
+            let most = sigs.values().map(Vec::len).max().unwrap_or(0);
+            let majority: Vec<_> = sigs.iter().filter(|(_, v)| v.len() == most).collect();
+            if majority.len() == 1 {
+                let (maj_sig, _) = majority[0];
+                let site = |x: &str| {
+                    if x.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", {}", short(x))
+                    }
+                };
+                for (sig, rs) in &sigs {
+                    if sig == maj_sig {
+                        continue;
+                    }
+                    for &r in rs {
+                        mismatch_here = true;
+                        let detail = format!(
+                            "issued {} ({:?}{}) as seq {seq} of {} where its peers issued {} ({:?}{})",
+                            sig.0,
+                            sig.1,
+                            site(&sig.2),
+                            job.label(&group),
+                            maj_sig.0,
+                            maj_sig.1,
+                            site(&maj_sig.2),
+                        );
+                        mismatched.insert(r, (group.clone(), seq, detail));
                     }
                 }
             }
         }
-        if w.waits_for.is_empty() {
+        let mut not_started = BTreeSet::new();
+        if laggards.is_empty() {
             // Everyone issued it. NCCL says whether each device started it.
-            let started: Vec<u32> = std::iter::once(w.rank)
-                .chain(entered.iter().copied())
-                .filter(|&m| job.prog(m, &w.group).started.is_some_and(|s| s >= w.seq))
+            let started: BTreeSet<u32> = entered
+                .iter()
+                .copied()
+                .filter(|&m| job.prog(m, &group).started.is_some_and(|s| s >= seq))
                 .collect();
-            let mut lagging = false;
             if !started.is_empty() {
-                for m in std::iter::once(w.rank).chain(entered.iter().copied()) {
-                    if !started.contains(&m) {
-                        lagging = true;
-                        // A rank does not wait for itself.
-                        if m != w.rank {
-                            w.not_started.insert(m);
-                        }
-                    }
-                }
+                not_started = entered
+                    .iter()
+                    .copied()
+                    .filter(|m| !started.contains(m))
+                    .collect();
             }
-            if !lagging && !mismatched.keys().any(|r| members.contains(r)) {
-                stuck_groups.insert(w.group.clone());
+            if not_started.is_empty() && !mismatch_here {
+                stuck_groups.insert(group.clone());
             }
         }
+        verdicts.insert((group, seq), (laggards, not_started));
+    }
+    for w in &mut waits {
+        let (laggards, not_started) = &verdicts[&(w.group.clone(), w.seq)];
+        // A rank does not wait for itself.
+        w.waits_for = laggards.iter().copied().filter(|&m| m != w.rank).collect();
+        w.not_started = not_started
+            .iter()
+            .copied()
+            .filter(|&m| m != w.rank)
+            .collect();
     }
 
     // 3. The graph: waiter -> members it waits for (or that did not start).

@@ -123,7 +123,11 @@ fn instances(records: &[&CollectiveRecord]) -> BTreeMap<(String, u32), String> {
 pub fn evidence_from_records(records: &[CollectiveRecord]) -> HangEvidence {
     let usable: Vec<&CollectiveRecord> = records
         .iter()
-        .filter(|r| r.global_rank.is_some() && r.seq.is_some())
+        .filter(|r| {
+            r.global_rank
+                .is_some_and(|g| g <= whyslow_model::hang::MAX_RANK)
+                && r.seq.is_some()
+        })
         .collect();
     let names = instances(&usable);
     let mut members: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();

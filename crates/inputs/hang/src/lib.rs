@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use whyslow_model::hang::{
     CollectiveState, GroupInfo, GroupProgress, HangEvidence, RankEvidence, RecordedCollective,
-    StackFrame, ThreadStack,
+    StackFrame, ThreadStack, MAX_RANK,
 };
 
 use pickle::Value;
@@ -139,12 +139,13 @@ fn ranks_of(v: Option<&Value>) -> Option<Vec<u32>> {
             }
             inner
                 .split(',')
-                .map(|x| x.trim().parse::<u32>().ok())
+                .map(|x| x.trim().parse::<u32>().ok().filter(|&r| r <= MAX_RANK))
                 .collect()
         }
         other => other.as_seq().map(|s| {
             s.iter()
                 .filter_map(|x| x.as_i64().and_then(|i| u32::try_from(i).ok()))
+                .filter(|&r| r <= MAX_RANK)
                 .collect()
         }),
     }
@@ -385,6 +386,16 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), HangInputError> {
     Ok(())
 }
 
+/// `r` when it can be a world rank, else a note.
+fn plausible_rank(r: u32, shown: &str, notes: &mut Vec<String>) -> Option<u32> {
+    if r <= MAX_RANK {
+        Some(r)
+    } else {
+        notes.push(format!("{shown}: skipped: rank {r} is beyond {MAX_RANK}"));
+        None
+    }
+}
+
 fn rank_entry(ranks: &mut BTreeMap<u32, RankEvidence>, r: u32) -> &mut RankEvidence {
     ranks.entry(r).or_insert_with(|| RankEvidence {
         rank: r,
@@ -454,7 +465,7 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
                 .split('-')
                 .next()
                 .and_then(|s| s.parse::<u32>().ok());
-            match r {
+            match r.and_then(|r| plausible_rank(r, &shown, &mut notes)) {
                 Some(r) => {
                     let stacks = read_blocked_text(&String::from_utf8_lossy(&bytes));
                     let ev = rank_entry(&mut ranks, r);
@@ -472,6 +483,9 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
         if name.starts_with("stacks-rank") && name.ends_with(".json") {
             match serde_json::from_slice::<StacksDoc>(&bytes) {
                 Ok(doc) if doc.format == "whyslow-hang-rank" => {
+                    if plausible_rank(doc.rank, &shown, &mut notes).is_none() {
+                        continue;
+                    }
                     let ev = rank_entry(&mut ranks, doc.rank);
                     ev.files.push(shown);
                     ev.stacks = doc
@@ -508,6 +522,9 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
             Ok(d) => {
                 let Some(r) = d.rank.or(named_rank) else {
                     notes.push(format!("{shown}: skipped: {}", DumpError::NoRank));
+                    continue;
+                };
+                let Some(r) = plausible_rank(r, &shown, &mut notes) else {
                     continue;
                 };
                 let at = mtime_ns(&path);
