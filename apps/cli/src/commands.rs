@@ -154,6 +154,29 @@ struct OutputArgs {
     /// Never color the table.
     #[arg(long)]
     no_color: bool,
+    /// Ask a model for a fix (EROICA's first step): one request with the
+    /// findings and their code (the enclosing functions, under
+    /// --source-root) to the OpenAI-compatible API at WHYSLOW_LLM_URL
+    /// (WHYSLOW_LLM_MODEL, WHYSLOW_LLM_API_KEY or _FILE). Its answer goes
+    /// into the report (`fix`, or `fix_error`) and its patch into fix.patch
+    /// beside the report; a failure costs nothing else. Never by default.
+    #[arg(long)]
+    suggest_fix: bool,
+    /// With --suggest-fix: print exactly the request body and send nothing.
+    #[arg(long, requires = "suggest_fix")]
+    dry_run: bool,
+    /// With --suggest-fix: seconds for the whole exchange.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 120.0,
+        requires = "suggest_fix"
+    )]
+    llm_timeout: f64,
+    /// With --suggest-fix: bytes of code sent at most (the last findings'
+    /// code is cut first).
+    #[arg(long, value_name = "BYTES", default_value_t = whyslow_fix::DEFAULT_MAX_CODE_BYTES, requires = "suggest_fix")]
+    max_code_bytes: usize,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -418,7 +441,7 @@ fn localize_and_report(
 /// Shows the pipeline's warnings (those not `said` already) and writes the
 /// report where `out` asks, with the Perfetto file of the flagged spans.
 fn write_report(
-    report: Report,
+    mut report: Report,
     said: &[String],
     out: &OutputArgs,
     perfetto: Option<(PathBuf, Vec<WorkerTrace>)>,
@@ -429,6 +452,44 @@ fn write_report(
     let extras = ReportExtras { perfetto };
 
     let mut written = Vec::new();
+    if out.suggest_fix {
+        anyhow::ensure!(
+            out.llm_timeout.is_finite() && out.llm_timeout > 0.0,
+            "--llm-timeout {}: want seconds > 0",
+            out.llm_timeout
+        );
+        let args = crate::suggest::SuggestArgs {
+            dry_run: out.dry_run,
+            timeout_s: out.llm_timeout,
+            roots: &out.source_root,
+            max_code_bytes: out.max_code_bytes,
+        };
+        match crate::suggest::suggest(&mut report, &args) {
+            crate::suggest::Outcome::DryRun(body) => {
+                println!("{body}");
+                eprintln!("whyslow: --dry-run: the request above was not sent");
+                return Ok(0);
+            }
+            crate::suggest::Outcome::Asked(patch) => {
+                if let Some(e) = &report.fix_error {
+                    warn(&format!("no fix proposal: {e}"));
+                }
+                if let Some(p) = patch {
+                    let dir = out
+                        .json
+                        .as_ref()
+                        .or(out.html.as_ref())
+                        .and_then(|f| f.parent())
+                        .filter(|d| !d.as_os_str().is_empty())
+                        .map(Path::to_path_buf)
+                        .unwrap_or_else(|| PathBuf::from("."));
+                    let path = dir.join("fix.patch");
+                    fs::write(&path, p).with_context(|| format!("writing {}", path.display()))?;
+                    written.push(format!("the proposed patch {}", path.display()));
+                }
+            }
+        }
+    }
     if let Some((path, traces)) = &extras.perfetto {
         fs::write(path, whyslow_report::render_perfetto(&report, traces))
             .with_context(|| format!("writing {}", path.display()))?;

@@ -31,6 +31,7 @@ mod record;
 mod sample;
 #[cfg(feature = "server")]
 mod server;
+mod suggest;
 #[cfg(feature = "node")]
 mod symbols;
 

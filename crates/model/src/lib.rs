@@ -19,6 +19,7 @@
 pub mod collective;
 pub mod diagnosis;
 mod fingerprint;
+pub mod fix;
 pub mod flow;
 pub mod hang;
 pub mod os;

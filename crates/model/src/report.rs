@@ -185,6 +185,13 @@ pub struct Report {
     /// an agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cross_layer: Option<crate::diagnosis::DiagnoseReport>,
+    /// A model's proposed fix from the findings and the relevant code
+    /// (EROICA's first step), when one was asked for (`--suggest-fix`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<crate::fix::Fix>,
+    /// Why no proposal came back, in one line, when one was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix_error: Option<String>,
 }
 
 /// Iteration time over the steps a report covers, and where a slowdown

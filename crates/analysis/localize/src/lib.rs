@@ -1227,6 +1227,8 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         not_judged: Vec::new(),
         iterations: None,
         cross_layer: None,
+        fix: None,
+        fix_error: None,
     }
 }
 /// Fingerprints in rank order, the first of each rank (input order); a

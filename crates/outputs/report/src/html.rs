@@ -557,6 +557,31 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
     if let Some(d) = &report.cross_layer {
         out.push_str(&cross_layer_section(d, opts.diagnosis_file.as_deref()));
     }
+    if let Some(f) = &report.fix {
+        let applies = match (f.applies, &f.applies_error) {
+            (Some(true), _) => "the patch applies (<code>git apply fix.patch</code>)".to_string(),
+            (Some(false), Some(e)) => format!("the patch does not apply: {}", escape(e)),
+            (Some(false), None) => "the patch does not apply".to_string(),
+            (None, _) => "no patch".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            r#"<section class="fix"><h2>Proposed fix <small>(a model's proposal: {}; not verified)</small></h2><p>{applies}; {} bytes of code were sent.</p><pre>{}</pre>{}</section>"#,
+            escape(&f.model),
+            f.code_bytes,
+            escape(&f.text),
+            f.patch
+                .as_ref()
+                .map(|p| format!("<pre class=\"patch\">{}</pre>", escape(p)))
+                .unwrap_or_default()
+        );
+    } else if let Some(e) = &report.fix_error {
+        let _ = writeln!(
+            out,
+            r#"<p class="warn-msg">No fix proposal: {}</p>"#,
+            escape(e)
+        );
+    }
     if report.verdict == Verdict::CouldNotJudge {
         let _ = writeln!(
             out,

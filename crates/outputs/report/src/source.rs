@@ -128,3 +128,123 @@ pub fn attach_source_excerpts(report: &mut Report, roots: &[PathBuf]) {
         }
     }
 }
+
+/// Lines of code sent for one function at most (longer ones are centered
+/// on the flagged line).
+const MAX_FUNCTION_LINES: usize = 200;
+
+/// [from, to) of the Python function enclosing `idx` (0-based): the nearest
+/// `def` above it with less indentation, to the end of its block; the lines
+/// around `idx` at module level.
+fn enclosing(lines: &[&str], idx: usize) -> (usize, usize) {
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let is_def = |l: &str| {
+        let t = l.trim_start();
+        t.starts_with("def ") || t.starts_with("async def ")
+    };
+    let here = indent(lines[idx]);
+    let start = (0..=idx)
+        .rev()
+        .find(|&i| is_def(lines[i]) && (i == idx || indent(lines[i]) < here));
+    let (from, to) = match start {
+        Some(s) => {
+            let base = indent(lines[s]);
+            let end = (s + 1..lines.len())
+                .find(|&i| !lines[i].trim().is_empty() && indent(lines[i]) <= base)
+                .unwrap_or(lines.len());
+            // Decorators belong to the function.
+            let mut from = s;
+            while from > 0 && lines[from - 1].trim_start().starts_with('@') {
+                from -= 1;
+            }
+            (from, end)
+        }
+        None => (idx.saturating_sub(10), (idx + 11).min(lines.len())),
+    };
+    if to - from > MAX_FUNCTION_LINES {
+        let half = MAX_FUNCTION_LINES / 2;
+        let f = idx.saturating_sub(half).max(from);
+        return (f, (f + MAX_FUNCTION_LINES).min(to));
+    }
+    (from, to)
+}
+
+/// Lines on each side of the call site in the caller's code.
+const CALLER_CONTEXT: usize = 12;
+
+fn read_lines(file: &Path) -> Option<String> {
+    let meta = std::fs::metadata(file).ok()?;
+    if meta.len() > MAX_FILE_BYTES {
+        return None;
+    }
+    Some(String::from_utf8_lossy(&std::fs::read(file).ok()?).into_owned())
+}
+
+fn shown_path(file: &Path, roots: &[PathBuf]) -> String {
+    roots
+        .iter()
+        .filter_map(|r| {
+            let r = std::fs::canonicalize(r).ok()?;
+            let p = std::fs::canonicalize(file).ok()?;
+            p.strip_prefix(&r).ok().map(|x| x.display().to_string())
+        })
+        .next()
+        .unwrap_or_else(|| file.display().to_string())
+}
+
+/// For every Python finding, the relevant code from the user's files, for
+/// a fix proposal (EROICA: "the relevant code"): the enclosing function of
+/// the innermost frame found under `roots`, and the lines around the call
+/// to it in the next frame out (where rank-dependent work is usually
+/// switched on). Files resolve as for [`attach_source_excerpts`]; paths are
+/// given relative to the root they were found under (the path a patch
+/// names). Unreadable files are skipped.
+pub fn code_contexts(report: &Report, roots: &[PathBuf]) -> Vec<whyslow_model::fix::CodeContext> {
+    let mut out = Vec::new();
+    for (i, f) in report.findings.iter().enumerate() {
+        if f.kind != FunctionKind::Python {
+            continue;
+        }
+        let found: Vec<(PathBuf, u32, &str)> = frames(&f.function)
+            .into_iter()
+            .rev()
+            .filter_map(parse_frame)
+            .filter_map(|(path, line, name)| resolve(path, roots).map(|p| (p, line, name)))
+            .take(2)
+            .collect();
+        for (k, (file, line, name)) in found.iter().enumerate() {
+            let Some(text) = read_lines(file) else {
+                continue;
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            let Some(recorded) = (*line as usize).checked_sub(1) else {
+                continue;
+            };
+            let idx = moved_def(&lines, recorded, name).unwrap_or(recorded);
+            if idx >= lines.len() {
+                continue;
+            }
+            let (from, mut to) = if k == 0 {
+                enclosing(&lines, idx)
+            } else {
+                (
+                    idx.saturating_sub(CALLER_CONTEXT),
+                    (idx + CALLER_CONTEXT + 1).min(lines.len()),
+                )
+            };
+            while to > from + 1 && lines[to - 1].trim().is_empty() {
+                to -= 1;
+            }
+            let mut body = lines[from..to].join("\n");
+            body.push('\n');
+            out.push(whyslow_model::fix::CodeContext {
+                finding: i,
+                path: shown_path(file, roots),
+                start_line: from as u32 + 1,
+                line: idx as u32 + 1,
+                text: body,
+            });
+        }
+    }
+    out
+}

@@ -240,6 +240,42 @@ pub fn render_table(report: &Report, color: bool) -> String {
         );
     }
     out.push('\n');
+    // EROICA's first step, above the findings: a model's proposal.
+    if let Some(f) = &report.fix {
+        let applies = match (f.applies, &f.applies_error) {
+            (Some(true), _) => "the patch applies (git apply fix.patch)".to_string(),
+            (Some(false), Some(e)) => format!("the patch does not apply: {}", printable(e)),
+            (Some(false), None) => "the patch does not apply".to_string(),
+            (None, _) => "no patch".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "{}",
+            st.bold(&format!(
+                "Proposed fix — a model's proposal ({}), not verified: {applies}",
+                printable(&f.model)
+            ))
+        );
+        for l in f.text.lines().take(40) {
+            let _ = writeln!(out, "  {}", printable(l));
+        }
+        if let Some(p) = &f.patch {
+            for l in p.lines().take(80) {
+                let _ = writeln!(out, "  {}", printable(l));
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{}\n",
+            st.dim(&format!("({} bytes of code were sent)", f.code_bytes))
+        );
+    } else if let Some(e) = &report.fix_error {
+        let _ = writeln!(
+            out,
+            "{}\n",
+            st.yellow(&format!("no fix proposal: {}", printable(e)))
+        );
+    }
     if report.verdict == Verdict::CouldNotJudge {
         let _ = writeln!(out, "{}", st.red(&crate::verdict_line(report)));
     } else if report.findings.is_empty() {

@@ -67,6 +67,8 @@ fn report(findings: Vec<Finding>) -> Report {
         not_judged: vec![],
         iterations: None,
         cross_layer: None,
+        fix: None,
+        fix_error: None,
     }
 }
 

@@ -1,0 +1,188 @@
+//! `--suggest-fix` of `whyslow analyze` and `localize` (EROICA's first
+//! step): one request to an OpenAI-compatible chat-completions API, opt-in.
+//! The request, the answer's meaning and the patch check are
+//! `whyslow_fix`'s (the online package makes the same calls); this module
+//! only reads the settings and the files, and sends.
+//!
+//! Settings: `WHYSLOW_LLM_URL` (a base URL, e.g. `http://127.0.0.1:8080/v1`;
+//! the request goes to `{base}/chat/completions`), `WHYSLOW_LLM_MODEL`,
+//! `WHYSLOW_LLM_API_KEY` or `WHYSLOW_LLM_API_KEY_FILE`. The key goes only in
+//! the `Authorization` header: never in a log line, an error, the report or
+//! the request body.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use whyslow_model::fix::Fix;
+use whyslow_model::Report;
+
+/// What `--suggest-fix` needs from the command line.
+pub struct SuggestArgs<'a> {
+    /// `--dry-run`: print the request body, send nothing.
+    pub dry_run: bool,
+    /// Seconds for the whole exchange.
+    pub timeout_s: f64,
+    /// `--source-root` (else the working directory).
+    pub roots: &'a [PathBuf],
+    /// Bytes of code at most.
+    pub max_code_bytes: usize,
+}
+
+struct Endpoint {
+    base: String,
+    model: String,
+    key: Option<String>,
+}
+
+fn endpoint() -> Result<Endpoint, String> {
+    let base = std::env::var("WHYSLOW_LLM_URL")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .ok_or(
+            "WHYSLOW_LLM_URL is not set (the model's base URL, e.g. http://127.0.0.1:8080/v1)",
+        )?;
+    let model = std::env::var("WHYSLOW_LLM_MODEL").unwrap_or_else(|_| "default".into());
+    let key = match std::env::var("WHYSLOW_LLM_API_KEY") {
+        Ok(k) if !k.trim().is_empty() => Some(k.trim().to_string()),
+        _ => match std::env::var("WHYSLOW_LLM_API_KEY_FILE") {
+            Ok(f) if !f.is_empty() => Some(
+                std::fs::read_to_string(&f)
+                    .map_err(|e| format!("WHYSLOW_LLM_API_KEY_FILE {f}: {e}"))?
+                    .trim()
+                    .to_string(),
+            ),
+            _ => None,
+        },
+    };
+    Ok(Endpoint {
+        base: base.trim().trim_end_matches('/').to_string(),
+        model,
+        key,
+    })
+}
+
+/// The outcome: print the body and stop (`--dry-run`), or the report with
+/// `fix` or `fix_error` set, and the patch to write.
+pub enum Outcome {
+    /// `--dry-run`: the exact body that would be sent.
+    DryRun(String),
+    /// Asked (or failed to): the report carries the answer.
+    Asked(Option<String>),
+}
+
+/// Asks for a fix; failures land in `report.fix_error`, never in an error.
+pub fn suggest(report: &mut Report, args: &SuggestArgs) -> Outcome {
+    let roots: Vec<PathBuf> = if args.roots.is_empty() {
+        vec![PathBuf::from(".")]
+    } else {
+        args.roots.to_vec()
+    };
+    let ep = endpoint();
+    let model = ep.as_ref().map(|e| e.model.clone()).unwrap_or_else(|_| {
+        std::env::var("WHYSLOW_LLM_MODEL").unwrap_or_else(|_| "default".into())
+    });
+    let code = whyslow_report::code_contexts(report, &roots);
+    let opts = whyslow_fix::FixOptions {
+        model: model.clone(),
+        max_code_bytes: args.max_code_bytes,
+    };
+    let (body, code_bytes) = whyslow_fix::request(report, &code, &opts);
+    let text = serde_json::to_string_pretty(&body).unwrap_or_default();
+    if args.dry_run {
+        return Outcome::DryRun(text);
+    }
+    let ep = match ep {
+        Ok(e) => e,
+        Err(why) => {
+            report.fix_error = Some(why);
+            return Outcome::Asked(None);
+        }
+    };
+    match send(&ep, &text, args.timeout_s) {
+        Err(why) => {
+            report.fix_error = Some(why);
+            Outcome::Asked(None)
+        }
+        Ok(answer) => match whyslow_fix::parse_answer(&answer) {
+            Err(e) => {
+                report.fix_error = Some(format!("{}/chat/completions: {e}", ep.base));
+                Outcome::Asked(None)
+            }
+            Ok((text, patch)) => {
+                let checked = patch
+                    .as_ref()
+                    .map(|p| whyslow_fix::check_patch(p, &|path: &str| read_under(&roots, path)));
+                report.fix = Some(Fix {
+                    model,
+                    text,
+                    patch: patch.clone(),
+                    applies: checked.as_ref().map(Result::is_ok),
+                    applies_error: checked.and_then(Result::err),
+                    code_bytes,
+                });
+                Outcome::Asked(patch)
+            }
+        },
+    }
+}
+
+/// A file a patch names, under one of the roots (never outside them).
+fn read_under(roots: &[PathBuf], path: &str) -> Option<String> {
+    let p = Path::new(path);
+    if p.is_absolute()
+        || p.components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return None;
+    }
+    roots
+        .iter()
+        .map(|r| r.join(p))
+        .find(|f| f.is_file())
+        .and_then(|f| std::fs::read_to_string(f).ok())
+}
+
+#[cfg(feature = "llm")]
+fn send(ep: &Endpoint, body: &str, timeout_s: f64) -> Result<String, String> {
+    let url = format!("{}/chat/completions", ep.base);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs_f64(timeout_s.max(0.1))))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut req = agent.post(&url).header("Content-Type", "application/json");
+    if let Some(k) = &ep.key {
+        req = req.header("Authorization", &format!("Bearer {k}"));
+    }
+    // Errors name the URL (no key in it) and never the request.
+    let mut resp = req
+        .send(body)
+        .map_err(|e| format!("{url}: {}", one_line(&e.to_string())))?;
+    let status = resp.status().as_u16();
+    let text = resp
+        .body_mut()
+        .with_config()
+        .limit(8 << 20)
+        .read_to_string()
+        .map_err(|e| format!("{url}: reading the answer: {}", one_line(&e.to_string())))?;
+    if !(200..300).contains(&status) {
+        let detail = whyslow_fix::parse_answer(&text)
+            .err()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        return Err(format!("{url}: HTTP {status}{detail}"));
+    }
+    Ok(text)
+}
+
+#[cfg(not(feature = "llm"))]
+fn send(ep: &Endpoint, _: &str, _: f64) -> Result<String, String> {
+    let _ = (Duration::ZERO, &ep.key);
+    Err(one_line(
+        "this build of whyslow has no HTTP client: use the whyslow binary, or the Python package's whyslow.suggest_fix",
+    ))
+}
+
+fn one_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().to_string()
+}

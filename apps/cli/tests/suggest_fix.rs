@@ -1,0 +1,237 @@
+//! `--suggest-fix` (EROICA's first step) against a local stand-in for an
+//! OpenAI-compatible server that records what it gets and replays an
+//! answer: the request carries each finding and its code, the answer lands
+//! in JSON, table and HTML, the patch is checked against the sources, the
+//! key goes only in the header, `--dry-run` and runs without the flag send
+//! nothing, and a server that fails costs nothing else.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+const KEY: &str = "sk-test-0123456789-secret";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A request the stand-in received: (request line and headers, body).
+type Seen = Arc<Mutex<Vec<(String, String)>>>;
+
+/// Serves `status` + `answer` to every request on a free port, recording
+/// each; the URL base (`http://127.0.0.1:PORT/v1`).
+fn stand_in(status: u16, answer: String) -> (String, Seen) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut head = String::new();
+            let mut len = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                head.push_str(&line);
+            }
+            let mut body = vec![0u8; len];
+            let _ = reader.read_exact(&mut body);
+            log.lock()
+                .unwrap()
+                .push((head, String::from_utf8_lossy(&body).into_owned()));
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (format!("http://127.0.0.1:{port}/v1"), seen)
+}
+
+fn analyze(url: &str, extra: &[&str], dir: &Path) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
+        .current_dir(dir)
+        .arg("analyze")
+        .arg(repo().join("examples/data/slow-rank-cpu-gloo"))
+        .arg("--source-root")
+        .arg(repo().join("examples"))
+        .args(extra)
+        .env("WHYSLOW_LLM_URL", url)
+        .env("WHYSLOW_LLM_MODEL", "stand-in-model")
+        .env("WHYSLOW_LLM_API_KEY", KEY)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("whyslow-fix-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The model's answer: the cause, and a patch that removes the injected
+/// call from examples/train.py (its lines as they stand).
+fn answer(patch_line: &str) -> String {
+    let content = format!(
+        "Rank 2 runs injected_slow_rank_work in every step; the others wait for it in all_reduce.\n\
+         Remove the call.\n```diff\n--- a/train.py\n+++ b/train.py\n@@ -213,5 +213,4 @@\n             if FAULT_ACTIVE:\n                 if a.fault == \"slow-rank\" and rank == a.fault_rank:\n-{patch_line}\n+                    pass\n                 elif a.fault == \"slow-read\" and rank == a.fault_rank:\n```\n"
+    );
+    serde_json::json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
+        .to_string()
+}
+
+#[test]
+fn the_answer_lands_in_json_table_and_html_and_the_key_only_in_the_header() {
+    let (url, seen) = stand_in(
+        200,
+        answer("                    injected_slow_rank_work(a.fault_ms)"),
+    );
+    let dir = temp("answer");
+    let (code, out, err) = analyze(
+        &url,
+        &[
+            "--suggest-fix",
+            "--format",
+            "json",
+            "--json",
+            "r.json",
+            "--html",
+            "r.html",
+        ],
+        &dir,
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let fix = &report["fix"];
+    assert_eq!(fix["model"], "stand-in-model", "{out}");
+    assert!(fix["text"]
+        .as_str()
+        .unwrap()
+        .contains("injected_slow_rank_work"));
+    assert_eq!(fix["applies"], true, "{fix}");
+    assert!(fix["code_bytes"].as_u64().unwrap() > 0);
+    // Beside the report, for git apply.
+    let patch = std::fs::read_to_string(dir.join("fix.patch")).unwrap();
+    assert!(patch.starts_with("--- a/train.py"), "{patch}");
+    let html = std::fs::read_to_string(dir.join("r.html")).unwrap();
+    assert!(
+        html.contains("Proposed fix") && html.contains("a model's proposal: stand-in-model"),
+        "html"
+    );
+    // The request: one, to {base}/chat/completions, every finding and the
+    // flagged code in it, the key in the header and nowhere else.
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    let (head, body) = &seen[0];
+    assert!(head.starts_with("POST /v1/chat/completions "), "{head}");
+    assert!(head.contains(&format!("Bearer {KEY}")), "{head}");
+    assert!(!body.contains(KEY));
+    let req: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(req["model"], "stand-in-model");
+    let user = req["messages"][1]["content"].as_str().unwrap();
+    for f in report["findings"].as_array().unwrap() {
+        assert!(user.contains(f["function"].as_str().unwrap()), "{user}");
+    }
+    assert!(user.contains("def injected_slow_rank_work(ms):"), "{user}");
+    assert!(
+        user.contains("injected_slow_rank_work(a.fault_ms)"),
+        "the call site: {user}"
+    );
+    for text in [
+        &out,
+        &err,
+        &html,
+        &std::fs::read_to_string(dir.join("r.json")).unwrap(),
+    ] {
+        assert!(!text.contains(KEY));
+    }
+    // The table shows it above the findings.
+    let (_, table, _) = analyze(&url, &["--suggest-fix", "--no-color"], &dir);
+    let at_fix = table.find("Proposed fix").expect("in the table");
+    let at_findings = table.find("abnormal function execution").unwrap();
+    assert!(at_fix < at_findings, "{table}");
+}
+
+#[test]
+fn a_patch_that_does_not_match_the_sources_says_why() {
+    let (url, _seen) = stand_in(
+        200,
+        answer("                    injected_slow_rank_work(a.other_ms)"),
+    );
+    let dir = temp("mismatch");
+    let (code, out, err) = analyze(&url, &["--suggest-fix", "--format", "json"], &dir);
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["fix"]["applies"], false);
+    assert!(report["fix"]["applies_error"]
+        .as_str()
+        .unwrap()
+        .contains("hunk 1"));
+}
+
+#[test]
+fn failures_cost_nothing_but_a_warning_and_no_flag_sends_nothing() {
+    let dir = temp("fail");
+    let (code0, plain, _) = analyze("http://127.0.0.1:9/v1", &["--format", "json"], &dir);
+    let plain: serde_json::Value = serde_json::from_str(&plain).unwrap();
+    let strip = |mut v: serde_json::Value| {
+        v.as_object_mut().unwrap().remove("fix_error");
+        v
+    };
+    // Nobody listening; a 500; an answer that is not JSON; one without choices.
+    let (u500, _) = stand_in(500, "{\"error\": {\"message\": \"overloaded\"}}".into());
+    let (uhtml, _) = stand_in(200, "<html>gateway</html>".into());
+    let (unone, _) = stand_in(200, "{\"choices\": []}".into());
+    for (url, why) in [
+        ("http://127.0.0.1:9/v1", "127.0.0.1:9"),
+        (u500.as_str(), "HTTP 500"),
+        (uhtml.as_str(), "not JSON"),
+        (unone.as_str(), "no choices"),
+    ] {
+        let (code, out, err) = analyze(
+            url,
+            &["--suggest-fix", "--format", "json", "--llm-timeout", "5"],
+            &dir,
+        );
+        assert_eq!(code, code0, "{err}");
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let e = r["fix_error"].as_str().unwrap_or_default();
+        assert!(e.contains(why), "{why}: {e}");
+        assert_eq!(e.lines().count(), 1);
+        assert!(r.get("fix").is_none());
+        assert_eq!(
+            strip(r),
+            plain,
+            "the report is the same as without --suggest-fix"
+        );
+        assert!(err.contains("no fix proposal"), "{err}");
+        assert!(!err.contains(KEY) && !out.contains(KEY));
+    }
+    // Without the flag, and with --dry-run, nothing reaches the server.
+    let (url, seen) = stand_in(200, answer("x"));
+    let (code, _, _) = analyze(&url, &["--format", "json"], &dir);
+    assert_eq!(code, Some(0));
+    let (code, body, err) = analyze(&url, &["--suggest-fix", "--dry-run"], &dir);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(seen.lock().unwrap().is_empty(), "sent without being asked");
+    let req: serde_json::Value = serde_json::from_str(&body).expect("the request body");
+    assert_eq!(req["model"], "stand-in-model");
+    assert!(!body.contains(KEY));
+    assert!(err.contains("not sent"), "{err}");
+}

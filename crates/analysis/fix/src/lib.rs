@@ -1,0 +1,379 @@
+//! EROICA's first step ("first try AI auto-fix", the paper's last slides):
+//! the request an OpenAI-compatible chat model gets from a report's findings
+//! and the relevant code, what its answer means, and whether its patch
+//! applies. No I/O here: the doors send the request (the command line with
+//! its HTTP client, the online package with Python's) and read the files.
+//!
+//! What is sent, in the report's order: each finding (function, kind,
+//! workers against their peers, β/μ/σ against the peers, consequences, the
+//! hint), then the code: each finding's enclosing function. Code is bounded
+//! by [`FixOptions::max_code_bytes`]; what is cut first is the code of the
+//! last findings (a function that does not fit is cut to the lines around
+//! the flagged one, then left out), never a finding itself.
+#![deny(missing_docs)]
+
+use std::fmt::Write;
+
+use serde_json::{json, Value};
+use whyslow_model::fix::CodeContext;
+use whyslow_model::{Finding, Report};
+
+/// Bytes of code sent by default.
+pub const DEFAULT_MAX_CODE_BYTES: usize = 16 * 1024;
+
+/// Lines kept on each side of the flagged line when a function is cut.
+const CUT_CONTEXT: usize = 15;
+
+/// What a request may hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FixOptions {
+    /// The model (`WHYSLOW_LLM_MODEL`).
+    pub model: String,
+    /// Bytes of code at most.
+    pub max_code_bytes: usize,
+}
+
+/// Why an answer gave no proposal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FixError {
+    /// Not JSON.
+    #[error("the answer is not JSON: {0}")]
+    NotJson(String),
+    /// JSON without `choices[0].message.content`.
+    #[error("the answer has no choices[0].message.content")]
+    NoChoices,
+    /// An error object from the server.
+    #[error("the server answered an error: {0}")]
+    Server(String),
+}
+
+const SYSTEM: &str = "You are a performance engineer for distributed PyTorch training. \
+whyslow measured the job and localized what slows it (PerfTracker/EROICA: a function's \
+share of the iteration beta, its utilization mu and sigma, on the flagged workers against \
+their peers). Propose the smallest change to the user's code that removes the cause. \
+Answer with a short explanation (the cause, the change, what it costs), then the change \
+as one unified diff in a ```diff fenced block, with paths exactly as given (--- a/PATH, \
++++ b/PATH) and hunks whose context lines match the code shown. If the code shown is not \
+where the fix belongs, say so and give no diff.";
+
+fn stat(s: &whyslow_model::Stat) -> String {
+    format!("{:.3} (peers {:.3})", s.value, s.peers)
+}
+
+fn finding_text(i: usize, f: &Finding) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "Finding {}: {}", i + 1, f.function);
+    let _ = writeln!(
+        s,
+        "  kind {:?}, reason {:?}, workers {:?} of {} in its group",
+        f.kind, f.reason, f.workers, f.group_workers
+    );
+    let _ = writeln!(
+        s,
+        "  beta {}, mu {}, sigma {}; explains {:.1} % of the iteration",
+        stat(&f.beta),
+        stat(&f.mu),
+        stat(&f.sigma),
+        f.explains * 100.0
+    );
+    for c in &f.consequences {
+        let _ = writeln!(
+            s,
+            "  consequence: {} ({:?}) on workers {:?}, beta {}",
+            c.function,
+            c.relation,
+            c.workers,
+            stat(&c.beta)
+        );
+    }
+    if let Some(h) = &f.hint {
+        let _ = writeln!(s, "  hint: {h}");
+    }
+    s
+}
+
+/// `ctx` cut to fit `room` bytes: whole, else the lines around the flagged
+/// one, else nothing.
+fn fit(ctx: &CodeContext, room: usize) -> Option<(u32, String)> {
+    if ctx.text.len() <= room {
+        return Some((ctx.start_line, ctx.text.clone()));
+    }
+    let lines: Vec<&str> = ctx.text.lines().collect();
+    let at = ctx.line.saturating_sub(ctx.start_line) as usize;
+    let from = at.saturating_sub(CUT_CONTEXT);
+    let to = (at + CUT_CONTEXT + 1).min(lines.len());
+    let cut = lines.get(from..to)?.join("\n") + "\n";
+    (cut.len() <= room).then(|| (ctx.start_line + from as u32, cut))
+}
+
+/// The chat-completions request body, and the bytes of code in it.
+pub fn request(report: &Report, code: &[CodeContext], opts: &FixOptions) -> (Value, usize) {
+    let mut user = String::from("whyslow's findings for this job, most iteration time first:\n\n");
+    for (i, f) in report.findings.iter().enumerate() {
+        user.push_str(&finding_text(i, f));
+        user.push('\n');
+    }
+    let mut room = opts.max_code_bytes;
+    let mut sent = 0usize;
+    let mut left_out = Vec::new();
+    let mut code_text = String::new();
+    for c in code {
+        match fit(c, room) {
+            Some((start, text)) => {
+                let _ = writeln!(
+                    code_text,
+                    "Code of finding {} ({}, from line {start}; the flagged line is {}):\n```python\n{}```\n",
+                    c.finding + 1,
+                    c.path,
+                    c.line,
+                    text
+                );
+                room -= text.len();
+                sent += text.len();
+            }
+            None => left_out.push(c.finding + 1),
+        }
+    }
+    if !code_text.is_empty() {
+        user.push_str("The relevant code:\n\n");
+        user.push_str(&code_text);
+    }
+    if !left_out.is_empty() {
+        let _ = writeln!(
+            user,
+            "(The code of finding(s) {left_out:?} was left out: over the {} bytes of code sent.)",
+            opts.max_code_bytes
+        );
+    }
+    let body = json!({
+        "model": opts.model,
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": user},
+        ],
+        "temperature": 0.2,
+    });
+    (body, sent)
+}
+
+/// The explanation and the patch (the first ```diff block, else a diff in
+/// the text) of a chat-completions answer.
+pub fn parse_answer(body: &str) -> Result<(String, Option<String>), FixError> {
+    let v: Value = serde_json::from_str(body).map_err(|e| FixError::NotJson(e.to_string()))?;
+    if let Some(e) = v.get("error") {
+        let msg = e
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| e.to_string());
+        return Err(FixError::Server(
+            msg.lines().next().unwrap_or("").to_string(),
+        ));
+    }
+    let content = v
+        .get("choices")
+        .and_then(|c| c.get(0))
+        .and_then(|c| c.get("message"))
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_str)
+        .ok_or(FixError::NoChoices)?;
+    Ok(split_patch(content))
+}
+
+/// (text without the diff block, the diff).
+fn split_patch(content: &str) -> (String, Option<String>) {
+    for fence in ["```diff", "```patch", "```udiff"] {
+        if let Some(i) = content.find(fence) {
+            let after = &content[i + fence.len()..];
+            let body_start = after.find('\n').map_or(after.len(), |n| n + 1);
+            let body = &after[body_start..];
+            let end = body.find("```").unwrap_or(body.len());
+            let patch = body[..end].to_string();
+            let rest = format!(
+                "{}{}",
+                &content[..i],
+                body.get(end + 3..).unwrap_or_default()
+            );
+            if patch.contains("@@") {
+                return (rest.trim().to_string(), Some(patch));
+            }
+        }
+    }
+    // A bare diff: from the first `--- ` line followed by `+++ `.
+    let lines: Vec<&str> = content.lines().collect();
+    for i in 0..lines.len().saturating_sub(1) {
+        if lines[i].starts_with("--- ") && lines[i + 1].starts_with("+++ ") {
+            let patch = lines[i..].join("\n") + "\n";
+            return (lines[..i].join("\n").trim().to_string(), Some(patch));
+        }
+    }
+    (content.trim().to_string(), None)
+}
+
+fn strip_prefix(path: &str) -> &str {
+    let p = path.split('\t').next().unwrap_or(path).trim();
+    p.strip_prefix("a/")
+        .or_else(|| p.strip_prefix("b/"))
+        .unwrap_or(p)
+}
+
+/// Whether `patch` applies to the files `read` returns (a path relative to
+/// the source root → its text): every hunk's context and removed lines must
+/// stand in the file, at the hunk's line or near it (as `git apply` allows
+/// offsets). `Err` holds the first reason it does not.
+pub fn check_patch(patch: &str, read: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    let lines: Vec<&str> = patch.lines().collect();
+    let mut i = 0;
+    let mut files = 0;
+    while i < lines.len() {
+        if !(lines[i].starts_with("--- ")
+            && lines.get(i + 1).is_some_and(|l| l.starts_with("+++ ")))
+        {
+            i += 1;
+            continue;
+        }
+        let old = strip_prefix(&lines[i][4..]).to_string();
+        let new = strip_prefix(&lines[i + 1][4..]).to_string();
+        i += 2;
+        files += 1;
+        let text = if old == "/dev/null" {
+            String::new()
+        } else {
+            read(&old).ok_or_else(|| format!("{old}: no such file under the source root"))?
+        };
+        let file: Vec<&str> = text.lines().collect();
+        let mut hunk = 0;
+        while i < lines.len() && lines[i].starts_with("@@") {
+            hunk += 1;
+            let header = lines[i];
+            let start: usize = header
+                .trim_start_matches('@')
+                .trim()
+                .strip_prefix('-')
+                .and_then(|r| r.split([',', ' ']).next())
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| format!("{new}: hunk {hunk}: bad header {header:?}"))?;
+            i += 1;
+            let mut want: Vec<&str> = Vec::new();
+            while i < lines.len() && !lines[i].starts_with("@@") && !lines[i].starts_with("--- ") {
+                let l = lines[i];
+                match l.chars().next() {
+                    Some(' ') | Some('-') => want.push(&l[1..]),
+                    None => want.push(""),
+                    Some('+') | Some('\\') => {}
+                    _ => {
+                        return Err(format!(
+                            "{new}: hunk {hunk}: a line that is not context, + or -: {l:?}"
+                        ))
+                    }
+                }
+                i += 1;
+            }
+            if want.is_empty() {
+                continue;
+            }
+            let at = start.saturating_sub(1);
+            let matches_at = |k: usize| {
+                k + want.len() <= file.len()
+                    && want
+                        .iter()
+                        .zip(&file[k..])
+                        .all(|(w, f)| w.trim_end() == f.trim_end())
+            };
+            let found =
+                (0..=file.len()).any(|d| (d <= at && matches_at(at - d)) || matches_at(at + d));
+            if !found {
+                return Err(format!(
+                    "{new}: hunk {hunk} (line {start}): its context and removed lines are not in the file"
+                ));
+            }
+        }
+    }
+    if files == 0 {
+        return Err("no file in the patch (--- a/PATH, +++ b/PATH)".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "import time\n\ndef step(batch):\n    x = load(batch)\n    time.sleep(0.01)\n    return x\n";
+
+    fn read(p: &str) -> Option<String> {
+        (p == "train.py").then(|| FILE.to_string())
+    }
+
+    #[test]
+    fn a_patch_that_matches_applies_and_one_that_does_not_says_why() {
+        let good = "--- a/train.py\n+++ b/train.py\n@@ -3,4 +3,3 @@\n def step(batch):\n     x = load(batch)\n-    time.sleep(0.01)\n     return x\n";
+        assert_eq!(check_patch(good, &read), Ok(()));
+        // Offset line numbers still apply, as with git apply.
+        let moved = good.replace("@@ -3,4", "@@ -1,4");
+        assert_eq!(check_patch(&moved, &read), Ok(()));
+        let wrong = good.replace("time.sleep(0.01)", "time.sleep(1)");
+        assert!(check_patch(&wrong, &read).unwrap_err().contains("hunk 1"));
+        let other = good.replace("train.py", "model.py");
+        assert!(check_patch(&other, &read)
+            .unwrap_err()
+            .contains("no such file"));
+        assert!(check_patch("no diff here", &read).is_err());
+    }
+
+    #[test]
+    fn answers_give_text_and_patch_or_a_reason() {
+        let body = json!({"choices": [{"message": {"role": "assistant", "content":
+            "The sleep stalls every step.\n```diff\n--- a/train.py\n+++ b/train.py\n@@ -5 +5 @@\n-    time.sleep(0.01)\n+    pass\n```\nDone."}}]});
+        let (text, patch) = parse_answer(&body.to_string()).unwrap();
+        assert!(
+            text.starts_with("The sleep") && text.ends_with("Done."),
+            "{text}"
+        );
+        assert!(patch.unwrap().starts_with("--- a/train.py"));
+        assert_eq!(
+            parse_answer("<html>"),
+            Err(FixError::NotJson(
+                "expected value at line 1 column 1".into()
+            ))
+        );
+        assert_eq!(parse_answer("{\"choices\": []}"), Err(FixError::NoChoices));
+        assert!(matches!(
+            parse_answer("{\"error\": {\"message\": \"model not found\"}}"),
+            Err(FixError::Server(m)) if m == "model not found"
+        ));
+        let (_, none) = parse_answer(
+            &json!({"choices": [{"message": {"content": "no change needed"}}]}).to_string(),
+        )
+        .unwrap();
+        assert_eq!(none, None);
+    }
+
+    #[test]
+    fn code_is_cut_from_the_last_findings_first() {
+        let big = "x = 1\n".repeat(100);
+        let ctx = |finding, text: &str| CodeContext {
+            finding,
+            path: "train.py".into(),
+            start_line: 1,
+            line: 50,
+            text: text.into(),
+        };
+        let code = [ctx(0, &big), ctx(1, &big)];
+        let report: Report = serde_json::from_value(json!({
+            "version": 3, "workers": 4, "missing_workers": [], "findings": [],
+            "utilization_source": "none"}))
+        .unwrap();
+        let opts = FixOptions {
+            model: "m".into(),
+            max_code_bytes: 700,
+        };
+        let (body, sent) = request(&report, &code, &opts);
+        let user = body["messages"][1]["content"].as_str().unwrap();
+        assert!(sent <= 700, "{sent}");
+        // The first finding's function, cut around its line; the second's left out.
+        assert!(user.contains("Code of finding 1"), "{user}");
+        assert!(!user.contains("Code of finding 2"), "{user}");
+        assert!(user.contains("finding(s) [2] was left out"), "{user}");
+    }
+}

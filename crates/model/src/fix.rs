@@ -1,0 +1,43 @@
+//! EROICA's first step, "try an AI auto-fix": the code a proposal may
+//! change and the proposal a model returned (`whyslow analyze|localize
+//! --suggest-fix`, the online package's `WHYSLOW_SUGGEST_FIX=1`). A model's
+//! proposal, never applied by whyslow: `fix.applies` only says whether
+//! `git apply` would take it.
+
+use serde::{Deserialize, Serialize};
+
+/// The code around one finding: its enclosing function in the user's file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeContext {
+    /// The finding's index in the report.
+    pub finding: usize,
+    /// The file, relative to the source root it was found under (the path
+    /// a patch names), else as the trace named it.
+    pub path: String,
+    /// The first line of `text`, 1-based.
+    pub start_line: u32,
+    /// The line the trace points at, 1-based.
+    pub line: u32,
+    /// The enclosing function's lines.
+    pub text: String,
+}
+
+/// A model's proposal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fix {
+    /// The model asked.
+    pub model: String,
+    /// Its explanation.
+    pub text: String,
+    /// The unified diff it proposed, when it proposed one.
+    pub patch: Option<String>,
+    /// Whether the patch applies to the files under the source root
+    /// (unchanged by whyslow); `None` without a patch.
+    pub applies: Option<bool>,
+    /// The first reason it does not apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applies_error: Option<String>,
+    /// Bytes of the user's code that left the machine in the request.
+    #[serde(default)]
+    pub code_bytes: usize,
+}
