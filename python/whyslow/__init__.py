@@ -28,11 +28,11 @@ from typing import Any, Optional
 from ._config import Config
 
 __all__ = ["init", "step", "trigger", "shutdown", "tracker", "Config", "__version__",
-           "analyze", "diagnose", "hang", "Report", "Diagnosis", "Hang"]
+           "analyze", "diagnose", "hang", "suggest_fix", "Report", "Diagnosis", "Hang"]
 
 # The offline analysis (whyslow.analysis), imported when first used: a
 # training job that only does `import whyslow` does not load it.
-_ANALYSIS = ("analyze", "diagnose", "hang", "Report", "Diagnosis", "Hang", "Culprit", "Finding",
+_ANALYSIS = ("analyze", "diagnose", "hang", "suggest_fix", "Report", "Diagnosis", "Hang", "Culprit", "Finding",
              "Straggler")
 
 

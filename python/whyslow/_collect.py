@@ -253,6 +253,15 @@ def collect_and_localize(cfg: Config, store: JobStore, s: Dict[str, Any], sdir: 
     with open(os.path.join(sdir, "session.json"), "w") as f:
         json.dump(dict(s, collected=sorted(fps), missing=missing,
                        collect_s=time.monotonic() - t_start), f, indent=1)
+    if cfg.suggest_fix:
+        # EROICA's first step, opt-in, off the training path (this is rank
+        # 0's background thread); a failure is one log line.
+        try:
+            from ._fix import suggest_fix_for_session
+
+            suggest_fix_for_session(sdir, [os.getcwd()], log)
+        except Exception as e:
+            log.warning("whyslow: no fix proposal: %s", e)
     cross = cross_layer_summary(diagnosis, sdir) if diagnosis else None
     log.warning(
         "whyslow: report for session %d (%s) in %s%s\n%s%s",

@@ -29,8 +29,10 @@ class Config:
     threshold                     WHYSLOW_THRESHOLD            0.05 (§4.1: 5 %)
     block_factor                  WHYSLOW_BLOCK_FACTOR         5 (§4.1: blocked at 5× mean)
     block_min_s                   WHYSLOW_BLOCK_MIN_S          1 (and never below this many seconds)
+    hang_grace_s                  WHYSLOW_HANG_GRACE_S         10 (a stall must last this much longer to be gathered as a hang)
     hang_gather_s                 WHYSLOW_HANG_GATHER_S        20 (after a stall, wait this long for every rank's stacks)
     flight_recorder               WHYSLOW_FLIGHT_RECORDER      1 (turn PyTorch's Flight Recorder on unless TORCH_FR_BUFFER_SIZE is set)
+    suggest_fix                   WHYSLOW_SUGGEST_FIX          0 (1: after each report, ask WHYSLOW_LLM_URL's model for a fix)
     k                             WHYSLOW_K                    200 (§4.1 K)
     recent                        WHYSLOW_RECENT               10·N (iterations of "recent")
     baseline                      WHYSLOW_BASELINE             rolling_mean | shortest_iteration
@@ -102,8 +104,10 @@ class Config:
     threshold: float = 0.05
     block_factor: float = 5.0
     block_min_s: float = 1.0
+    hang_grace_s: float = 10.0
     hang_gather_s: float = 20.0
     flight_recorder: bool = True
+    suggest_fix: bool = False
     k: int = 200
     recent: int = 0
     baseline: str = "rolling_mean"

@@ -182,7 +182,8 @@ class HangGatherer:
     and report. ``run`` is a thread's body."""
 
     def __init__(self, cfg: Any, jobstore: Any, rank: int, world_size: int, job_dir: str,
-                 detected_at_ns: int, threshold_at_ns: int, stop: threading.Event) -> None:
+                 detected_at_ns: int, threshold_at_ns: int, stop: threading.Event,
+                 still_blocked: Any = None) -> None:
         self.cfg = cfg
         self.jobstore = jobstore
         self.rank = rank
@@ -191,7 +192,9 @@ class HangGatherer:
         self.detected_at_ns = detected_at_ns
         self.threshold_at_ns = threshold_at_ns
         self.stop = stop
+        self.still_blocked = still_blocked or (lambda: True)
         self.report_path: Optional[str] = None
+        self.thread: Optional[threading.Thread] = None
 
     def run(self) -> None:
         try:
@@ -200,6 +203,12 @@ class HangGatherer:
             log.warning("whyslow: the hang report of rank %d failed: %s", self.rank, e)
 
     def _run(self) -> None:
+        # A stall that ends within the grace (a long checkpoint save, the
+        # job's last barrier while rank 0 writes its report) or a process
+        # that exits is no hang: gather nothing.
+        grace = float(getattr(self.cfg, "hang_grace_s", 10.0))
+        if self.stop.wait(grace) or not self.still_blocked():
+            return
         store = self.jobstore.connect()
         stamp = time.strftime("%Y%m%d-%H%M%S")
         hid = stamp
@@ -214,6 +223,8 @@ class HangGatherer:
         payload = dict(ev["doc"])
         if ev["fr"]:
             payload["fr_b64"] = base64.b64encode(ev["fr"]).decode()
+        if self.stop.is_set():
+            return
         store.set(self.jobstore.key("hang", hid, "rank%d" % self.rank), json.dumps(payload))
         if store.add(self.jobstore.key("hang", hid, "writer"), 1) != 1:
             return

@@ -89,6 +89,9 @@ class Tracker:
             "profile_s": [],
         }
         self._stop = threading.Event()
+        # Set at exit: no hang gathering may start or go on (its store and
+        # Flight Recorder calls must not race the interpreter's teardown).
+        self._ending = threading.Event()
         self._watchdog: Optional[threading.Thread] = None
         self.registration: Optional[str] = None  # proc-<pid>.json in the agent's directory
 
@@ -225,11 +228,14 @@ class Tracker:
         self.stats["blocked"] += 1
         now = time.time_ns()
         wait_ns = max(self.cfg.block_factor * mean_ns, self.cfg.block_min_s * 1e9)
+        steps = self.steps
         gatherer = _hang.HangGatherer(
             self.cfg, self.jobstore, self.rank, self.world_size, self.job_dir,
-            detected_at_ns=now, threshold_at_ns=int(now - idle_ns + wait_ns), stop=self._stop,
+            detected_at_ns=now, threshold_at_ns=int(now - idle_ns + wait_ns), stop=self._ending,
+            still_blocked=lambda: self.steps == steps and self.enabled,
         )
         th = threading.Thread(target=gatherer.run, name="whyslow-hang", daemon=True)
+        gatherer.thread = th
         th.start()
         self.hang = gatherer
         frames = sys._current_frames()
@@ -417,6 +423,11 @@ class Tracker:
             th.join(max(0.0, deadline - time.monotonic()))
 
     def shutdown(self) -> None:
+        # First: a hang gather still waiting stops before the teardown.
+        self._ending.set()
+        hang = self.hang
+        if hang is not None and hang.thread is not None:
+            hang.thread.join(3.0)
         try:
             if self.window is not None and self.enabled:
                 # The job ended inside a window: keep what was profiled.

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _whyslow
 
-__all__ = ["analyze", "diagnose", "hang", "Report", "Finding", "Stat", "Diagnosis", "Straggler", "Hang", "Culprit"]
+__all__ = ["analyze", "diagnose", "hang", "suggest_fix", "Report", "Finding", "Stat", "Diagnosis", "Straggler", "Hang", "Culprit"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -158,6 +158,9 @@ class Report:
         self.iterations: Optional[Dict[str, Any]] = raw.get("iterations")
         cl = raw.get("cross_layer")
         self.cross_layer: Optional[Diagnosis] = Diagnosis(cl) if cl else None
+        # A model's proposed fix (EROICA's first step), when one was asked for.
+        self.fix: Optional[Dict[str, Any]] = raw.get("fix")
+        self.fix_error: Optional[str] = raw.get("fix_error")
 
     @classmethod
     def from_json(cls, text: str) -> "Report":
@@ -312,3 +315,26 @@ def hang(folder: PathLike, *, world_size: Optional[int] = None,
         with open(page_path) as f:
             page = f.read()
     return Hang(json.loads(text), page)
+
+
+def suggest_fix(report: Union["Report", PathLike], *, source_roots: Optional[Sequence[PathLike]] = None,
+                url: Optional[str] = None, model: Optional[str] = None,
+                timeout_s: float = 120.0, dry_run: bool = False) -> Union["Report", str]:
+    """EROICA's first step: asks an OpenAI-compatible model (``url`` or
+    WHYSLOW_LLM_URL, ``model`` or WHYSLOW_LLM_MODEL, the key from
+    WHYSLOW_LLM_API_KEY or _FILE) for a fix of ``report`` (a Report or a
+    ``report.json`` path), with the findings and their code under
+    ``source_roots`` (default: the working directory). Returns the Report
+    with ``fix`` (``.fix["patch"]``, ``.fix["applies"]``) or ``fix_error``;
+    with ``dry_run`` the request body, sent nowhere. Never raises for the
+    endpoint: its failure is ``fix_error``."""
+    from ._fix import suggest_fix as _suggest
+
+    if isinstance(report, Report):
+        text = json.dumps(report.raw)
+    else:
+        with open(os.fspath(report)) as f:
+            text = f.read()
+    roots = _paths(source_roots) if source_roots is not None else [os.getcwd()]
+    out, _ = _suggest(text, roots, url=url, model=model, timeout_s=timeout_s, dry_run=dry_run)
+    return out if dry_run else Report.from_json(out)

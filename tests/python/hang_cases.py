@@ -62,6 +62,7 @@ ENV = {
     "WHYSLOW_THRESHOLD": "1.0",  # no slowdown windows: hangs only
     "WHYSLOW_SAMPLE_HZ": "0",
     "WHYSLOW_HANG_GATHER_S": "8",
+    "WHYSLOW_HANG_GRACE_S": "3",
     "WHYSLOW_LOG_LEVEL": "INFO",
     "OMP_NUM_THREADS": "1",
 }

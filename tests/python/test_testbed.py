@@ -445,6 +445,7 @@ def test_a_hang_across_hosts_names_its_culprit(tmp_path):
     env = dict(os.environ)
     env.update(TESTBED_ENV)
     env["WHYSLOW_HANG_GATHER_S"] = "8"
+    env["WHYSLOW_HANG_GRACE_S"] = "3"
     train = os.path.join(ROOT, "tests", "python", "hang_train.py")
     cmd = [sys.executable, RUN, "--hosts", "4", "--fault", "none", "--out", out, "--timeout", "45",
            "--", train, "--hang", "sleep", "--hang-rank", "2", "--hang-at", "150"]

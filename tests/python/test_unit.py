@@ -416,3 +416,60 @@ def test_whyslow_hang_as_a_call():
     assert "waits-for graph" in h._repr_html_()
     healthy = whyslow.hang(os.path.join(os.path.dirname(__file__), "..", "fixtures", "hang", "healthy"))
     assert not healthy.hang and not healthy.culprits
+
+
+def _stand_in(status, answer):
+    """An OpenAI-compatible stand-in: records requests, replays `answer`."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+            seen.append((self.path, dict(self.headers), body))
+            data = answer.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return "http://127.0.0.1:%d/v1" % srv.server_address[1], seen, srv
+
+
+def test_suggest_fix_from_python_makes_the_command_lines_request(tmp_path, monkeypatch):
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    report = whyslow.analyze(os.path.join(root, "examples", "data", "slow-rank-cpu-gloo"),
+                             source_roots=[os.path.join(root, "examples")])
+    content = ("Remove the injected call.\n```diff\n--- a/train.py\n+++ b/train.py\n@@ -214,2 +214,2 @@\n"
+               "                 if a.fault == \"slow-rank\" and rank == a.fault_rank:\n"
+               "-                    injected_slow_rank_work(a.fault_ms)\n+                    pass\n```\n")
+    url, seen, srv = _stand_in(200, json.dumps({"choices": [{"message": {"content": content}}]}))
+    monkeypatch.setenv("WHYSLOW_LLM_API_KEY", "sk-py-secret")
+    try:
+        fixed = whyslow.suggest_fix(report, source_roots=[os.path.join(root, "examples")], url=url,
+                                    model="stand-in")
+    finally:
+        srv.shutdown()
+    assert fixed.fix and fixed.fix["applies"] is True, fixed.fix
+    assert fixed.fix["model"] == "stand-in"
+    (path, headers, body), = seen
+    assert path == "/v1/chat/completions"
+    assert headers.get("Authorization") == "Bearer sk-py-secret"
+    assert "sk-py-secret" not in body and "sk-py-secret" not in json.dumps(fixed.raw)
+    assert "def injected_slow_rank_work" in json.loads(body)["messages"][1]["content"]
+    # --dry-run's twin: the body, sent nowhere.
+    dry = whyslow.suggest_fix(report, source_roots=[os.path.join(root, "examples")], url=url,
+                              model="stand-in", dry_run=True)
+    assert json.loads(dry)["model"] == "stand-in" and len(seen) == 1
+    # A server that is down: the report, with fix_error, nothing raised.
+    down = whyslow.suggest_fix(report, url="http://127.0.0.1:9/v1", timeout_s=5)
+    assert down.fix is None and "127.0.0.1:9" in down.fix_error
+    assert [f.function for f in down.findings] == [f.function for f in report.findings]

@@ -10,10 +10,9 @@
 //! the `Authorization` header: never in a log line, an error, the report or
 //! the request body.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use whyslow_model::fix::Fix;
 use whyslow_model::Report;
 
 /// What `--suggest-fix` needs from the command line.
@@ -98,48 +97,18 @@ pub fn suggest(report: &mut Report, args: &SuggestArgs) -> Outcome {
             return Outcome::Asked(None);
         }
     };
-    match send(&ep, &text, args.timeout_s) {
-        Err(why) => {
-            report.fix_error = Some(why);
-            Outcome::Asked(None)
-        }
-        Ok(answer) => match whyslow_fix::parse_answer(&answer) {
-            Err(e) => {
-                report.fix_error = Some(format!("{}/chat/completions: {e}", ep.base));
-                Outcome::Asked(None)
-            }
-            Ok((text, patch)) => {
-                let checked = patch
-                    .as_ref()
-                    .map(|p| whyslow_fix::check_patch(p, &|path: &str| read_under(&roots, path)));
-                report.fix = Some(Fix {
-                    model,
-                    text,
-                    patch: patch.clone(),
-                    applies: checked.as_ref().map(Result::is_ok),
-                    applies_error: checked.and_then(Result::err),
-                    code_bytes,
-                });
-                Outcome::Asked(patch)
-            }
-        },
+    let sent = send(&ep, &text, args.timeout_s);
+    let answer = match &sent {
+        Ok(a) => Ok(a.as_str()),
+        Err(e) => Err(e.clone()),
+    };
+    let patch = whyslow_fix::apply_answer(report, &model, code_bytes, answer, &|path: &str| {
+        whyslow_report::read_source_file(&roots, path)
+    });
+    if let (Some(e), true) = (&report.fix_error, sent.is_ok()) {
+        report.fix_error = Some(format!("{}/chat/completions: {e}", ep.base));
     }
-}
-
-/// A file a patch names, under one of the roots (never outside them).
-fn read_under(roots: &[PathBuf], path: &str) -> Option<String> {
-    let p = Path::new(path);
-    if p.is_absolute()
-        || p.components()
-            .any(|c| matches!(c, std::path::Component::ParentDir))
-    {
-        return None;
-    }
-    roots
-        .iter()
-        .map(|r| r.join(p))
-        .find(|f| f.is_file())
-        .and_then(|f| std::fs::read_to_string(f).ok())
+    Outcome::Asked(patch)
 }
 
 #[cfg(feature = "llm")]

@@ -588,6 +588,57 @@ fn report_table(report_json: &str) -> PyResult<String> {
     Ok(whyslow_report::render_table(&r, false))
 }
 
+/// The chat-completions request for a fix (EROICA's first step) from a
+/// report (JSON) and the code under `source_roots`: `(body JSON, bytes of
+/// code in it)`, exactly what `whyslow analyze --suggest-fix` sends.
+#[pyfunction]
+#[pyo3(signature = (report_json, source_roots, model, max_code_bytes=whyslow_fix::DEFAULT_MAX_CODE_BYTES))]
+fn fix_request(
+    report_json: &str,
+    source_roots: Vec<PathBuf>,
+    model: &str,
+    max_code_bytes: usize,
+) -> PyResult<(String, usize)> {
+    let r: whyslow_model::Report = serde_json::from_str(report_json)
+        .map_err(|e| PyValueError::new_err(format!("not a whyslow report: {e}")))?;
+    let code = whyslow_report::code_contexts(&r, &source_roots);
+    let opts = whyslow_fix::FixOptions {
+        model: model.to_string(),
+        max_code_bytes,
+    };
+    let (body, bytes) = whyslow_fix::request(&r, &code, &opts);
+    Ok((
+        serde_json::to_string_pretty(&body).unwrap_or_default(),
+        bytes,
+    ))
+}
+
+/// Puts a model's answer (its HTTP body; or `error`, why there was none)
+/// into the report (JSON): `fix` with the patch checked against the files
+/// under `source_roots`, or `fix_error`. Returns `(report JSON, patch or
+/// None)`: the same call as the command line's.
+#[pyfunction]
+#[pyo3(signature = (report_json, model, code_bytes, source_roots, answer=None, error=None))]
+fn fix_answer(
+    report_json: &str,
+    model: &str,
+    code_bytes: usize,
+    source_roots: Vec<PathBuf>,
+    answer: Option<&str>,
+    error: Option<&str>,
+) -> PyResult<(String, Option<String>)> {
+    let mut r: whyslow_model::Report = serde_json::from_str(report_json)
+        .map_err(|e| PyValueError::new_err(format!("not a whyslow report: {e}")))?;
+    let got = match (answer, error) {
+        (Some(a), _) => Ok(a),
+        (None, e) => Err(e.unwrap_or("no answer").to_string()),
+    };
+    let patch = whyslow_fix::apply_answer(&mut r, model, code_bytes, got, &|p: &str| {
+        whyslow_report::read_source_file(&source_roots, p)
+    });
+    Ok((whyslow_report::render_json(&r), patch))
+}
+
 /// A job report (JSON, `report.json`) as the HTML page `whyslow analyze
 /// --html` writes, for notebooks.
 #[pyfunction]
@@ -798,6 +849,8 @@ fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kineto_base_ns, m)?)?;
     m.add_function(wrap_pyfunction!(parse_wire, m)?)?;
     m.add_function(wrap_pyfunction!(hang_report, m)?)?;
+    m.add_function(wrap_pyfunction!(fix_request, m)?)?;
+    m.add_function(wrap_pyfunction!(fix_answer, m)?)?;
     m.add_function(wrap_pyfunction!(rebase_samples_file, m)?)?;
     m.add_class::<PySampler>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -210,6 +210,40 @@ fn split_patch(content: &str) -> (String, Option<String>) {
     (content.trim().to_string(), None)
 }
 
+/// Puts what came back into the report: `fix` (with the patch checked
+/// against the files `read` gives) or `fix_error` in one line. `answer` is
+/// the HTTP answer's body, or why there was none. Returns the patch. Every
+/// door (the command line, the online package) ends its request here.
+pub fn apply_answer(
+    report: &mut Report,
+    model: &str,
+    code_bytes: usize,
+    answer: Result<&str, String>,
+    read: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let parsed = answer.and_then(|a| parse_answer(a).map_err(|e| e.to_string()));
+    match parsed {
+        Err(why) => {
+            report.fix = None;
+            report.fix_error = Some(why.lines().next().unwrap_or_default().to_string());
+            None
+        }
+        Ok((text, patch)) => {
+            let checked = patch.as_ref().map(|p| check_patch(p, read));
+            report.fix_error = None;
+            report.fix = Some(whyslow_model::fix::Fix {
+                model: model.to_string(),
+                text,
+                patch: patch.clone(),
+                applies: checked.as_ref().map(Result::is_ok),
+                applies_error: checked.and_then(Result::err),
+                code_bytes,
+            });
+            patch
+        }
+    }
+}
+
 fn strip_prefix(path: &str) -> &str {
     let p = path.split('\t').next().unwrap_or(path).trim();
     p.strip_prefix("a/")

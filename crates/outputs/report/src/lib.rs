@@ -23,7 +23,7 @@ pub use format::compact_ranks;
 pub use html::{escape as escape_html, render_html, render_html_with, HtmlOptions};
 pub use lines::{line_chart_svg, render_lines_page, LineSeries};
 pub use perfetto::render_perfetto;
-pub use source::{attach_source_excerpts, code_contexts};
+pub use source::{attach_source_excerpts, code_contexts, read_source_file};
 pub use table::render_table;
 
 use whyslow_model::{Report, Verdict};

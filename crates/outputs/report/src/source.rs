@@ -248,3 +248,17 @@ pub fn code_contexts(report: &Report, roots: &[PathBuf]) -> Vec<whyslow_model::f
     }
     out
 }
+
+/// A file a patch names (relative to a source root), read from under one
+/// of `roots`; never a path outside them (absolute, or with `..`).
+pub fn read_source_file(roots: &[PathBuf], path: &str) -> Option<String> {
+    let p = Path::new(path);
+    if p.is_absolute() || p.components().any(|c| matches!(c, Component::ParentDir)) {
+        return None;
+    }
+    roots
+        .iter()
+        .map(|r| r.join(p))
+        .find(|f| f.is_file())
+        .and_then(|f| read_lines(&f))
+}
