@@ -3,7 +3,7 @@
 §4.1 detector's threshold, long before a collective timeout).
 
 Runs the injected hangs of tests/python/hang_cases.py (torchrun, 4 CPU
-ranks, gloo, `import whyslow` with its defaults but WHYSLOW_HANG_GATHER_S)
+ranks, gloo, `import whyslow` with its defaults)
 and reads each report's timing.json: when the stall threshold passed on the
 reporting rank (its last iteration event + max(5 x mean iteration, 1 s)),
 when the watchdog saw it, and when hang-report.json was written.
@@ -24,9 +24,11 @@ import hang_cases  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gather-s", type=float, default=20.0, help="WHYSLOW_HANG_GATHER_S (the default: 20)")
+    ap.add_argument("--grace-s", type=float, default=10.0, help="WHYSLOW_HANG_GRACE_S (the default: 10)")
     ap.add_argument("--cases", nargs="*", default=["sleep", "gil", "exit", "mismatch"])
     a = ap.parse_args()
     hang_cases.ENV["WHYSLOW_HANG_GATHER_S"] = str(a.gather_s)
+    hang_cases.ENV["WHYSLOW_HANG_GRACE_S"] = str(a.grace_s)
     print("case       culprit right  threshold->detected  threshold->report")
     for name in a.cases:
         with tempfile.TemporaryDirectory() as work:
