@@ -917,7 +917,6 @@ fn no_flight_recorder_verdict(
         }
     };
     let hang = !waiting.is_empty();
-    let _ = job.groups.len();
     HangReport {
         version: HANG_REPORT_VERSION,
         hang,
