@@ -1180,24 +1180,41 @@ async fn get_hang(
     UrlPath(job): UrlPath<String>,
     headers: HeaderMap,
 ) -> Response {
-    let r = async {
-        let t = tenant(&state, &headers).await?;
-        store::check_name("job", &job)?;
-        let (st, j) = (state.clone(), job.clone());
-        let mut latest = blocking(move || Ok(st.store.hangs(t, &j, 1)?)).await?;
-        let Some(text) = latest.pop() else {
-            return Err(ApiError(
-                StatusCode::NOT_FOUND,
-                format!("no hang report of job {job:?}"),
-            ));
-        };
-        parse_hang_report(&text)
-            .map(Json)
-            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))
-    }
-    .await;
+    let r = latest_batch(
+        &state,
+        &headers,
+        &job,
+        "hang report",
+        |s, t, j| s.hangs(t, j, 1),
+        parse_hang_report,
+    )
+    .await
+    .map(Json);
     count(&state, &r);
     r.into_response()
+}
+
+/// The job's latest batch of one kind (`fetch`), parsed, or 404 naming
+/// `what`.
+async fn latest_batch<T: Send + 'static>(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    job: &str,
+    what: &str,
+    fetch: fn(&dyn Store, TenantId, &str) -> Result<Vec<String>, StoreError>,
+    parse: fn(&str) -> Result<T, String>,
+) -> ApiResult<T> {
+    let t = tenant(state, headers).await?;
+    store::check_name("job", job)?;
+    let (st, j) = (state.clone(), job.to_string());
+    let mut latest = blocking(move || Ok(fetch(st.store.as_ref(), t, &j)?)).await?;
+    let Some(text) = latest.pop() else {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no {what} of job {job:?}"),
+        ));
+    };
+    parse(&text).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))
 }
 
 /// The job's latest flow analysis, or 404.
@@ -1206,17 +1223,15 @@ async fn latest_flows(
     headers: &HeaderMap,
     job: &str,
 ) -> ApiResult<whyslow_model::flow::FlowReport> {
-    let t = tenant(state, headers).await?;
-    store::check_name("job", job)?;
-    let (st, j) = (state.clone(), job.to_string());
-    let mut latest = blocking(move || Ok(st.store.flows(t, &j, 1)?)).await?;
-    let Some(text) = latest.pop() else {
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no flow analysis of job {job:?}"),
-        ));
-    };
-    parse_flow_report(&text).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))
+    latest_batch(
+        state,
+        headers,
+        job,
+        "flow analysis",
+        |s, t, j| s.flows(t, j, 1),
+        parse_flow_report,
+    )
+    .await
 }
 
 async fn get_flows(

@@ -940,6 +940,16 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    fn judge(ranks: Vec<RankEvidence>) -> HangReport {
+        analyze(
+            &HangEvidence {
+                ranks,
+                ..Default::default()
+            },
+            &HangConfig::default(),
+        )
+    }
+
     fn coll(
         group: &str,
         seq: u64,
@@ -1028,13 +1038,7 @@ mod tests {
                 )
             })
             .collect();
-        let r = analyze(
-            &HangEvidence {
-                ranks,
-                ..Default::default()
-            },
-            &HangConfig::default(),
-        );
+        let r = judge(ranks);
         assert_eq!(r.culprits.len(), 1, "{r:?}");
         assert_eq!(
             (r.culprits[0].rank, r.culprits[0].reason),
@@ -1065,13 +1069,7 @@ mod tests {
                 )
             })
             .collect();
-        let r = analyze(
-            &HangEvidence {
-                ranks,
-                ..Default::default()
-            },
-            &HangConfig::default(),
-        );
+        let r = judge(ranks);
         assert!(r.hang && r.culprits.is_empty(), "{r:?}");
         assert_eq!(r.stuck_groups, vec!["0".to_string()]);
         assert!(r.verdict.contains("transport"), "{}", r.verdict);
@@ -1100,13 +1098,7 @@ mod tests {
                 )
             })
             .collect();
-        let r = analyze(
-            &HangEvidence {
-                ranks,
-                ..Default::default()
-            },
-            &HangConfig::default(),
-        );
+        let r = judge(ranks);
         assert_eq!(r.culprits.len(), 1, "{r:?}");
         assert_eq!(
             (r.culprits[0].rank, r.culprits[0].reason),
@@ -1148,13 +1140,7 @@ mod tests {
             // rank 3: [dp] → nothing issued for step 11
             rank(3, std::slice::from_ref(&dp), 10, vec![], 300),
         ];
-        let r = analyze(
-            &HangEvidence {
-                ranks,
-                ..Default::default()
-            },
-            &HangConfig::default(),
-        );
+        let r = judge(ranks);
         assert_eq!(
             r.culprits.iter().map(|c| c.rank).collect::<Vec<_>>(),
             vec![3],
@@ -1193,13 +1179,7 @@ mod tests {
                 )
             })
             .collect();
-        let r = analyze(
-            &HangEvidence {
-                ranks,
-                ..Default::default()
-            },
-            &HangConfig::default(),
-        );
+        let r = judge(ranks);
         assert_eq!(
             r.culprits
                 .iter()
@@ -1242,13 +1222,7 @@ mod tests {
                 e
             })
             .collect();
-        let r = analyze(
-            &HangEvidence {
-                ranks,
-                ..Default::default()
-            },
-            &HangConfig::default(),
-        );
+        let r = judge(ranks);
         assert!(!r.hang && r.culprits.is_empty(), "{r:?}");
         assert!(
             (r.min_wait_s - 5.0).abs() < 1e-9,
@@ -1295,13 +1269,7 @@ mod tests {
                 ..Default::default()
             },
         ];
-        let r = analyze(
-            &HangEvidence {
-                ranks,
-                ..Default::default()
-            },
-            &HangConfig::default(),
-        );
+        let r = judge(ranks);
         assert_eq!(
             r.culprits
                 .iter()

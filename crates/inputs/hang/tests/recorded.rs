@@ -183,10 +183,7 @@ fn stacks_alone_name_the_rank_outside_the_collectives() {
 #[test]
 fn a_damaged_file_is_named_and_the_rest_still_read() {
     let tmp = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixtures().join("sleep")).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
-    }
+    copy_tree(&fixtures().join("sleep"), tmp.path());
     // Rank 0's dump cut in half, and a foreign file.
     let d0 = tmp.path().join("fr_trace_rank_0");
     let b = std::fs::read(&d0).unwrap();
