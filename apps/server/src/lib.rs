@@ -1194,6 +1194,9 @@ async fn get_hang(
     r.into_response()
 }
 
+/// Reads a job's latest batches of one kind from a store.
+type FetchBatches = fn(&dyn Store, TenantId, &str) -> Result<Vec<String>, StoreError>;
+
 /// The job's latest batch of one kind (`fetch`), parsed, or 404 naming
 /// `what`.
 async fn latest_batch<T: Send + 'static>(
@@ -1201,7 +1204,7 @@ async fn latest_batch<T: Send + 'static>(
     headers: &HeaderMap,
     job: &str,
     what: &str,
-    fetch: fn(&dyn Store, TenantId, &str) -> Result<Vec<String>, StoreError>,
+    fetch: FetchBatches,
     parse: fn(&str) -> Result<T, String>,
 ) -> ApiResult<T> {
     let t = tenant(state, headers).await?;
