@@ -364,6 +364,13 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
             not_started: BTreeSet::new(),
         });
     }
+    let skewed = drop_snapshot_skew(&job, &mut waits, min_wait_s);
+    if skewed > 0 {
+        notes.push(format!(
+            "{skewed} pending collective(s) set aside: the ranks' dumps were taken at different \
+             moments, and a peer's dump shows the collective finished, or predates it"
+        ));
+    }
     if waits.is_empty() {
         return no_flight_recorder_verdict(ev, &job, world, summaries, min_wait_s, young, notes);
     }
@@ -808,6 +815,49 @@ fn program_order_break(job: &Job, r: u32, waits: &[Wait]) -> Option<String> {
     ))
 }
 
+/// Dumps are snapshots taken rank by rank, not at one instant. A collective
+/// completes for every member or for none, so a pending instance that any
+/// member's dump shows completed is not hung: that rank's dump is simply
+/// later. Likewise a member that "never reached" it, but whose dump was
+/// taken before the collective had been issued for `min_wait_s`, had not yet
+/// been absent long enough to count (the bound that makes a waiter count
+/// makes an absentee count too). Drops such
+/// waits and returns how many. (Dumps gathered after a real stall are all
+/// taken while everyone waits, so neither case arises there.)
+fn drop_snapshot_skew(job: &Job, waits: &mut Vec<Wait>, min_wait_s: f64) -> usize {
+    let keys: BTreeSet<(String, u64)> = waits.iter().map(|w| (w.group.clone(), w.seq)).collect();
+    let mut skewed: BTreeSet<(String, u64)> = BTreeSet::new();
+    for (group, seq) in keys {
+        let members = job.members.get(&group).cloned().unwrap_or_default();
+        let finished = members
+            .iter()
+            .any(|&m| job.prog(m, &group).completed.is_some_and(|c| c >= seq));
+        // When the waiters issued it: the earliest creation among them.
+        let issued_ns = members
+            .iter()
+            .filter_map(|&m| job.entry(m, &group, seq))
+            .filter_map(|e| e.created_ns)
+            .min();
+        let laggards: Vec<u32> = members
+            .iter()
+            .copied()
+            .filter(|&m| job.has_fr(m) && job.prog(m, &group).enqueued.is_none_or(|e| e < seq))
+            .collect();
+        let all_stale = !laggards.is_empty()
+            && laggards.iter().all(|&m| {
+                let dumped = job.ranks.get(&m).and_then(|e| e.dumped_at_ns);
+                matches!((dumped, issued_ns),
+                    (Some(d), Some(i)) if (d as f64) < i as f64 + min_wait_s * 1e9)
+            });
+        if finished || all_stale {
+            skewed.insert((group, seq));
+        }
+    }
+    let before = waits.len();
+    waits.retain(|w| !skewed.contains(&(w.group.clone(), w.seq)));
+    before - waits.len()
+}
+
 /// No collective is hung by the Flight Recorder's account: either nothing
 /// hangs, or there is no Flight Recorder state and the stacks must tell.
 fn no_flight_recorder_verdict(
@@ -1073,6 +1123,60 @@ mod tests {
         assert!(r.hang && r.culprits.is_empty(), "{r:?}");
         assert_eq!(r.stuck_groups, vec!["0".to_string()]);
         assert!(r.verdict.contains("transport"), "{}", r.verdict);
+    }
+
+    /// A healthy job dumped rank by rank: rank 0's dump caught seq 11 in
+    /// flight long after it began (its peer was busy dumping); rank 1's later
+    /// dump shows seq 11 done and seq 12 issued; rank 2's dump is older than
+    /// seq 11. None of that is a hang.
+    #[test]
+    fn dumps_taken_at_different_moments_are_no_hang() {
+        let g = [group("0", "default_pg", &[0, 1, 2])];
+        let pending = |st| coll("0", 11, "all_reduce", 1024, st, 11 * S, 10);
+        let r0 = rank(0, &g, 10, vec![pending(CollectiveState::Started)], 40);
+        let mut r1 = rank(1, &g, 10, vec![pending(CollectiveState::Completed)], 41);
+        r1.collectives.push(coll(
+            "0",
+            12,
+            "all_reduce",
+            1024,
+            CollectiveState::Started,
+            41 * S,
+            10,
+        ));
+        let r = judge(vec![r0.clone(), r1, rank(2, &g, 10, vec![], 40)]);
+        assert!(!r.hang && r.culprits.is_empty(), "{r:?}");
+        assert!(
+            r.notes.iter().any(|n| n.contains("different moments")),
+            "{:?}",
+            r.notes
+        );
+
+        // Rank 2 dumped at 10.5 s, before seq 11 was issued at 11 s; or
+        // at 12 s, before it had been absent for the bound (5 s: 5 periods).
+        let mut r2 = rank(2, &g, 10, vec![], 0);
+        r2.dumped_at_ns = Some(10 * S + S / 2);
+        let r = judge(vec![
+            r0.clone(),
+            rank(1, &g, 10, vec![pending(CollectiveState::Started)], 40),
+            r2.clone(),
+        ]);
+        assert!(!r.hang && r.culprits.is_empty(), "{r:?}");
+        r2.dumped_at_ns = Some(12 * S);
+        let r = judge(vec![
+            r0,
+            rank(1, &g, 10, vec![pending(CollectiveState::Started)], 40),
+            r2,
+        ]);
+        assert!(!r.hang && r.culprits.is_empty(), "{r:?}");
+
+        // The same rank 2 dumped after seq 11 was issued is the culprit.
+        let r = judge(vec![
+            rank(0, &g, 10, vec![pending(CollectiveState::Started)], 40),
+            rank(1, &g, 10, vec![pending(CollectiveState::Started)], 40),
+            rank(2, &g, 10, vec![], 40),
+        ]);
+        assert!(r.hang && r.culprits.iter().map(|c| c.rank).eq([2]), "{r:?}");
     }
 
     #[test]

@@ -185,6 +185,14 @@ pub fn evidence_from_records(records: &[CollectiveRecord]) -> HangEvidence {
             frames: Vec::new(),
         });
     }
+    // The agents watch every rank at once: a rank with no open record was
+    // seen not waiting as of the latest observation, not as of its own last
+    // call. (A per-rank "dump time" would make the rank that never entered
+    // look like a stale snapshot.)
+    let seen = ranks.values().filter_map(|e| e.dumped_at_ns).max();
+    for e in ranks.values_mut() {
+        e.dumped_at_ns = seen;
+    }
     HangEvidence {
         ranks: ranks.into_values().collect(),
         world_size: None,
