@@ -458,19 +458,19 @@ fn write_report(
             "--llm-timeout {}: want seconds > 0",
             out.llm_timeout
         );
-        let args = crate::suggest::SuggestArgs {
+        let args = whyslow_pipeline::suggest::SuggestArgs {
             dry_run: out.dry_run,
             timeout_s: out.llm_timeout,
             roots: &out.source_root,
             max_code_bytes: out.max_code_bytes,
         };
-        match crate::suggest::suggest(&mut report, &args) {
-            crate::suggest::Outcome::DryRun(body) => {
+        match whyslow_pipeline::suggest::suggest(&mut report, &args) {
+            whyslow_pipeline::suggest::Outcome::DryRun(body) => {
                 println!("{body}");
                 eprintln!("whyslow: --dry-run: the request above was not sent");
                 return Ok(0);
             }
-            crate::suggest::Outcome::Asked(patch) => {
+            whyslow_pipeline::suggest::Outcome::Asked(patch) => {
                 if let Some(e) = &report.fix_error {
                     warn(&format!("no fix proposal: {e}"));
                 }

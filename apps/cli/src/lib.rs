@@ -31,7 +31,6 @@ mod record;
 mod sample;
 #[cfg(feature = "server")]
 mod server;
-mod suggest;
 #[cfg(feature = "node")]
 mod symbols;
 

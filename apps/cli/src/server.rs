@@ -42,6 +42,23 @@ pub struct ServerArgs {
     /// The certificate's private key (PEM).
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Let session pages ask a model for a fix (EROICA's first step; a
+    /// button, never by default): the model is WHYSLOW_LLM_URL,
+    /// WHYSLOW_LLM_MODEL and WHYSLOW_LLM_API_KEY (or _FILE), read at start.
+    #[arg(long)]
+    suggest_fix: bool,
+    /// With --suggest-fix: the jobs' code, so excerpts go with the findings
+    /// (without it, only the findings are sent). Repeatable.
+    #[arg(long, value_name = "DIR", requires = "suggest_fix")]
+    source_root: Vec<PathBuf>,
+    /// With --suggest-fix: seconds for one exchange with the model.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 120.0,
+        requires = "suggest_fix"
+    )]
+    llm_timeout: f64,
 }
 
 /// Object storage for symbol files and raw uploads.
@@ -254,6 +271,27 @@ pub fn run(args: ServerArgs) -> Result<u8> {
                 Some(o) => format!("{data}; objects in {}", o.location()),
                 None => data,
             };
+            let fix = if args.suggest_fix {
+                anyhow::ensure!(
+                    args.llm_timeout.is_finite() && args.llm_timeout > 0.0,
+                    "--llm-timeout {}: want seconds > 0",
+                    args.llm_timeout
+                );
+                let endpoint = whyslow_pipeline::suggest::endpoint_from_env()
+                    .map_err(|e| anyhow::anyhow!("--suggest-fix: {e}"))?;
+                eprintln!(
+                    "whyslow server: session pages may ask {} at {} for fixes",
+                    endpoint.model, endpoint.base
+                );
+                Some(whyslow_server::fix::FixSetting::new(
+                    endpoint,
+                    args.source_root.clone(),
+                    args.llm_timeout,
+                    whyslow_fix::DEFAULT_MAX_CODE_BYTES,
+                ))
+            } else {
+                None
+            };
             let state = Arc::new(AppState {
                 retention_days: args.clickhouse.retention_days,
                 compact_after_s: args.compact_after,
@@ -261,6 +299,7 @@ pub fn run(args: ServerArgs) -> Result<u8> {
                 symbols,
                 raw: objects,
                 metrics: Default::default(),
+                fix,
             });
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -48,6 +48,7 @@ fn server(dir: &Path) -> (axum::Router, String) {
         symbols: None,
         raw: None,
         metrics: Default::default(),
+        fix: None,
     });
     (whyslow_server::router(state), token)
 }

@@ -235,3 +235,154 @@ fn failures_cost_nothing_but_a_warning_and_no_flag_sends_nothing() {
     assert!(!body.contains(KEY));
     assert!(err.contains("not sent"), "{err}");
 }
+
+/// The server's fix button (a server-side setting) asks what
+/// `analyze --suggest-fix` asks for the same evidence, shows the same
+/// answer on later reports and on the session page, sends the key only in
+/// the header, and without the setting refuses with 501.
+#[test]
+fn the_server_asks_what_the_command_line_asks() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    let (url, seen) = stand_in(
+        200,
+        answer("                    injected_slow_rank_work(a.fault_ms)"),
+    );
+    let dir = temp("server");
+    let fps = dir.join("fps");
+    let (code, out, err) = analyze(
+        &url,
+        &[
+            "--suggest-fix",
+            "--format",
+            "json",
+            "--fingerprints-out",
+            fps.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let cli: serde_json::Value = serde_json::from_str(&out).unwrap();
+
+    let app = |fix: Option<whyslow_server::fix::FixSetting>| {
+        let store = whyslow_server::SqliteStore::open(&dir.join("store")).unwrap();
+        let token = whyslow_server::Store::create_token(&store, "t").unwrap();
+        let state = Arc::new(whyslow_server::AppState {
+            retention_days: 7,
+            compact_after_s: 3600,
+            store: Box::new(store),
+            symbols: None,
+            raw: None,
+            metrics: Default::default(),
+            fix,
+        });
+        (whyslow_server::router(state), token)
+    };
+    async fn call(
+        app: &axum::Router,
+        method: &str,
+        uri: &str,
+        auth: (&str, String),
+        body: Vec<u8>,
+    ) -> (StatusCode, String) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(auth.0, auth.1)
+            .body(Body::from(body))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let b = axum::body::to_bytes(resp.into_body(), 1 << 24)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&b).into_owned())
+    }
+    let setting = whyslow_server::fix::FixSetting::new(
+        whyslow_pipeline::suggest::Endpoint::new(&url, "stand-in-model", Some(KEY.into())),
+        vec![repo().join("examples")],
+        30.0,
+        whyslow_fix::DEFAULT_MAX_CODE_BYTES,
+    );
+    let (with, token) = app(Some(setting));
+    let bearer = || ("authorization", format!("Bearer {token}"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for entry in std::fs::read_dir(&fps).unwrap() {
+            let body = std::fs::read(entry.unwrap().path()).unwrap();
+            let uri = "/api/v1/jobs/demo/sessions/s1/fingerprints";
+            let (status, text) = call(&with, "POST", uri, bearer(), body).await;
+            assert_eq!(status, StatusCode::CREATED, "{text}");
+        }
+        let uri = "/api/v1/jobs/demo/sessions/s1/fix";
+        let (status, text) = call(&with, "POST", uri, bearer(), vec![]).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let server: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(server["fix"], cli["fix"], "the same answer, checked alike");
+        assert_eq!(server["fix"]["applies"], true);
+        // One request each, and the same one.
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0].1, seen[1].1, "the server sent what the CLI sent");
+        assert!(seen[1].0.contains(&format!("Bearer {KEY}")));
+        assert!(!seen[1].1.contains(KEY));
+        // Later reports and the session page carry the answer; no new
+        // request.
+        let uri = "/api/v1/jobs/demo/sessions/s1/report";
+        let (_, text) = call(&with, "GET", uri, bearer(), vec![]).await;
+        let later: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(later["fix"], cli["fix"]);
+        let cookie = ("cookie", format!("whyslow_token={token}"));
+        let (status, page) = call(
+            &with,
+            "GET",
+            "/ui/jobs/demo/sessions/s1",
+            cookie.clone(),
+            vec![],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            page.contains("Proposed fix") && page.contains("Ask again:"),
+            "page"
+        );
+        assert!(page.contains("action=\"/ui/jobs/demo/sessions/s1/fix\""));
+        assert!(!page.contains(KEY) && !text.contains(KEY));
+        // The button: asks, then shows the session.
+        let (status, _) = call(
+            &with,
+            "POST",
+            "/ui/jobs/demo/sessions/s1/fix",
+            cookie,
+            vec![],
+        )
+        .await;
+        assert_eq!(status, StatusCode::SEE_OTHER);
+    });
+    assert_eq!(seen.lock().unwrap().len(), 3, "the button asked once more");
+
+    // Without the setting: no button, and the API says why.
+    let (without, token) = app(None);
+    rt.block_on(async {
+        let bearer = ("authorization", format!("Bearer {token}"));
+        let (status, text) = call(
+            &without,
+            "POST",
+            "/api/v1/jobs/demo/sessions/s1/fix",
+            bearer,
+            vec![],
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{text}");
+        assert!(text.contains("--suggest-fix"), "{text}");
+        let cookie = ("cookie", format!("whyslow_token={token}"));
+        let (_, page) = call(&without, "GET", "/ui/jobs/demo/sessions/s1", cookie, vec![]).await;
+        assert!(!page.contains("/fix\""), "no button without the setting");
+    });
+}

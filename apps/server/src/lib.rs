@@ -11,6 +11,10 @@
 //!   the same worker again replaces it (retries never double-count);
 //! - `GET /api/v1/jobs` — `[{"job", "sessions", "fingerprints", "updated_unix_s"}]`;
 //! - `GET /api/v1/jobs/{job}/sessions/{session}/report` — the report;
+//! - `POST /api/v1/jobs/{job}/sessions/{session}/fix` — asks the model the
+//!   server was configured with for a fix (EROICA's first step; 501 when
+//!   none is); the report comes back with `fix` or `fix_error`, and later
+//!   reports of that session carry the answer;
 //! - `POST /api/v1/jobs/{job}/profiles/{batch}` — one stack profile of a
 //!   node agent (pprof, gzip or not, with the agent's labels), stored once
 //!   per batch id (SysOM-AI §3.4: profiles go to the central service);
@@ -27,6 +31,7 @@
 //! symbol files and, when configured, an archive of every raw upload.
 
 pub mod clickhouse;
+pub mod fix;
 pub mod objects;
 pub mod segments;
 pub mod store;
@@ -219,6 +224,8 @@ pub struct AppState {
     pub raw: Option<Arc<objects::Objects>>,
     /// Counters.
     pub metrics: Metrics,
+    /// Fix proposals from a model (None: off, the default).
+    pub fix: Option<fix::FixSetting>,
 }
 
 /// An API error: status and a one-line message (JSON `{"error": …}`).
@@ -430,12 +437,70 @@ async fn get_report(
             }
             // Evidence that cannot be judged as one job is the client's
             // to fix: 409 with the pipeline's reason.
-            let report =
+            let mut report =
                 report_of(&fps).map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
+            if let Some(f) = &st.fix {
+                f.recall(t, &job, &session, &mut report);
+            }
             Ok(whyslow_report::render_json(&report))
         })
         .await?;
         state.metrics.reports.fetch_add(1, Ordering::Relaxed);
+        Ok(([(header::CONTENT_TYPE, "application/json")], body))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
+}
+
+/// A session's report with a model's fix proposal: the same report as
+/// [`report_of`], then the same request `whyslow analyze --suggest-fix`
+/// sends. Errors: 501 without the setting, 404 for an unknown session, 409
+/// for evidence that cannot be judged. A model that fails is not an error:
+/// the report carries `fix_error`.
+pub fn session_fix(
+    state: &AppState,
+    t: TenantId,
+    job: &str,
+    session: &str,
+) -> Result<whyslow_model::Report, (StatusCode, String)> {
+    let Some(setting) = &state.fix else {
+        return Err((
+            StatusCode::NOT_IMPLEMENTED,
+            "this server asks no model for fixes: start it with --suggest-fix and WHYSLOW_LLM_URL"
+                .to_string(),
+        ));
+    };
+    let fps = state
+        .store
+        .fingerprints(t, job, session)
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    if fps.is_empty() {
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!("no job {job:?} session {session:?}"),
+        ));
+    }
+    let report = report_of(&fps).map_err(|e| (StatusCode::CONFLICT, e.to_string()))?;
+    Ok(setting.ask(t, job, session, report))
+}
+
+async fn post_fix(
+    State(state): State<Arc<AppState>>,
+    UrlPath((job, session)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        store::check_name("job", &job)?;
+        store::check_name("session", &session)?;
+        let st = state.clone();
+        let body = blocking(move || {
+            session_fix(&st, t, &job, &session)
+                .map(|r| whyslow_report::render_json(&r))
+                .map_err(|(code, why)| ApiError(code, why))
+        })
+        .await?;
         Ok(([(header::CONTENT_TYPE, "application/json")], body))
     }
     .await;
@@ -1462,6 +1527,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/v1/jobs/{job}/sessions/{session}/report",
             get(get_report),
         )
+        .route("/api/v1/jobs/{job}/sessions/{session}/fix", post(post_fix))
         .route("/api/v1/jobs/{job}/profiles/{batch}", post(post_profile))
         .route("/api/v1/jobs/{job}/flamegraph.svg", get(get_flamegraph))
         .route("/api/v1/jobs/{job}/diff.svg", get(get_diff_flamegraph))

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use axum::extract::{Form, Path as UrlPath, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use serde::Deserialize;
 
@@ -619,7 +619,12 @@ async fn session_page(
         return not_found(&format!("No job {job:?} session {session:?}."));
     }
     let report = match tokio::task::spawn_blocking(move || crate::report_of(&fps)).await {
-        Ok(Ok(r)) => r,
+        Ok(Ok(mut r)) => {
+            if let Some(f) = &state.fix {
+                f.recall(t, &job, &session, &mut r);
+            }
+            r
+        }
         Ok(Err(refusal)) => {
             return (
                 StatusCode::CONFLICT,
@@ -640,8 +645,26 @@ async fn session_page(
     state.metrics.reports.fetch_add(1, Ordering::Relaxed);
     let html = whyslow_report::render_html(&report);
     // The report is a whole page; the UI's bar goes on top of it.
+    // The fix button: only where the operator configured a model; it posts
+    // (the cookie is SameSite=Strict, so another site cannot press it).
+    let ask = match &state.fix {
+        Some(f) if !report.findings.is_empty() => format!(
+            "<form method=\"post\" action=\"{here}/fix\" style=\"display:inline;float:right;margin:0\">\
+             <button type=\"submit\" title=\"sends the findings{code} to {base}\">{label} {model}</button></form>",
+            here = esc(&here),
+            code = if f.source_roots.is_empty() { "" } else { " and their code" },
+            base = esc(&f.endpoint.base),
+            label = if report.fix.is_some() || report.fix_error.is_some() {
+                "Ask again:"
+            } else {
+                "Propose a fix with"
+            },
+            model = esc(&f.endpoint.model),
+        ),
+        _ => String::new(),
+    };
     let bar = format!(
-        "<nav style=\"background:#24292f;padding:.6em 1.2em;font-family:system-ui,sans-serif\">\
+        "<nav style=\"background:#24292f;padding:.6em 1.2em;font-family:system-ui,sans-serif\">{ask}\
          <a style=\"color:#fff;text-decoration:none\" href=\"/ui/\">whyslow</a>\
          <span style=\"color:#bbb\"> › <a style=\"color:#bbb\" href=\"/ui/jobs/{j}\">job {j}</a> › session {s}</span></nav>",
         j = esc(&job),
@@ -652,6 +675,42 @@ async fn session_page(
         None => format!("{bar}{html}"),
     };
     Html(html).into_response()
+}
+
+/// The fix button's target: asks (the same call as the API's
+/// `POST …/fix`), then shows the session page with the answer.
+async fn session_fix(
+    State(state): State<Arc<AppState>>,
+    UrlPath((job, session)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    if store::check_name("job", &job).is_err() || store::check_name("session", &session).is_err() {
+        return not_found("No such session.");
+    }
+    let here = format!("/ui/jobs/{job}/sessions/{session}");
+    let t = match signed_in(&state, &headers, &here).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let st = state.clone();
+    let (j, s) = (job.clone(), session.clone());
+    match tokio::task::spawn_blocking(move || crate::session_fix(&st, t, &j, &s)).await {
+        Ok(Ok(_)) => Redirect::to(&here).into_response(),
+        Ok(Err((code, why))) => (
+            code,
+            page(
+                "No fix",
+                &format!(
+                    "<p class=\"error\">{}</p><p><a href=\"{}\">Back to the session</a></p>",
+                    esc(&why),
+                    esc(&here)
+                ),
+            ),
+        )
+            .into_response(),
+        Err(e) => server_error(&e.to_string()),
+    }
 }
 
 /// The UI's routes (under `/ui`; `/` leads there).
@@ -667,6 +726,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/ui/jobs/{job}/diff.svg", get(diff_flamegraph))
         .route("/ui/jobs/{job}/flows.perfetto.json", get(flows_perfetto))
         .route("/ui/jobs/{job}/sessions/{session}", get(session_page))
+        .route("/ui/jobs/{job}/sessions/{session}/fix", post(session_fix))
         .route("/ui/jobs/{job}/diagnosis.html", get(diagnosis_page))
 }
 

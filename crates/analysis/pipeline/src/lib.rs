@@ -29,6 +29,7 @@
 #![deny(missing_docs)]
 
 mod inputs;
+pub mod suggest;
 
 pub use inputs::{
     analyze_inputs, read_fingerprints, AnalyzeError, AnalyzedInputs, InputOptions, Progress,

@@ -1,8 +1,9 @@
-//! `--suggest-fix` of `whyslow analyze` and `localize` (EROICA's first
-//! step): one request to an OpenAI-compatible chat-completions API, opt-in.
-//! The request, the answer's meaning and the patch check are
-//! `whyslow_fix`'s (the online package makes the same calls); this module
-//! only reads the settings and the files, and sends.
+//! Asking a model for a fix (EROICA's first step, "first try AI auto-fix"):
+//! one request to an OpenAI-compatible chat-completions API, opt-in. Called
+//! the same way by `whyslow analyze|localize --suggest-fix` and by the
+//! server's session page. The request, the answer's meaning and the patch
+//! check are `whyslow_fix`'s (the online package makes the same calls from
+//! Python); this module reads the settings and the files, and sends.
 //!
 //! Settings: `WHYSLOW_LLM_URL` (a base URL, e.g. `http://127.0.0.1:8080/v1`;
 //! the request goes to `{base}/chat/completions`), `WHYSLOW_LLM_MODEL`,
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use whyslow_model::Report;
 
-/// What `--suggest-fix` needs from the command line.
+/// How to ask: what `--suggest-fix` (or the server's setting) says.
 pub struct SuggestArgs<'a> {
     /// `--dry-run`: print the request body, send nothing.
     pub dry_run: bool,
@@ -27,13 +28,44 @@ pub struct SuggestArgs<'a> {
     pub max_code_bytes: usize,
 }
 
-struct Endpoint {
-    base: String,
-    model: String,
+/// Where to ask: the model's base URL, its name and the key (kept out of
+/// `Debug` so it cannot reach a log).
+#[derive(Clone)]
+pub struct Endpoint {
+    /// Base URL without a trailing slash; requests go to
+    /// `{base}/chat/completions`.
+    pub base: String,
+    /// The model's name as the endpoint knows it.
+    pub model: String,
     key: Option<String>,
 }
 
-fn endpoint() -> Result<Endpoint, String> {
+impl Endpoint {
+    /// An endpoint at `base` (a trailing slash is dropped) for `model`,
+    /// with an optional API key.
+    pub fn new(base: &str, model: &str, key: Option<String>) -> Self {
+        Endpoint {
+            base: base.trim().trim_end_matches('/').to_string(),
+            model: model.to_string(),
+            key,
+        }
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("base", &self.base)
+            .field("model", &self.model)
+            .field("key", &self.key.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+/// The endpoint from `WHYSLOW_LLM_URL`, `WHYSLOW_LLM_MODEL` and
+/// `WHYSLOW_LLM_API_KEY` (or `WHYSLOW_LLM_API_KEY_FILE`); the error is one
+/// line that names what is missing.
+pub fn endpoint_from_env() -> Result<Endpoint, String> {
     let base = std::env::var("WHYSLOW_LLM_URL")
         .ok()
         .filter(|s| !s.trim().is_empty())
@@ -69,14 +101,24 @@ pub enum Outcome {
     Asked(Option<String>),
 }
 
-/// Asks for a fix; failures land in `report.fix_error`, never in an error.
+/// Asks for a fix at the endpoint the environment names; failures land in
+/// `report.fix_error`, never in an error.
 pub fn suggest(report: &mut Report, args: &SuggestArgs) -> Outcome {
+    suggest_at(report, args, endpoint_from_env())
+}
+
+/// Asks `endpoint` for a fix (the server reads its endpoint once, at start).
+pub fn suggest_at(
+    report: &mut Report,
+    args: &SuggestArgs,
+    endpoint: Result<Endpoint, String>,
+) -> Outcome {
     let roots: Vec<PathBuf> = if args.roots.is_empty() {
         vec![PathBuf::from(".")]
     } else {
         args.roots.to_vec()
     };
-    let ep = endpoint();
+    let ep = endpoint;
     let model = ep.as_ref().map(|e| e.model.clone()).unwrap_or_else(|_| {
         std::env::var("WHYSLOW_LLM_MODEL").unwrap_or_else(|_| "default".into())
     });
