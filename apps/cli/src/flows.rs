@@ -88,21 +88,27 @@ fn analyze(args: FlowsAnalyzeArgs) -> Result<u8> {
         None => None,
     };
     let mut records: Vec<FlowRecord> = Vec::new();
-    let mut read_any = false;
+    // What each file gave, for a verdict that cannot be reached.
+    let mut outcomes: Vec<String> = Vec::new();
     for path in &args.inputs {
         match whyslow_flows_ingest::read_flow_file(path) {
             Ok(mut r) => {
-                read_any = true;
+                outcomes.push(format!("{}: {} flow records", path.display(), r.len()));
                 records.append(&mut r);
             }
-            Err(e) if !args.strict => eprintln!("whyslow: warning: skipped {e}"),
+            Err(e) if !args.strict => {
+                eprintln!("whyslow: warning: skipped {e}");
+                outcomes.push(e.to_string());
+            }
             Err(e) => bail!("{e} (--strict)"),
         }
     }
-    if !read_any {
-        bail!("no flow file could be read");
+    let mut report = whyslow_flows::analyze(&records, topology.as_ref(), &FlowConfig::default());
+    if let Some(why) = &mut report.could_not_judge {
+        // The files, each with what it gave: the user sees which one is not
+        // the capture they meant.
+        *why = format!("{why} ({})", outcomes.join("; "));
     }
-    let report = whyslow_flows::analyze(&records, topology.as_ref(), &FlowConfig::default());
     if let Some(path) = &args.timeline {
         fs::write(path, whyslow_report::flows::to_perfetto_trace(&report))
             .with_context(|| format!("writing {}", path.display()))?;
@@ -132,6 +138,10 @@ fn analyze(args: FlowsAnalyzeArgs) -> Result<u8> {
         FlowFormat::Table => write!(out, "{table}")?,
     }
     out.flush()?;
+    if let Some(why) = &report.could_not_judge {
+        eprintln!("whyslow: could not judge: {why}");
+        return Ok(4);
+    }
     Ok(0)
 }
 

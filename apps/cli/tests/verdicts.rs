@@ -158,3 +158,67 @@ fn duplicate_ranks_are_refused_under_strict() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("rank 1 appears twice"), "{stderr}");
 }
+
+/// `whyslow flows analyze` on bytes that are no capture (100 kB of random
+/// bytes named `rand.bin`, or a CSV without flows) says "could not judge",
+/// exit 4, naming the file and what was tried; a real capture is still
+/// judged (exit 0) beside it.
+#[test]
+fn flows_on_garbage_could_not_be_judged() {
+    let dir = temp_dir("flows-garbage");
+    let mut seed = 7u64;
+    let bytes: Vec<u8> = (0..100_000)
+        .map(|_| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 56) as u8
+        })
+        .collect();
+    let rand = dir.join("rand.bin");
+    fs::write(&rand, &bytes).unwrap();
+    let header_only = dir.join("empty.csv");
+    fs::write(&header_only, "start_us,src,dst,bytes,dur_us\n").unwrap();
+    for (file, why) in [
+        (&rand, "not an IPFIX or NetFlow v9 capture"),
+        (&header_only, "0 flow records"),
+    ] {
+        for format in ["table", "json"] {
+            let out = whyslow(&[
+                "flows",
+                "analyze",
+                file.to_str().unwrap(),
+                "--format",
+                format,
+            ]);
+            let (stdout, stderr) = text(&out);
+            assert_eq!(out.status.code(), Some(4), "{stdout}{stderr}");
+            assert!(stderr.contains("could not judge"), "{stderr}");
+            assert!(
+                stderr.contains(file.to_str().unwrap()) && stderr.contains(why),
+                "{stderr}"
+            );
+            assert!(!stdout.contains("no findings"), "{stdout}");
+            if format == "json" {
+                let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+                assert!(v["could_not_judge"].as_str().unwrap().contains(why), "{v}");
+            }
+        }
+    }
+    let real = common::fixtures()
+        .unwrap()
+        .join("flows/testbed-two-jobs/flows.csv.gz");
+    let out = whyslow(&[
+        "flows",
+        "analyze",
+        real.to_str().unwrap(),
+        rand.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("skipped") && stderr.contains("rand.bin"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("Could not judge"), "{stdout}");
+}

@@ -301,6 +301,11 @@ pub struct FlowReport {
     /// Per directed switch-to-switch hop: how much longer flows take after it.
     #[serde(default)]
     pub hops: Vec<HopStats>,
+    /// Set when the flows cannot support a verdict (no flow records, or no
+    /// training job among them): why, in one line. Never "no findings" for
+    /// data that could not show one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub could_not_judge: Option<String>,
     /// Per-rank events (not part of the JSON).
     #[serde(skip)]
     pub timelines: Timelines,

@@ -109,6 +109,7 @@ pub(crate) fn assemble(
         findings,
         switches,
         hops: Vec::new(),
+        could_not_judge: None,
         timelines: Timelines { events },
     }
 }

@@ -194,7 +194,27 @@ pub fn analyze(
     }
     report.findings.extend(hops::hop_findings(&hops, cfg));
     report.hops = hops;
+    report.could_not_judge = could_not_judge(&report);
     report
+}
+
+/// Why these flows support no verdict, if they do not: none at all, or no
+/// job recognized among them (LLMPrism §IV-A finds jobs from the DP/PP
+/// pattern; without one, no step, pair or switch can be judged). "No
+/// findings" is only said of traffic that was judged.
+fn could_not_judge(report: &FlowReport) -> Option<String> {
+    if report.flows == 0 && report.control_flows == 0 {
+        Some("no flow records".to_string())
+    } else if report.jobs.is_empty() {
+        Some(format!(
+            "no training job recognized among {} flow records ({} left out as control \
+             messages or sparse pairs): too few flows, or not training traffic",
+            report.flows + report.control_flows,
+            report.control_flows
+        ))
+    } else {
+        None
+    }
 }
 
 /// `records` without the flows of pairs that carry fewer than `share` of the

@@ -155,11 +155,17 @@ pub fn sniff_kind(name: &str, head: &[u8]) -> Option<FlowFileKind> {
 /// (optionally gzip-compressed, `.gz`). Corrupt IPFIX/NetFlow messages are skipped
 /// (see [`read_netflow_bytes`] for counts); a malformed CSV row is an error.
 pub fn read_flow_file(path: &Path) -> Result<Vec<FlowRecord>, FlowIngestError> {
+    let raw = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    read_flow_bytes(path, raw)
+}
+
+/// [`read_flow_file`] on bytes already read: the format from `path`'s name
+/// and the bytes themselves, errors naming `path`.
+pub fn read_flow_bytes(path: &Path, raw: Vec<u8>) -> Result<Vec<FlowRecord>, FlowIngestError> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let raw = std::fs::read(path).map_err(|e| io_err(path, e))?;
     let data = if name.to_ascii_lowercase().ends_with(".gz") || raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::MultiGzDecoder::new(&raw[..])
@@ -185,7 +191,26 @@ pub fn read_flow_file(path: &Path) -> Result<Vec<FlowRecord>, FlowIngestError> {
                 })
             }
         }
-        Some(FlowFileKind::NetflowRaw) => Ok(read_netflow_bytes(&data).0),
+        Some(FlowFileKind::NetflowRaw) => {
+            let (records, stats) = read_netflow_bytes(&data);
+            // Random bytes "decode" to nothing without complaint; a capture
+            // that yields no record and whose messages failed is not one.
+            if records.is_empty() && (stats.errors > 0 || !looks_like_netflow(&data)) {
+                return Err(FlowIngestError::Format {
+                    path: p,
+                    msg: format!(
+                        "not an IPFIX or NetFlow v9 capture: no flow record decoded ({} of {} \
+                         message(s) malformed; it starts {}, where IPFIX starts 00 0a and \
+                         NetFlow v9 00 09); tried as IPFIX/NetFlow v9 for its name or first \
+                         bytes (the other formats: .csv, .parquet, .pcap, .pcapng)",
+                        stats.errors,
+                        stats.packets,
+                        hex_head(&data)
+                    ),
+                });
+            }
+            Ok(records)
+        }
         Some(FlowFileKind::Pcap) => pcap::read_pcap_bytes(&data, pcap::DEFAULT_IDLE_GAP_US)
             .map_err(|msg| FlowIngestError::Format { path: p, msg }),
         None => Err(FlowIngestError::Format {
@@ -194,6 +219,31 @@ pub fn read_flow_file(path: &Path) -> Result<Vec<FlowRecord>, FlowIngestError> {
                 .into(),
         }),
     }
+}
+
+/// Whether `data` starts as an IPFIX message (version 10, a plausible
+/// length) or a NetFlow v9 packet (version 9) does.
+fn looks_like_netflow(data: &[u8]) -> bool {
+    match data {
+        [0, 10, a, b, ..] => {
+            let len = u16::from_be_bytes([*a, *b]) as usize;
+            len >= 16 && len <= data.len()
+        }
+        [0, 9, ..] => true,
+        _ => false,
+    }
+}
+
+/// The first bytes of `data` in hex, for an error line.
+fn hex_head(data: &[u8]) -> String {
+    if data.is_empty() {
+        return "empty".to_string();
+    }
+    data.iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Decode a buffer of concatenated IPFIX messages and/or NetFlow v9 packets (one

@@ -578,3 +578,103 @@ fn csv_times_may_be_decimal_and_in_any_unit() {
         "{e}"
     );
 }
+
+/// Format detection on random and truncated files of every supported kind
+/// (issue 29): nothing panics; random bytes under any name give an error or
+/// no record, never flows, so `whyslow flows analyze` says "could not
+/// judge" instead of "no findings"; a truncated file gives at most the
+/// records of the whole one.
+#[test]
+fn random_and_truncated_files_of_every_kind_never_read_as_flows() {
+    use std::path::Path;
+    use whyslow_flows_ingest::read_flow_bytes;
+
+    let s = small();
+    let mut csv = Vec::new();
+    write_csv(&s.records, &mut csv).unwrap();
+    let gz = |b: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut e, b).unwrap();
+        e.finish().unwrap()
+    };
+    let mut ipfix = encode::template_message(1_700_000_000, 0);
+    for m in encode::data_messages(&s.records, 40, 1_700_000_000, 0) {
+        ipfix.extend_from_slice(&m);
+    }
+    let v9 = encode::v9_packet(&s.records[..30], 1_700_000_000, 1000, 0, true);
+    let fixture = |name: &str| {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../tests/fixtures/pcap")
+            .join(name);
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap()),
+            &mut out,
+        )
+        .unwrap();
+        out
+    };
+    let kinds: Vec<(&str, Vec<u8>)> = vec![
+        ("flows.csv", csv.clone()),
+        ("flows.csv.gz", gz(&csv)),
+        ("cap.ipfix", ipfix),
+        ("cap.nf", v9),
+        ("cap.pcap", fixture("gloo-allreduce-2rank.pcap.gz")),
+        ("cap.pcapng", fixture("gloo-allreduce-2rank.pcapng.gz")),
+    ];
+    let names = [
+        "x.csv",
+        "x.csv.gz",
+        "x.parquet",
+        "x.pcap",
+        "x.pcapng",
+        "x.ipfix",
+        "x.nf",
+        "x.v9",
+        "x.netflow",
+        "x.bin",
+        "x",
+        "rand.bin",
+    ];
+    for (name, good) in &kinds {
+        let whole = read_flow_bytes(Path::new(name), good.clone())
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .len();
+        assert!(whole > 0, "{name}");
+        let step = (good.len() / 60).max(1);
+        for cut in (0..good.len()).step_by(step) {
+            // Under its own name and under every other one.
+            for n in std::iter::once(*name).chain(names) {
+                if let Ok(r) = read_flow_bytes(Path::new(n), good[..cut].to_vec()) {
+                    assert!(r.len() <= whole, "{name} cut at {cut} as {n}: {}", r.len());
+                }
+            }
+        }
+    }
+    let mut seed = 29u64;
+    for size in [1usize, 3, 16, 512, 4096, 100_000] {
+        for _ in 0..4 {
+            let bytes: Vec<u8> = (0..size)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (seed >> 56) as u8
+                })
+                .collect();
+            for n in names {
+                match read_flow_bytes(Path::new(n), bytes.clone()) {
+                    Ok(r) => {
+                        let report = analyze(&r, None, &FlowConfig::default());
+                        assert!(
+                            report.could_not_judge.is_some(),
+                            "{size} random bytes as {n}: {} records judged",
+                            r.len()
+                        );
+                    }
+                    Err(e) => assert!(e.to_string().contains(n), "{e}"),
+                }
+            }
+        }
+    }
+}

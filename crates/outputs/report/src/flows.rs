@@ -109,6 +109,10 @@ pub fn render_table(report: &FlowReport) -> String {
         report.control_flows,
         report.window_end_us.saturating_sub(report.window_start_us) as f64 / 1e6
     );
+    if let Some(why) = &report.could_not_judge {
+        let _ = writeln!(s, "\nCould not judge: {why}.");
+        return s;
+    }
     for j in &report.jobs {
         let dp = report
             .pairs
