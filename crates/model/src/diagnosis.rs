@@ -269,6 +269,36 @@ pub struct LossyHost {
     /// `NetworkConfig::min_ratio` times its peers' median (or it has no
     /// peer): `false` when the loss is everywhere.
     pub stands_out: bool,
+    /// `loss` (its TCP counters: resent or out-of-order segments) or `slow`
+    /// (its connections deliver far below the others', with nothing lost:
+    /// a shaper, a congested or mis-negotiated link).
+    #[serde(default = "loss_cause")]
+    pub cause: String,
+    /// For `slow`: the measures that stand out, each against the other
+    /// connections'.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measures: Vec<LinkMeasure>,
+}
+
+fn loss_cause() -> String {
+    "loss".to_string()
+}
+
+/// One measure of a host's connections against the others' (network
+/// layer, `cause: slow`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkMeasure {
+    /// `sending_rate_mbit_s` (bytes delivered per second of busy time,
+    /// median over the host's slow connections), `rtt_over_min` (smoothed
+    /// RTT over the connection's lowest: queueing in front of a slow link)
+    /// or `slow_connections` (how many of the host's connections are slow,
+    /// and of how many judged).
+    pub name: String,
+    /// The host's value.
+    pub value: f64,
+    /// The same measure over the other connections (median), or the
+    /// count judged for `slow_connections`.
+    pub peers: f64,
 }
 
 impl LossyHost {

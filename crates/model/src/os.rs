@@ -79,6 +79,56 @@ pub struct OsSample {
     pub netns: Option<u64>,
     /// Signal name (the constants of this module) → value.
     pub signals: BTreeMap<String, f64>,
+    /// The process's TCP connections that carried data in the period, from
+    /// the kernel's socket diagnostics (`tcp_info`, as `ss -ti` reads it):
+    /// what a slow link leaves when it loses nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<TcpConnection>,
+}
+
+/// One TCP connection of a process over one period (rates per second of
+/// the period; RTTs as the kernel last saw them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TcpConnection {
+    /// This end, `ip:port`.
+    pub local: String,
+    /// The other end, `ip:port`.
+    pub remote: String,
+    /// Bytes the peer acknowledged per second (this end sending).
+    pub sent_bytes_per_s: f64,
+    /// Bytes received per second.
+    pub received_bytes_per_s: f64,
+    /// Milliseconds per second with data in flight (`tcpi_busy_time`):
+    /// bytes sent over busy time is the rate the path gave while this end
+    /// had something to send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_ms_per_s: Option<f64>,
+    /// Of the busy time, ms per second limited by the receiver's window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rwnd_limited_ms_per_s: Option<f64>,
+    /// Of the busy time, ms per second limited by the send buffer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sndbuf_limited_ms_per_s: Option<f64>,
+    /// Segments retransmitted per second.
+    pub retrans_per_s: f64,
+    /// Smoothed RTT at the end of the period, µs.
+    pub rtt_us: f64,
+    /// Lowest RTT the connection has seen, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_rtt_us: Option<f64>,
+    /// The kernel's latest delivery-rate sample, bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_rate_bytes_per_s: Option<f64>,
+}
+
+impl TcpConnection {
+    /// Bytes per second the path delivered while this end had data in
+    /// flight: the connection's throughput with idle time taken out (a
+    /// collective sends in bursts). `None` without busy time.
+    pub fn sending_rate(&self) -> Option<f64> {
+        let busy = self.busy_ms_per_s?;
+        (busy > 0.0).then(|| self.sent_bytes_per_s / (busy / 1000.0))
+    }
 }
 
 #[cfg(test)]
@@ -100,6 +150,7 @@ mod tests {
             cpus: vec![0, 1],
             netns: Some(4026531833),
             signals,
+            connections: Vec::new(),
         };
         let text = serde_json::to_string(&s).unwrap();
         assert!(text.contains("softirq_NET_RX_per_cpu_s"));

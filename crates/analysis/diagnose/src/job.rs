@@ -19,7 +19,8 @@ use whyslow_model::diagnosis::{
     StragglerRow,
 };
 use whyslow_model::os::{
-    OsSample, CPU_TIME, TCP_IN_SEGS, TCP_OUT_OF_ORDER, TCP_OUT_SEGS, TCP_RETRANS_SEGS,
+    OsSample, TcpConnection, CPU_TIME, TCP_IN_SEGS, TCP_OUT_OF_ORDER, TCP_OUT_SEGS,
+    TCP_RETRANS_SEGS,
 };
 use whyslow_model::stack::StackProfile;
 use whyslow_model::FunctionKind;
@@ -28,7 +29,7 @@ use crate::gpu::{gpu_diff, GpuConfig, KernelTime};
 use crate::layer::{
     handler_functions, mean_signals, os_diff, verdict, Layer, NetworkEvidence, OsConfig,
 };
-use crate::network::{lossy_hosts, HostTcp, NetworkConfig};
+use crate::network::{lossy_hosts, slow_hosts, HostConnections, HostTcp, NetworkConfig};
 use crate::stragglers::{instance_periods, lateness, slow_ranks, GroupLateness, StragglerConfig};
 use crate::{regressions, waterline, Config, Shares, WaterlineFlag};
 
@@ -412,6 +413,82 @@ fn host_tcp(samples: &[&OsSample]) -> Vec<HostTcp> {
             }
         })
         .collect()
+}
+
+/// Each network namespace's connections over `samples` (named as in
+/// [`host_tcp`]): per connection, its rates averaged over the periods of
+/// the window (a period that did not see it counts as idle), its RTT the
+/// mean and its lowest RTT the least.
+fn host_connections(samples: &[&OsSample]) -> Vec<HostConnections> {
+    let mut by_ns: BTreeMap<(String, Option<u64>), Vec<&OsSample>> = BTreeMap::new();
+    for s in samples {
+        by_ns.entry((s.host.clone(), s.netns)).or_default().push(s);
+    }
+    let shared_names: BTreeSet<&String> = by_ns
+        .keys()
+        .zip(by_ns.keys().skip(1))
+        .filter(|(a, b)| a.0 == b.0)
+        .flat_map(|(a, b)| [&a.0, &b.0])
+        .collect();
+    let mut out = Vec::new();
+    for ((host, ns), v) in &by_ns {
+        // Periods per process: a connection's rates are averaged over its
+        // own process's periods.
+        let mut periods: BTreeMap<i32, usize> = BTreeMap::new();
+        let mut conns: BTreeMap<(i32, &str, &str), Vec<&TcpConnection>> = BTreeMap::new();
+        for s in v {
+            *periods.entry(s.pid).or_default() += 1;
+            for c in &s.connections {
+                conns
+                    .entry((s.pid, c.local.as_str(), c.remote.as_str()))
+                    .or_default()
+                    .push(c);
+            }
+        }
+        if conns.is_empty() {
+            continue;
+        }
+        let connections = conns
+            .iter()
+            .map(|((pid, local, remote), cs)| {
+                let n = periods[pid].max(cs.len()) as f64;
+                let mean =
+                    |f: &dyn Fn(&TcpConnection) -> f64| cs.iter().map(|c| f(c)).sum::<f64>() / n;
+                let opt_mean = |f: &dyn Fn(&TcpConnection) -> Option<f64>| {
+                    cs.iter()
+                        .any(|c| f(c).is_some())
+                        .then(|| cs.iter().filter_map(|c| f(c)).sum::<f64>() / n)
+                };
+                TcpConnection {
+                    local: local.to_string(),
+                    remote: remote.to_string(),
+                    sent_bytes_per_s: mean(&|c| c.sent_bytes_per_s),
+                    received_bytes_per_s: mean(&|c| c.received_bytes_per_s),
+                    busy_ms_per_s: opt_mean(&|c| c.busy_ms_per_s),
+                    rwnd_limited_ms_per_s: opt_mean(&|c| c.rwnd_limited_ms_per_s),
+                    sndbuf_limited_ms_per_s: opt_mean(&|c| c.sndbuf_limited_ms_per_s),
+                    retrans_per_s: mean(&|c| c.retrans_per_s),
+                    rtt_us: cs.iter().map(|c| c.rtt_us).sum::<f64>() / cs.len() as f64,
+                    min_rtt_us: cs.iter().filter_map(|c| c.min_rtt_us).reduce(f64::min),
+                    delivery_rate_bytes_per_s: cs
+                        .iter()
+                        .filter_map(|c| c.delivery_rate_bytes_per_s)
+                        .reduce(f64::max),
+                }
+            })
+            .collect();
+        let name = if host.is_empty() { "host ?" } else { host };
+        let ranks: BTreeSet<u32> = v.iter().filter_map(|s| s.rank).collect();
+        out.push(HostConnections {
+            host: match ns {
+                Some(ns) if shared_names.contains(host) => format!("{name} net:[{ns}]"),
+                _ => name.to_string(),
+            },
+            ranks: ranks.into_iter().collect(),
+            connections,
+        });
+    }
+    out
 }
 
 /// The profiles whose `key` label is `me` against those of the first other
@@ -819,7 +896,26 @@ pub fn diagnose(
         }
     }
     let tcp_hosts = host_tcp(&os_window);
-    let network_rows = lossy_hosts(&tcp_hosts, &NetworkConfig::default());
+    let net_cfg = NetworkConfig::default();
+    let mut network_rows = lossy_hosts(&tcp_hosts, &net_cfg);
+    let conn_hosts = host_connections(&os_window);
+    let lossy_names: BTreeSet<String> = network_rows.iter().map(|h| h.host.clone()).collect();
+    // A link that loses segments is also slow: it is named once, for loss.
+    network_rows.extend(
+        slow_hosts(&conn_hosts, &net_cfg)
+            .into_iter()
+            .filter(|h| !lossy_names.contains(&h.host)),
+    );
+    // The hosts that stand out first (loss by its share, then slow links).
+    network_rows.sort_by_key(|h| !h.stands_out);
+    if !os_samples.is_empty() && conn_hosts.is_empty() {
+        notes.push(
+            "no per-connection TCP state in the window's OS signals (an agent before it read \
+             them, or no socket diagnostics in the ranks' namespaces): slow links without loss \
+             are not judged"
+                .into(),
+        );
+    }
     if !os_samples.is_empty() && tcp_hosts.is_empty() {
         notes.push(
             "no TCP counters in the window's OS signals (an agent before they were read, or no \

@@ -444,6 +444,7 @@ mod tests {
             cpus: vec![],
             netns: None,
             signals: signals(&[(RUNQUEUE_DELAY, v)]),
+            connections: Vec::new(),
         };
         let m = mean_signals(&[s(1, 10.0), s(3, 20.0), s(5, f64::NAN)]);
         assert!((m[RUNQUEUE_DELAY] - 17.5).abs() < 1e-9);

@@ -63,6 +63,7 @@ pub mod cpufreq;
 pub mod gpu;
 pub mod net;
 pub mod os;
+pub mod tcp_diag;
 mod write;
 
 use std::collections::BTreeMap;

@@ -184,6 +184,11 @@ pub struct OsSignals {
     tcp: Option<TcpCounters>,
     netns: Option<u64>,
     at_unix_ns: u64,
+    /// Socket diagnostics in the process's namespace (`None`: not
+    /// readable, e.g. another namespace without CAP_SYS_ADMIN).
+    diag: Option<crate::tcp_diag::DiagSocket>,
+    /// Each of its connections' counters at the last read, by inode.
+    conns: HashMap<u32, crate::tcp_diag::TcpInfo>,
 }
 
 impl OsSignals {
@@ -204,10 +209,18 @@ impl OsSignals {
             tcp: None,
             netns: None,
             at_unix_ns: 0,
+            diag: None,
+            conns: HashMap::new(),
         };
         let (threads, softirqs, interrupts) = s.read()?;
         (s.threads, s.softirqs, s.interrupts) = (threads, softirqs, interrupts);
         (s.tcp, s.netns) = s.read_net();
+        s.diag = crate::tcp_diag::DiagSocket::of_process(proc_root, pid).ok();
+        s.conns = s
+            .read_conns()
+            .into_iter()
+            .map(|c| (c.inode, c.info))
+            .collect();
         s.at_unix_ns = now_unix_ns();
         Some(s)
     }
@@ -254,6 +267,22 @@ impl OsSignals {
             .ok()
             .and_then(|t| parse_netns_link(t.to_str()?));
         (tcp, netns)
+    }
+
+    /// The process's own established TCP connections, now.
+    fn read_conns(&mut self) -> Vec<crate::tcp_diag::TcpSocket> {
+        let Some(diag) = self.diag.as_mut() else {
+            return Vec::new();
+        };
+        let mine = crate::tcp_diag::socket_inodes(&self.proc_root, self.pid);
+        match crate::tcp_diag::established_shared(diag, self.netns) {
+            Ok(all) => all
+                .iter()
+                .filter(|s| mine.contains(&s.inode))
+                .cloned()
+                .collect(),
+            Err(_) => Vec::new(),
+        }
     }
 
     /// The signals since the last read (rates per second), and the counters
@@ -329,6 +358,36 @@ impl OsSignals {
                 signals.insert(TCP_OUT_OF_ORDER.to_string(), ofo);
             }
         }
+        // Connections that moved data in the period, against their last
+        // counters (a connection opened in the period counts from zero).
+        let now_conns = self.read_conns();
+        let mut connections = Vec::new();
+        for c in &now_conns {
+            let old = self.conns.get(&c.inode).copied().unwrap_or_default();
+            let d = |a: Option<u64>, b: Option<u64>| Some(a?.saturating_sub(b.unwrap_or(0)));
+            let per_s = |v: u64| v as f64 / secs;
+            let ms_per_s =
+                |a: Option<u64>, b: Option<u64>| d(a, b).map(|us| us as f64 / 1e3 / secs);
+            let sent = d(c.info.bytes_acked, old.bytes_acked).unwrap_or(0);
+            let received = d(c.info.bytes_received, old.bytes_received).unwrap_or(0);
+            if sent == 0 && received == 0 {
+                continue;
+            }
+            connections.push(whyslow_model::os::TcpConnection {
+                local: c.local.to_string(),
+                remote: c.remote.to_string(),
+                sent_bytes_per_s: per_s(sent),
+                received_bytes_per_s: per_s(received),
+                busy_ms_per_s: ms_per_s(c.info.busy_time_us, old.busy_time_us),
+                rwnd_limited_ms_per_s: ms_per_s(c.info.rwnd_limited_us, old.rwnd_limited_us),
+                sndbuf_limited_ms_per_s: ms_per_s(c.info.sndbuf_limited_us, old.sndbuf_limited_us),
+                retrans_per_s: per_s(c.info.total_retrans.saturating_sub(old.total_retrans) as u64),
+                rtt_us: c.info.rtt_us as f64,
+                min_rtt_us: c.info.min_rtt_us.map(f64::from),
+                delivery_rate_bytes_per_s: c.info.delivery_rate.map(|v| v as f64),
+            });
+        }
+        self.conns = now_conns.into_iter().map(|c| (c.inode, c.info)).collect();
         let sample = OsSample {
             job: String::new(),
             host: String::new(),
@@ -339,6 +398,7 @@ impl OsSignals {
             cpus: cpus.into_iter().collect(),
             netns,
             signals,
+            connections,
         };
         (self.threads, self.softirqs, self.interrupts) = (threads, softirqs, interrupts);
         (self.tcp, self.netns) = (tcp, netns);

@@ -290,9 +290,45 @@ fn write_table(
             min_retrans_pct, min_out_of_order_pct
         )?;
     } else {
-        writeln!(out, "network (TCP segments lost, per host):")?;
+        writeln!(
+            out,
+            "network (per host: TCP segments lost, or connections slow):"
+        )?;
         for h in &r.network_diff {
             let ranks: Vec<String> = h.ranks.iter().map(u32::to_string).collect();
+            if h.cause == "slow" {
+                writeln!(
+                    out,
+                    "  {} ({} {}): its connections deliver far below the others', nothing lost \
+                     (a shaped, congested or mis-negotiated link; {})",
+                    h.host,
+                    if ranks.len() == 1 { "rank" } else { "ranks" },
+                    ranks.join(", "),
+                    match h.side.as_str() {
+                        "sends" => "those it sends on",
+                        "receives" => "those it receives on",
+                        _ => "both ways",
+                    }
+                )?;
+                for m in &h.measures {
+                    let line = match m.name.as_str() {
+                        "slow_connections" => {
+                            format!("{:.0} of its {:.0} busy connections slow", m.value, m.peers)
+                        }
+                        "sending_rate_mbit_s" => format!(
+                            "delivered {:.1} Mbit/s while sending, vs the other connections' median {:.1}",
+                            m.value, m.peers
+                        ),
+                        "rtt_over_min" => format!(
+                            "smoothed RTT {:.1}x its lowest (a queue in front of the link), vs {:.1}x",
+                            m.value, m.peers
+                        ),
+                        other => format!("{other}: {:.3} vs {:.3}", m.value, m.peers),
+                    };
+                    writeln!(out, "    {line}")?;
+                }
+                continue;
+            }
             writeln!(
                 out,
                 "  {} ({} {}): {}{}",

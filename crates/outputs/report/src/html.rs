@@ -833,8 +833,13 @@ fn cross_layer_section(d: &whyslow_model::diagnosis::DiagnoseReport, page: Optio
     if let Some(n) = d.network_diff.first() {
         let _ = write!(
             out,
-            "<li>network: host <code>{}</code> loses TCP segments</li>",
-            escape(&n.host)
+            "<li>network: host <code>{}</code> {}</li>",
+            escape(&n.host),
+            if n.cause == "slow" {
+                "has slow connections (nothing lost)"
+            } else {
+                "loses TCP segments"
+            }
         );
     }
     if let Some(r) = d.regressions.first() {
