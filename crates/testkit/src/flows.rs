@@ -74,6 +74,23 @@ pub struct SynthJob {
     pub checkpoint_every: usize,
     /// …stalls the job this long before the next step, µs.
     pub checkpoint_us: u64,
+    /// The first step's compute is this many times longer (compilation, cache
+    /// and allocator warm-up); 1 (or 0) = like the others.
+    pub warmup_factor: f64,
+    /// An evaluation pass after every this many steps (0 = never): …
+    pub eval_every: usize,
+    /// …of this many forward-only micro-batches through the pipeline
+    /// (activation sends only, no DP traffic).
+    pub eval_microbatches: usize,
+    /// Compute of each stage relative to `fwd_us`/`bwd_us` (the first stage
+    /// holds the embedding, the last the loss head); empty = all 1.
+    pub stage_compute: Vec<f64>,
+    /// DP bytes of each stage's groups relative to `dp_buckets` (embedding and
+    /// output layer parameters); empty = all 1.
+    pub stage_dp_bytes: Vec<f64>,
+    /// Compute grows linearly by this fraction from the first step to the
+    /// last (step-to-step drift); 0 = none.
+    pub drift: f64,
 }
 
 /// Order of micro-batch forwards and backwards on the pipeline stages.
@@ -116,21 +133,32 @@ impl Default for SynthJob {
             chunk_spread: 0.0,
             checkpoint_every: 0,
             checkpoint_us: 0,
+            warmup_factor: 1.0,
+            eval_every: 0,
+            eval_microbatches: 0,
+            stage_compute: Vec::new(),
+            stage_dp_bytes: Vec::new(),
+            drift: 0.0,
         }
     }
+}
+
+/// Factor of stage `s` in a per-stage list (1 where the list is short).
+fn stage_factor(v: &[f64], s: usize) -> f64 {
+    v.get(s).copied().unwrap_or(1.0)
 }
 
 /// Times indexed `[stage][micro-batch]`, µs.
 type StageTimes = Vec<Vec<u64>>;
 
 /// Per micro-batch compute end times of one step: `(fwd_end, bwd_start, bwd_end)`,
-/// from the step's start `t0`; `dur(fwd)` draws one compute time.
+/// from the step's start `t0`; `dur(fwd, stage)` draws one compute time.
 fn pipeline_times(
     schedule: PipelineSchedule,
     p: usize,
     m: usize,
     t0: u64,
-    mut dur: impl FnMut(bool) -> u64,
+    mut dur: impl FnMut(bool, usize) -> u64,
 ) -> (StageTimes, StageTimes, StageTimes) {
     // Per stage, its operations in order: (is_forward, micro-batch).
     let order: Vec<Vec<(bool, usize)>> = (0..p)
@@ -182,7 +210,7 @@ fn pipeline_times(
                     break;
                 }
                 let start = ready.max(free[s]);
-                let end = start + dur(fwd);
+                let end = start + dur(fwd, s);
                 if fwd {
                     fwd_end[s][i] = end;
                 } else {
@@ -274,6 +302,9 @@ pub struct Truth {
     pub pairs: BTreeMap<(IpAddr, IpAddr), PairType>,
     /// Step end times of each address.
     pub step_ends: BTreeMap<IpAddr, Vec<u64>>,
+    /// The capture window `(from, to)` in µs when the flows were clipped to
+    /// one ([`Synth::clip`]).
+    pub capture: Option<(u64, u64)>,
 }
 
 /// Generated flows, topology and truth.
@@ -404,8 +435,21 @@ pub fn generate(c: &SynthCluster) -> Synth {
                 ((us as f64) * slow_step * (1.0 + c.jitter * rng.symmetric())) as u64
             };
             let (m, p) = (job.microbatches, job.pp);
-            let (fwd_end, bwd_start, bwd_end) = pipeline_times(job.schedule, p, m, t0, |fwd| {
-                jit(&mut rng, if fwd { job.fwd_us } else { job.bwd_us })
+            // Warm-up and drift scale this step's compute, `stage_compute` each
+            // stage's (exactly 1 when unset: the draws stay those of before).
+            let mut step_compute = 1.0;
+            if k == 0 && job.warmup_factor > 0.0 {
+                step_compute *= job.warmup_factor;
+            }
+            if job.steps > 1 {
+                step_compute *= 1.0 + job.drift * k as f64 / (job.steps - 1) as f64;
+            }
+            let compute = |fwd: bool, s: usize| {
+                let base = if fwd { job.fwd_us } else { job.bwd_us };
+                (base as f64 * step_compute * stage_factor(&job.stage_compute, s)) as u64
+            };
+            let (fwd_end, bwd_start, bwd_end) = pipeline_times(job.schedule, p, m, t0, |fwd, s| {
+                jit(&mut rng, compute(fwd, s))
             });
             let stage_done: Vec<u64> = (0..p)
                 .map(|s| bwd_end[s].iter().copied().max().unwrap_or(t0))
@@ -467,6 +511,12 @@ pub fn generate(c: &SynthCluster) -> Synth {
                     let mut clock = stage_done[s] + 200;
                     let last_bwd = (bwd_start[s][m - 1], bwd_end[s][m - 1]);
                     let nb = job.dp_buckets.len().max(1) as u64;
+                    let scale = stage_factor(&job.stage_dp_bytes, s);
+                    let buckets: Vec<u64> = job
+                        .dp_buckets
+                        .iter()
+                        .map(|&b| (b as f64 * scale) as u64)
+                        .collect();
                     let spread = job.chunk_spread;
                     // One ring phase over `bucket`: `rounds` rounds of chunk flows.
                     let ring = |records: &mut Vec<FlowRecord>,
@@ -493,13 +543,13 @@ pub fn generate(c: &SynthCluster) -> Synth {
                         let rounds = job.dp - 1;
                         match job.dp_schedule {
                             DpSchedule::AllReduceAfterBackward => {
-                                for &bucket in &job.dp_buckets {
+                                for &bucket in &buckets {
                                     clock = ring(&mut records, &mut rng, clock, bucket, 2 * rounds);
                                 }
                             }
                             DpSchedule::OverlappedBuckets => {
                                 clock = last_bwd.0;
-                                for (b, &bucket) in job.dp_buckets.iter().enumerate() {
+                                for (b, &bucket) in buckets.iter().enumerate() {
                                     let produced = last_bwd.0
                                         + (last_bwd.1 - last_bwd.0) * (b as u64 + 1) / nb;
                                     clock = ring(
@@ -512,11 +562,11 @@ pub fn generate(c: &SynthCluster) -> Synth {
                                 }
                             }
                             DpSchedule::ZeroReduceScatterAllGather => {
-                                for &bucket in &job.dp_buckets {
+                                for &bucket in &buckets {
                                     clock = ring(&mut records, &mut rng, clock, bucket, rounds);
                                 }
                                 clock += jit(&mut rng, job.optimizer_us);
-                                for &bucket in &job.dp_buckets {
+                                for &bucket in &buckets {
                                     clock = ring(&mut records, &mut rng, clock, bucket, rounds);
                                 }
                             }
@@ -546,6 +596,44 @@ pub fn generate(c: &SynthCluster) -> Synth {
             if job.checkpoint_every > 0 && (k + 1) % job.checkpoint_every == 0 {
                 t0 += jit(&mut rng, job.checkpoint_us);
             }
+            if job.eval_every > 0
+                && job.eval_microbatches > 0
+                && (k + 1) % job.eval_every == 0
+                && k + 1 < job.steps
+            {
+                // Evaluation: forward-only micro-batches down the pipeline.
+                let me = job.eval_microbatches;
+                let mut free = vec![t0; p];
+                let mut done = vec![vec![t0; me]; p];
+                for s in 0..p {
+                    for i in 0..me {
+                        let ready = if s == 0 { t0 } else { done[s - 1][i] };
+                        let start = ready.max(free[s]);
+                        done[s][i] = start + jit(&mut rng, compute(true, s));
+                        free[s] = done[s][i];
+                    }
+                }
+                for d in 0..job.dp {
+                    for t in 0..job.tp {
+                        for s in 0..p.saturating_sub(1) {
+                            for i in 0..me {
+                                let (ma, mb) = (d * p + s, d * p + s + 1);
+                                emit(
+                                    &mut records,
+                                    &mut rng,
+                                    done[s][i],
+                                    ma,
+                                    mb,
+                                    t,
+                                    job.pp_bytes,
+                                    1.0,
+                                );
+                            }
+                        }
+                    }
+                }
+                t0 = free[p - 1] + jit(&mut rng, job.optimizer_us);
+            }
         }
         // Truth pairs.
         for d in 0..job.dp {
@@ -572,7 +660,54 @@ pub fn generate(c: &SynthCluster) -> Synth {
     }
 }
 
+impl Synth {
+    /// The flows a capture from `from_us` to `to_us` (absolute) saw: those
+    /// starting in the window, a flow running past its end cut there (a
+    /// collector exports what it has counted). A window not aligned with the
+    /// steps cuts the first and last step short. The truth keeps every step
+    /// end and records the window ([`Truth::capture`]).
+    pub fn clip(&self, from_us: u64, to_us: u64) -> Synth {
+        let records = self
+            .records
+            .iter()
+            .filter(|r| r.start_us >= from_us && r.start_us < to_us)
+            .map(|r| {
+                let mut r = r.clone();
+                if r.end_us() > to_us {
+                    let keep = (to_us - r.start_us).max(1);
+                    r.bytes =
+                        (r.bytes as f64 * keep as f64 / r.dur_us.max(1) as f64).max(1.0) as u64;
+                    r.dur_us = keep;
+                }
+                r
+            })
+            .collect();
+        let mut truth = self.truth.clone();
+        truth.capture = Some((from_us, to_us));
+        Synth {
+            records,
+            topology: self.topology.clone(),
+            truth,
+        }
+    }
+}
+
 impl Truth {
+    /// Step ends of `a` inside the capture window (all of them without one):
+    /// the steps a division of the captured flows can find are those between
+    /// consecutive ends here.
+    pub fn captured_ends(&self, a: &IpAddr) -> Vec<u64> {
+        let ends = self.step_ends.get(a).map(Vec::as_slice).unwrap_or(&[]);
+        match self.capture {
+            Some((from, to)) => ends
+                .iter()
+                .copied()
+                .filter(|&e| e >= from && e <= to)
+                .collect(),
+            None => ends.to_vec(),
+        }
+    }
+
     /// Whether `report` recognized the jobs and pair types exactly; the
     /// error says what differs.
     pub fn check_structure(&self, report: &whyslow_model::flow::FlowReport) -> Result<(), String> {
@@ -630,6 +765,46 @@ mod tests {
             .filter(|r| (r.src, r.dst) == (a, b) || (r.src, r.dst) == (b, a))
             .map(|r| (r.start_us, r.src == a))
             .collect()
+    }
+
+    #[test]
+    fn warm_up_evaluation_and_a_capture_window() {
+        let job = SynthJob {
+            dp: 2,
+            pp: 2,
+            tp: 1,
+            steps: 6,
+            ..Default::default()
+        };
+        let plain = generate(&SynthCluster {
+            jobs: vec![job.clone()],
+            ..Default::default()
+        });
+        let c = SynthCluster {
+            jobs: vec![SynthJob {
+                warmup_factor: 5.0,
+                eval_every: 3,
+                eval_microbatches: 4,
+                ..job
+            }],
+            ..Default::default()
+        };
+        let s = generate(&c);
+        let a: IpAddr = "10.0.1.1".parse().unwrap();
+        let (p, w) = (&plain.truth.step_ends[&a], &s.truth.step_ends[&a]);
+        // The first step is longer; the evaluation after step 3 lengthens step 4.
+        assert!(w[0] - c.start_us > 3 * (p[0] - c.start_us), "{p:?} {w:?}");
+        assert!(w[3] - w[2] > (p[3] - p[2]) + 4 * 20_000, "{p:?} {w:?}");
+        // 4 activation sends of the evaluation on the one PP pair per replica.
+        assert_eq!(s.records.len(), plain.records.len() + 2 * 4);
+        // A capture cut mid-run keeps the flows starting inside it, cut at its end.
+        let (from, to) = (w[1] + 1_000, w[4] - 1_000);
+        let cut = s.clip(from, to);
+        assert!(cut
+            .records
+            .iter()
+            .all(|r| r.start_us >= from && r.end_us() <= to));
+        assert_eq!(cut.truth.captured_ends(&a), vec![w[2], w[3]]);
     }
 
     #[test]

@@ -255,9 +255,19 @@ pub fn gap_breaks(flows: &[(u64, u64)]) -> Option<Vec<usize>> {
     )
 }
 
-/// BOCD's burst starts `cps` plus every other gap at least as long as the 10th
-/// percentile of the gaps BOCD broke at (with ≥ 3 of them; the percentile keeps
-/// one odd short break from pulling in every gap). Returned sorted.
+/// BOCD's burst starts `cps` completed to whole classes of gaps (§IV-B line 7
+/// extended): every gap at least as long as the 10th percentile of the gaps
+/// BOCD broke at (with ≥ 3 of them; the percentile keeps one odd short break
+/// from pulling in every gap), and every gap of a class of gaps BOCD broke at
+/// often ([`gap_classes`], [`MIN_CLASS_BREAK_SHARE`]). Returned sorted.
+///
+/// The classes matter where a step holds two kinds of break: ZeRO's
+/// reduce-scatter, optimizer, all-gather leaves an optimizer gap inside the
+/// step beside the compute gap between steps. BOCD, restarting its run after
+/// each change point, misses some of the shorter kind; the percentile alone
+/// lands inside that class and leaves out its lower tail (the jitter of the
+/// optimizer), and a step left unsplit among split ones throws off how the
+/// bursts are grouped into steps (two steps read as one).
 pub fn complete_breaks(flows: &[(u64, u64)], mut cps: Vec<usize>) -> Vec<usize> {
     if cps.len() < 3 || flows.len() < 2 {
         return cps;
@@ -275,15 +285,115 @@ pub fn complete_breaks(flows: &[(u64, u64)], mut cps: Vec<usize>) -> Vec<usize> 
     if theta == 0 {
         return cps;
     }
+    let class = gap_classes(&gaps);
+    let n_class = class.iter().copied().max().map_or(0, |c| c + 1);
+    let (mut members, mut broken) = (vec![0usize; n_class], vec![0usize; n_class]);
+    for &c in &class {
+        members[c] += 1;
+    }
+    for &cp in &cps {
+        if let Some(&c) = cp.checked_sub(1).and_then(|i| class.get(i)) {
+            broken[c] += 1;
+        }
+    }
+    let complete: Vec<bool> = (0..n_class)
+        .map(|c| {
+            gaps_floor(&gaps, &class, c) > 0
+                && broken[c] >= 3
+                && broken[c] as f64 >= MIN_CLASS_BREAK_SHARE * members[c] as f64
+        })
+        .collect();
     cps.extend(
         gaps.iter()
             .enumerate()
-            .filter(|(_, &g)| g >= theta)
+            .filter(|&(i, &g)| g >= theta || complete[class[i]])
             .map(|(i, _)| i + 1),
     );
     cps.sort_unstable();
     cps.dedup();
     cps
+}
+
+/// Least share of a class's gaps that BOCD must have broken at for
+/// [`complete_breaks`] to break at all of them.
+pub const MIN_CLASS_BREAK_SHARE: f64 = 0.1;
+
+/// Class of each gap: sorted, the gaps fall into classes at every jump of 2×
+/// or more between consecutive values (the natural breaks of
+/// [`regular_level`]); classes are numbered from the shortest gaps up.
+pub fn gap_classes(gaps: &[u64]) -> Vec<usize> {
+    let mut sorted = gaps.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    // Lower bound of each class.
+    let mut bounds = vec![0u64];
+    for w in sorted.windows(2) {
+        if w[1] + 1 >= 2 * (w[0] + 1) {
+            bounds.push(w[1]);
+        }
+    }
+    gaps.iter()
+        .map(|&g| bounds.partition_point(|&b| b <= g) - 1)
+        .collect()
+}
+
+/// Smallest gap of class `c`.
+fn gaps_floor(gaps: &[u64], class: &[usize], c: usize) -> u64 {
+    gaps.iter()
+        .zip(class)
+        .filter(|(_, &k)| k == c)
+        .map(|(&g, _)| g)
+        .min()
+        .unwrap_or(0)
+}
+
+/// Which of `bursts` (sorted, `(start, end)` µs) end a training step when `k`
+/// bursts make one and phase `phase` (mod k) ends it ([`bursts_per_step`]): a
+/// burst ends a step when the idle time after it is of the step-ending kind
+/// (the next step's compute), i.e. at least the geometric mean of the median
+/// idle time after the step-ending phase and that after the others; the last
+/// burst always does. The phase alone (every k-th burst) is not enough: a step
+/// whose phases came as one burst, or one burst split in two, would shift the
+/// count and pair the rest of the run's bursts across step boundaries
+/// (LLMPrism §IV-C: a step ends with the end of its DP traffic, which is
+/// followed by the next step's computation).
+pub fn step_ending_bursts(bursts: &[(u64, u64)], k: usize, phase: usize) -> Vec<bool> {
+    let n = bursts.len();
+    let by_phase = || {
+        (0..n)
+            .map(|j| k <= 1 || j % k == phase % k)
+            .collect::<Vec<bool>>()
+    };
+    if k <= 1 || n < 2 {
+        return by_phase();
+    }
+    let idle: Vec<f64> = bursts
+        .windows(2)
+        .map(|w| w[1].0.saturating_sub(w[0].1) as f64)
+        .collect();
+    let median = |mut v: Vec<f64>| -> Option<f64> {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let ending = median(
+        (0..n - 1)
+            .filter(|j| j % k == phase % k)
+            .map(|j| idle[j])
+            .collect(),
+    );
+    let inner = median(
+        (0..n - 1)
+            .filter(|j| j % k != phase % k)
+            .map(|j| idle[j])
+            .collect(),
+    );
+    match (ending, inner) {
+        (Some(e), Some(i)) if e > 2.0 * i.max(1.0) => {
+            let cut = (e * i.max(1.0)).sqrt();
+            (0..n).map(|j| j + 1 == n || idle[j] >= cut).collect()
+        }
+        _ => by_phase(),
+    }
 }
 
 #[cfg(test)]
@@ -352,6 +462,39 @@ mod tests {
             let level = regular_level(&flows).expect("steps");
             assert_eq!(level, truth, "seed {seed}, checkpoint every {ckpt}");
         }
+    }
+
+    #[test]
+    fn a_class_of_breaks_bocd_found_in_part_is_completed() {
+        // ZeRO per step: reduce-scatter, an optimizer gap of 16-18 ms,
+        // all-gather, 200 ms of compute. BOCD found every step gap but only
+        // only the longer half of the optimizer gaps (≥ 17 ms).
+        let mut flows = Vec::new();
+        let mut t = 0u64;
+        for k in 0..40u64 {
+            flows.push((t, t + 3_000));
+            t += 3_000 + 16_000 + (k * 53) % 2_000;
+            flows.push((t, t + 3_000));
+            t += 203_000;
+        }
+        let gaps = idle_gaps(&flows);
+        let found: Vec<usize> = (1..flows.len())
+            .filter(|&i| gaps[i - 1] >= 17_000)
+            .collect();
+        let all: Vec<usize> = (1..flows.len()).collect();
+        assert_eq!(complete_breaks(&flows, found), all);
+        // One step whose two phases came as one burst still ends a step, and
+        // the steps after it keep their phases.
+        let mut bursts: Vec<(u64, u64)> = flows.clone();
+        bursts[50] = (bursts[50].0, bursts[51].1);
+        bursts.remove(51);
+        let (k, phase) = bursts_per_step(&bursts);
+        assert_eq!(k, 2);
+        let ends = step_ending_bursts(&bursts, k, phase);
+        let want: Vec<bool> = (0..bursts.len())
+            .map(|j| j == 50 || (j < 50 && j % 2 == 1) || (j > 50 && j % 2 == 0))
+            .collect();
+        assert_eq!(ends, want);
     }
 
     #[test]

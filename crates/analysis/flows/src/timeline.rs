@@ -14,8 +14,12 @@
 //!   all-gather; a gap between them is as clear to BOCD as the compute gap between
 //!   steps). [`crate::steps::bursts_per_step`] finds how many from the regularity of the burst
 //!   ends: with k bursts per step, the ends of every k-th burst are evenly spaced
-//!   while consecutive ones alternate short and long. The step then ends with the
-//!   burst followed by the longest idle time.
+//!   while consecutive ones alternate short and long. A step then ends with each
+//!   burst followed by idle time of the step-ending kind
+//!   ([`crate::steps::step_ending_bursts`]), not with every k-th burst: a step
+//!   whose phases came as one burst would shift the count for the rest of the run.
+//! - a last step whose DP traffic the capture cut short (clearly fewer flows or
+//!   bytes than the other steps) is dropped ([`drop_cut_last_step`]).
 //! - a step whose DP phases BOCD split only now and then (a gap between them close
 //!   to its threshold) would show as one short step beside one shorter than the
 //!   others: [`join_split_bursts`] joins a burst to the next when their ends are
@@ -29,7 +33,7 @@
 use crate::bocd::BocdConfig;
 use crate::classify::Classified;
 use crate::jobs::Jobs;
-use crate::steps::{bursts_per_step, divide};
+use crate::steps::{bursts_per_step, divide, step_ending_bursts};
 use crate::{FlowIndex, PairType, Step, TimelineEvent};
 
 /// Reconstructed timeline of one rank.
@@ -113,9 +117,11 @@ pub fn reconstruct(
         let (k, phase) = bursts_per_step(&bursts);
 
         if k > 1 {
-            (bursts, burst_flows) = merge_bursts(&bursts, burst_flows, k, phase);
+            let ends = step_ending_bursts(&bursts, k, phase);
+            (bursts, burst_flows) = merge_bursts(&bursts, burst_flows, &ends);
         }
         (bursts, burst_flows) = join_split_bursts(bursts, burst_flows);
+        drop_cut_last_step(index, &mut bursts, &mut burst_flows);
         let steps = bursts
             .windows(2)
             .map(|w| Step {
@@ -156,25 +162,25 @@ pub fn reconstruct(
     RankTimelines { ranks, rank_of }
 }
 
-/// Joins bursts into one per step: a step's bursts end with each burst whose index
-/// is `phase` mod `k` (the bursts after the last such one form the last group).
+/// Joins bursts into one per step: a step's bursts end with each burst that
+/// `ends` marks ([`step_ending_bursts`]; the bursts after the last marked one
+/// form the last group).
 fn merge_bursts(
     bursts: &[(u64, u64)],
     flows: Vec<Vec<u32>>,
-    k: usize,
-    phase: usize,
+    ends: &[bool],
 ) -> (Vec<(u64, u64)>, Vec<Vec<u32>>) {
-    let mut out = Vec::with_capacity(bursts.len() / k + 1);
-    let mut out_flows = Vec::with_capacity(bursts.len() / k + 1);
+    let mut out = Vec::with_capacity(bursts.len() / 2 + 1);
+    let mut out_flows = Vec::with_capacity(bursts.len() / 2 + 1);
     let mut cur: Option<(u64, u64)> = None;
     let mut cur_flows: Vec<u32> = Vec::new();
-    for (j, (b, f)) in bursts.iter().zip(flows).enumerate() {
+    for ((b, f), &end) in bursts.iter().zip(flows).zip(ends) {
         cur = Some(match cur {
             None => *b,
             Some((s, e)) => (s.min(b.0), e.max(b.1)),
         });
         cur_flows.extend(f);
-        if j % k == phase % k {
+        if end {
             out.push(cur.take().unwrap_or(*b));
             out_flows.push(std::mem::take(&mut cur_flows));
         }
@@ -184,6 +190,50 @@ fn merge_bursts(
         out_flows.push(cur_flows);
     }
     (out, out_flows)
+}
+
+/// Drops the last burst group when it holds clearly fewer DP flows (5 %) or
+/// bytes (25 %: ring chunk sizes may vary) than the rank's other steps
+/// ([`short_of_the_others`]): the capture ended
+/// inside that step's DP traffic (after the reduce-scatter and before the
+/// all-gather, or mid-ring), so its end is not the step's end (§IV-C takes the
+/// end of a step's DP traffic as the step's end; a cut one makes the last step
+/// 10–20 % short). Every step runs the same collectives, so their flows and
+/// bytes barely vary. The first group stays: a capture that starts mid-step
+/// still sees that step's end.
+fn drop_cut_last_step(
+    index: &FlowIndex<'_>,
+    bursts: &mut Vec<(u64, u64)>,
+    flows: &mut Vec<Vec<u32>>,
+) {
+    let n = flows.len();
+    if n < 5 {
+        return;
+    }
+    let count = |f: &Vec<u32>| f.len() as f64;
+    let bytes = |f: &Vec<u32>| f.iter().map(|&i| index.rec(i).bytes as f64).sum::<f64>();
+    let inner = &flows[1..n - 1];
+    let last = &flows[n - 1];
+    if short_of_the_others(count(last), inner.iter().map(count).collect(), 0.05)
+        || short_of_the_others(bytes(last), inner.iter().map(bytes).collect(), 0.25)
+    {
+        bursts.pop();
+        flows.pop();
+    }
+}
+
+/// Whether `x` lies below the median of `v` by more than 3 median absolute
+/// deviations and more than `share` of the median.
+fn short_of_the_others(x: f64, mut v: Vec<f64>, share: f64) -> bool {
+    if v.is_empty() {
+        return false;
+    }
+    v.sort_by(f64::total_cmp);
+    let med = v[v.len() / 2];
+    let mut dev: Vec<f64> = v.iter().map(|y| (y - med).abs()).collect();
+    dev.sort_by(f64::total_cmp);
+    let mad = dev[dev.len() / 2];
+    x < med - (3.0 * mad).max(share * med)
 }
 
 /// Joins each burst whose end is followed by the next burst's end within 30 % of

@@ -52,6 +52,7 @@ fn cluster_with(
         chunk_spread: 0.3,
         checkpoint_every: 10,
         checkpoint_us: 150_000,
+        ..Default::default()
     };
     SynthCluster {
         jobs: vec![job(4, 30), job(2, 30)],
@@ -163,6 +164,208 @@ fn every_schedule_combination_divides_into_the_true_steps() {
     }
     println!("{}", table.join("\n"));
     assert!(!failed, "\n{}", table.join("\n"));
+}
+
+/// The production jobs of issue 29 (dp4 × pp4 and dp2 × pp4, 1F1B, ZeRO
+/// reduce-scatter … all-gather, 44 steps) as the generator can mimic them: a
+/// first iteration 10× a step (compilation, warm-up), stages of uneven compute
+/// (embedding first, loss head last), 5 % drift over the run, an evaluation
+/// pass and a checkpoint every 10 steps, and an optimizer between the
+/// reduce-scatter and the all-gather (17 ms) long enough that BOCD breaks at
+/// it in most steps but not all (the regime where one rank got 20 of 44
+/// steps).
+fn production(seed: u64, buckets: Vec<u64>) -> SynthCluster {
+    let job = |dpn: usize| SynthJob {
+        dp: dpn,
+        pp: 4,
+        tp: 1,
+        steps: 44,
+        microbatches: 8,
+        fwd_us: 6_000,
+        bwd_us: 12_000,
+        pp_bytes: 4 << 20,
+        dp_buckets: buckets.clone(),
+        optimizer_us: 17_000,
+        schedule: PipelineSchedule::OneFOneB,
+        dp_schedule: DpSchedule::ZeroReduceScatterAllGather,
+        chunk_spread: 0.3,
+        checkpoint_every: 10,
+        checkpoint_us: 150_000,
+        warmup_factor: 10.0,
+        eval_every: 10,
+        eval_microbatches: 8,
+        stage_compute: vec![1.1, 1.0, 1.0, 1.25],
+        drift: 0.05,
+        ..Default::default()
+    };
+    SynthCluster {
+        jobs: vec![job(4), job(2)],
+        machines_per_leaf: 4,
+        link_gbps: 100.0,
+        jitter: 0.03,
+        seed,
+        ..Default::default()
+    }
+}
+
+/// A capture of `s` not aligned with the steps: from 0.3 s into the second
+/// job's third step to the middle of the last optimizer gap of the second
+/// job's first stage (between its last reduce-scatter and all-gather).
+fn capture(s: &Synth) -> Synth {
+    let a: IpAddr = "10.1.1.1".parse().unwrap();
+    let ends = &s.truth.step_ends[&a];
+    let from = ends[2] + 300_000;
+    let mut dp: Vec<(u64, u64)> = s
+        .records
+        .iter()
+        .filter(|r| (r.src == a || r.dst == a) && r.bytes > (8 << 20))
+        .map(|r| (r.start_us, r.end_us()))
+        .collect();
+    dp.sort_unstable();
+    let last_end = ends[ends.len() - 1];
+    let gap = dp
+        .windows(2)
+        .rfind(|w| w[1].0 < last_end && w[1].0 > w[0].1 + 5_000)
+        .expect("an optimizer gap");
+    s.clip(from, (gap[0].1 + gap[1].0) / 2)
+}
+
+/// Per rank: steps found, steps in the truth, mean and worst relative error
+/// of the found steps' periods (an unmatched step counts 100 %). The truth is
+/// the steps between consecutive step ends inside the capture; a found step
+/// is scored against the truth step (of the whole run) whose ends are
+/// nearest its own.
+fn per_rank(s: &Synth, r: &FlowReport) -> Vec<(IpAddr, usize, usize, f64, f64)> {
+    let mut out = Vec::new();
+    for rank in &r.ranks {
+        let a: IpAddr = rank.address.parse().unwrap();
+        let all = &s.truth.step_ends[&a];
+        let truth = s.truth.captured_ends(&a).len().saturating_sub(1);
+        let nearest = |t: u64| -> usize {
+            let i = all.partition_point(|&e| e < t);
+            if i == 0 {
+                0
+            } else if i == all.len() || t - all[i - 1] <= all[i] - t {
+                i - 1
+            } else {
+                i
+            }
+        };
+        let errs: Vec<f64> = rank
+            .steps
+            .iter()
+            .map(|st| {
+                let (i, j) = (nearest(st.start_us), nearest(st.end_us));
+                if j != i + 1 {
+                    return 1.0;
+                }
+                let t = (all[j] - all[i]) as f64;
+                (st.dur_us() as f64 - t).abs() / t
+            })
+            .collect();
+        let mean = errs.iter().sum::<f64>() / errs.len().max(1) as f64;
+        let worst = errs.iter().copied().fold(0.0, f64::max);
+        out.push((a, rank.steps.len(), truth, mean, worst));
+    }
+    out
+}
+
+#[test]
+fn production_like_jobs_divide_into_the_true_steps_on_every_rank() {
+    let mut table = Vec::new();
+    let mut failed = false;
+    for (name, buckets) in [("1 bucket", BUCKETS[1]), ("4 buckets", BUCKETS[0])] {
+        for cut in [false, true] {
+            for seed in [1, 2, 3] {
+                let full = generate(&production(seed, buckets.to_vec()));
+                let s = if cut { capture(&full) } else { full };
+                let r = analyze(&s.records, Some(&s.topology), &FlowConfig::default());
+                let ranks = per_rank(&s, &r);
+                let structure = s.truth.check_structure(&r).is_ok();
+                // A capture that ends in the last moments of a step's final
+                // DP phase leaves that step with nearly all its flows and
+                // bytes: it is reported, short by what the capture missed
+                // (≤ 1 %); one that ends earlier in it drops the step.
+                let off = ranks
+                    .iter()
+                    .filter(|x| x.1 != x.2 && !(cut && x.1 == x.2 + 1 && x.4 <= 0.01))
+                    .count();
+                let kept_cut = ranks.iter().filter(|x| x.1 == x.2 + 1).count();
+                let over = ranks.iter().filter(|x| x.3 > 0.003).count();
+                let stalls_seen = r.jobs.iter().all(|j| {
+                    j.recurring_stalls
+                        .iter()
+                        .any(|st| st.every == 10 && st.extra_us > 100_000.0)
+                });
+                let ok = structure && off == 0 && over == 0 && r.findings.is_empty() && stalls_seen;
+                failed |= !ok;
+                let (lo, hi) = ranks
+                    .iter()
+                    .fold((f64::MAX, 0f64), |(lo, hi), x| (lo.min(x.3), hi.max(x.3)));
+                let worst = ranks.iter().map(|x| x.4).fold(0.0, f64::max);
+                table.push(format!(
+                    "| {name} | {} | {seed} | {} | {off} of {} | {kept_cut} | {:.3}–{:.3} % | {:.2} % | {} |{}",
+                    if cut {
+                        "cut mid-step at both ends"
+                    } else {
+                        "whole run"
+                    },
+                    if structure { "exact" } else { "WRONG" },
+                    ranks.len(),
+                    100.0 * lo,
+                    100.0 * hi,
+                    100.0 * worst,
+                    r.findings.len(),
+                    if ok { "" } else { "  <-- FAIL" }
+                ));
+                if seed == 1 && name == "1 bucket" {
+                    let mut rows = vec![format!(
+                        "per rank, {name}, {}, seed {seed}:",
+                        if cut { "capture cut" } else { "whole run" }
+                    )];
+                    rows.extend(ranks.iter().map(|x| {
+                        format!(
+                            "| {} | {} / {} | {:.3} % | {:.2} % |",
+                            x.0,
+                            x.1,
+                            x.2,
+                            100.0 * x.3,
+                            100.0 * x.4
+                        )
+                    }));
+                    println!("{}", rows.join("\n"));
+                }
+            }
+        }
+    }
+    println!("| buckets | capture | seed | jobs/pairs | ranks with step count off | ranks keeping a nearly whole cut last step | mean step-period error per rank | worst step | findings (healthy) |");
+    println!("{}", table.join("\n"));
+    assert!(!failed, "\n{}", table.join("\n"));
+}
+
+#[test]
+fn a_slow_step_is_the_one_finding_on_production_like_jobs() {
+    for (buckets, step) in BUCKETS.into_iter().zip([13, 26]) {
+        for cut in [false, true] {
+            let mut c = production(4, buckets.to_vec());
+            c.faults = vec![Fault::SlowStep {
+                job: 1,
+                step,
+                factor: 1.6,
+            }];
+            let full = generate(&c);
+            let s = if cut { capture(&full) } else { full };
+            let r = analyze(&s.records, Some(&s.topology), &FlowConfig::default());
+            let what = format!("{} bucket(s), cut {cut}", buckets.len());
+            assert_eq!(r.findings.len(), 1, "{what}: {:#?}", r.findings);
+            let f = &r.findings[0];
+            assert_eq!(
+                (f.level, f.job),
+                (FindingLevel::Step, Some(1)),
+                "{what}: {f:?}"
+            );
+        }
+    }
 }
 
 #[test]
