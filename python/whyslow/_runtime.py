@@ -384,7 +384,7 @@ class Tracker:
         )
         th = threading.Thread(
             target=self._after_window,
-            args=(s, sdir, trace, sampler),
+            args=(s, sdir, trace, sampler, window.network),
             name="whyslow-summarize",
             daemon=True,
         )
@@ -399,11 +399,16 @@ class Tracker:
 
     # ------------------------------------------------------------ background
 
-    def _after_window(self, s: Dict[str, Any], sdir: str, trace: str, sampler: Any = None) -> None:
+    def _after_window(self, s: Dict[str, Any], sdir: str, trace: str, sampler: Any = None,
+                      network: Optional[str] = None) -> None:
         """Background thread: summarize, publish, (rank 0) collect and localize."""
         try:
             fp_json = _collect.summarize(self.cfg, self.rank, self.host, trace, sampler,
                                          os.path.join(sdir, "fingerprints"))
+            if network:
+                fp_json = _collect.with_network(
+                    fp_json, network, self.host,
+                    os.path.join(sdir, "fingerprints", "rank-%d.json" % self.rank))
             _faults.point("after_summarize", self.rank)
             if self.cfg.server:
                 _collect.upload(self.cfg, sdir, fp_json, self.rank)

@@ -89,6 +89,29 @@ def _wait_for_idle_threads(max_wait_s: float = IDLE_WAIT_S) -> int:
     return waits
 
 
+def _start_network(rank: int) -> Any:
+    """Starts reading this rank's network (TCP counters of its namespace,
+    its own connections' tcp_info); None, with one log line, where it
+    cannot: the window goes on without it."""
+    try:
+        from . import _whyslow
+
+        return _whyslow.NetWatch()
+    except Exception as e:
+        log.info("whyslow: rank %d: no network evidence this window: %s", rank, e)
+        return None
+
+
+def _stop_network(net: Any, rank: int) -> Optional[str]:
+    if net is None:
+        return None
+    try:
+        return net.sample()
+    except Exception as e:
+        log.info("whyslow: rank %d: no network evidence this window: %s", rank, e)
+        return None
+
+
 class ProfileWindow:
     """The window of session record ``session`` on ``rank``, from iteration
     ``start_step`` at ``t0`` (ns)."""
@@ -108,6 +131,10 @@ class ProfileWindow:
         # (OOM-killed). The window ends early past WHYSLOW_WINDOW_MAX_MB.
         self.rss0_mb = _rss_mb()
         self.ended_for_memory: Optional[float] = None
+        # The rank's TCP counters and connections over the window (the
+        # network layer without an agent; issue 29), as JSON at the end.
+        self.net: Any = None
+        self.network: Optional[str] = None
 
     def start(self) -> None:
         """Starts the profiler (raises on failure, nothing left running) and
@@ -131,6 +158,7 @@ class ProfileWindow:
         prof.start()
         self.prof = prof
         self.sampler = self._start_sampler()
+        self.net = _start_network(self.rank)
 
     def tick(self, steps: int, t: int) -> bool:
         """One iteration ended; True when the window is over (``iters``
@@ -156,6 +184,8 @@ class ProfileWindow:
         """Stops sampler and profiler and exports the trace to ``trace``;
         returns the stopped sampler (its samples are written later) or None."""
         sampler = self._stop_sampler()
+        self.network = _stop_network(self.net, self.rank)
+        self.net = None
         prof = self.prof
         self.prof = None
         try:

@@ -152,6 +152,23 @@ def test_slow_link_names_the_throttled_host(tmp_path):
     assert f["mu"]["value"] < f["mu"]["peers"] and f["sigma"]["value"] < f["sigma"]["peers"]
 
 
+def test_in_process_report_names_the_lossy_hosts_collective(tmp_path):
+    # 2 % loss on host 1's link, no agent: the ranks read their own TCP
+    # counters and connections over the window (issue 29). Before, the
+    # report named aten::mm on worker 2 (BENCHMARKS.md): loss makes every
+    # rank of the ring wait alike, and no compute function is to blame.
+    host = 1
+    res = run_testbed(tmp_path, "slow-link:host=%d,rate=10gbit,loss=2%%" % host, iters=400,
+                      fault_after=5)
+    rep = res.report()
+    assert rep is not None, "no report\n" + res.logs()
+    show = json.dumps({"network": rep.get("network"), "findings": _brief(rep)}, indent=1)
+    assert rep.get("network") and rep["network"][0]["ranks"] == [host], show
+    first = rep["findings"][0]
+    assert first["kind"] == "comm" and first["workers"] == [host], show
+    assert "loses packets" in first["hint"], first["hint"]
+
+
 def test_cpu_hog_flags_the_host_cpu_work(tmp_path):
     host = 2
     # 8 busy loops in the host's cgroup (a half-core cap): with 4, a busy loop

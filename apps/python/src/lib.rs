@@ -668,6 +668,37 @@ fn kineto_base_ns(py: Python<'_>, trace_path: PathBuf) -> PyResult<Option<i64>> 
 /// threads), NIC throughput of the given interfaces, the GPU through NVML
 /// when built with it. Timestamps are Unix-epoch; `write` shifts
 /// them onto a trace's origin.
+/// This process's network over a profiling window (issue 29): its
+/// namespace's TCP counters and its own connections' `tcp_info` (socket
+/// diagnostics of its own namespace: no privilege), read at the window's
+/// start and end, as the node agent reads them. `sample()` gives the OS
+/// sample JSON (`whyslow_model::os::OsSample`) the fingerprint carries as
+/// `network`.
+#[pyclass(name = "NetWatch", module = "whyslow._whyslow")]
+struct PyNetWatch {
+    inner: whyslow_sampler::os::OsSignals,
+}
+
+#[pymethods]
+impl PyNetWatch {
+    /// Starts watching this process (reads its first counters).
+    #[new]
+    fn new() -> PyResult<Self> {
+        whyslow_sampler::os::OsSignals::open(std::process::id() as i32)
+            .map(|inner| PyNetWatch { inner })
+            .ok_or_else(|| PyOSError::new_err("/proc/self cannot be read"))
+    }
+
+    /// The signals and connections since the last read, as JSON; `None`
+    /// when they cannot be read.
+    fn sample(&mut self, py: Python<'_>) -> PyResult<Option<String>> {
+        let inner = &mut self.inner;
+        let s = py.allow_threads(|| inner.sample());
+        s.map(|s| serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string())))
+            .transpose()
+    }
+}
+
 #[pyclass(name = "Sampler", module = "whyslow._whyslow")]
 struct PySampler {
     inner: Option<whyslow_sampler::Sampler>,
@@ -853,6 +884,7 @@ fn _whyslow(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fix_answer, m)?)?;
     m.add_function(wrap_pyfunction!(rebase_samples_file, m)?)?;
     m.add_class::<PySampler>()?;
+    m.add_class::<PyNetWatch>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("NOTHING", NOTHING)?;
     m.add("ITERATION", ITERATION)?;

@@ -141,4 +141,10 @@ pub struct Fingerprint {
     /// Warnings from ingestion and summarization.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The worker's network over the window, read in-process where no
+    /// node agent is (issue 29): its namespace's TCP counters and its own
+    /// connections (`tcp_info`), as the agent's OS sample has them. The
+    /// network layer judges these as `whyslow diagnose` judges the agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::os::OsSample>,
 }

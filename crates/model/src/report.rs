@@ -20,6 +20,10 @@ pub enum Reason {
     PeerOutlier,
     /// Both.
     Both,
+    /// Its host's network: the collective waits on a host that loses TCP
+    /// segments or sits behind a slow link, read from the ranks' own TCP
+    /// counters and connections (issue 29; [`Report::network`]).
+    Network,
 }
 
 /// A median over the flagged workers and over the others.
@@ -185,6 +189,11 @@ pub struct Report {
     /// an agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cross_layer: Option<crate::diagnosis::DiagnoseReport>,
+    /// The network layer judged from the workers' own network samples
+    /// (fingerprints' `network`): hosts that lose TCP segments or sit
+    /// behind a slow link, as `whyslow diagnose`'s `network_diff`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network: Vec<crate::diagnosis::LossyHost>,
     /// A model's proposed fix from the findings and the relevant code
     /// (EROICA's first step), when one was asked for (`--suggest-fix`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

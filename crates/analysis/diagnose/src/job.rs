@@ -29,7 +29,7 @@ use crate::gpu::{gpu_diff, GpuConfig, KernelTime};
 use crate::layer::{
     handler_functions, mean_signals, os_diff, verdict, Layer, NetworkEvidence, OsConfig,
 };
-use crate::network::{lossy_hosts, slow_hosts, HostConnections, HostTcp, NetworkConfig};
+use crate::network::{lossy_hosts, slow_hosts, HostConnections, HostTcp, LossyHost, NetworkConfig};
 use crate::stragglers::{instance_periods, lateness, slow_ranks, GroupLateness, StragglerConfig};
 use crate::{regressions, waterline, Config, Shares, WaterlineFlag};
 
@@ -413,6 +413,37 @@ fn host_tcp(samples: &[&OsSample]) -> Vec<HostTcp> {
             }
         })
         .collect()
+}
+
+/// The network layer over the OS samples of a window (the agent's, or the
+/// ones the ranks read in-process): hosts that lose TCP segments
+/// ([`lossy_hosts`]) and hosts behind slow links ([`slow_hosts`]), a host
+/// named once (for loss, if both), those that stand out first. Called the
+/// same way by `whyslow diagnose`, the server and the job pipeline.
+pub fn judge_network(samples: &[&OsSample]) -> Vec<LossyHost> {
+    let cfg = NetworkConfig::default();
+    let mut rows = lossy_hosts(&host_tcp(samples), &cfg);
+    let lossy: BTreeSet<String> = rows.iter().map(|h| h.host.clone()).collect();
+    rows.extend(
+        slow_hosts(&host_connections(samples), &cfg)
+            .into_iter()
+            .filter(|h| !lossy.contains(&h.host)),
+    );
+    // Those that stand out first; among them the likeliest link first: a
+    // host that both resends and receives out of order (or is behind a slow
+    // link) before one at the receiving end only, before one that only
+    // resends (the peer sending into a lossy link resends too).
+    rows.sort_by_key(|h| (!h.stands_out, link_rank(h)));
+    rows
+}
+
+/// How directly a network row points at its own host's link (0: most).
+pub fn link_rank(h: &LossyHost) -> u8 {
+    match (h.cause.as_str(), h.side.as_str()) {
+        ("slow", _) | (_, "both") => 0,
+        (_, "receives") => 1,
+        _ => 2,
+    }
 }
 
 /// Each network namespace's connections over `samples` (named as in
@@ -896,18 +927,8 @@ pub fn diagnose(
         }
     }
     let tcp_hosts = host_tcp(&os_window);
-    let net_cfg = NetworkConfig::default();
-    let mut network_rows = lossy_hosts(&tcp_hosts, &net_cfg);
     let conn_hosts = host_connections(&os_window);
-    let lossy_names: BTreeSet<String> = network_rows.iter().map(|h| h.host.clone()).collect();
-    // A link that loses segments is also slow: it is named once, for loss.
-    network_rows.extend(
-        slow_hosts(&conn_hosts, &net_cfg)
-            .into_iter()
-            .filter(|h| !lossy_names.contains(&h.host)),
-    );
-    // The hosts that stand out first (loss by its share, then slow links).
-    network_rows.sort_by_key(|h| !h.stands_out);
+    let network_rows = judge_network(&os_window);
     if !os_samples.is_empty() && conn_hosts.is_empty() {
         notes.push(
             "no per-connection TCP state in the window's OS signals (an agent before it read \

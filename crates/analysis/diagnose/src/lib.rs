@@ -38,7 +38,8 @@ pub mod stragglers;
 use std::collections::{BTreeMap, HashMap};
 
 pub use job::{
-    diagnose, parse_range, DiagnoseConfig, DiagnoseError, Diagnosis, FlamePair, LateGroup,
+    diagnose, judge_network, link_rank, parse_range, DiagnoseConfig, DiagnoseError, Diagnosis,
+    FlamePair, LateGroup,
 };
 use serde::{Deserialize, Serialize};
 pub use whyslow_model::diagnosis::{DiagnoseEvidence, DiagnoseReport, Regression};

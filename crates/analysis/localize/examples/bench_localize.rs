@@ -155,6 +155,7 @@ fn main() {
             total_floor: 0.0,
             omitted: Vec::new(),
             warnings: Vec::new(),
+            network: None,
         });
     }
     eprintln!(

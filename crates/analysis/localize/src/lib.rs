@@ -1227,6 +1227,7 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
         not_judged: Vec::new(),
         iterations: None,
         cross_layer: None,
+        network: Vec::new(),
         fix: None,
         fix_error: None,
     }

@@ -55,6 +55,7 @@ fn fp(worker: u32, functions: Vec<FunctionPattern>) -> Fingerprint {
         total_floor: 0.0,
         omitted: Vec::new(),
         warnings: vec![],
+        network: None,
     }
 }
 

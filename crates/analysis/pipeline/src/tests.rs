@@ -174,3 +174,77 @@ fn the_healthy_ranks_alone_name_no_worker_apart() {
         assert_eq!(f.workers, vec![0, 1, 3], "{}: {:?}", f.function, f.workers);
     }
 }
+
+/// A rank's network over its window: `segs` TCP segments per second out
+/// and in, `re` % of them resent and `ofo` % received out of order, on its
+/// own host `h{rank}`.
+fn network(rank: u32, segs: f64, re: f64, ofo: f64) -> whyslow_model::os::OsSample {
+    use whyslow_model::os::*;
+    let signals = [
+        (TCP_OUT_SEGS, segs),
+        (TCP_RETRANS_SEGS, segs * re / 100.0),
+        (TCP_IN_SEGS, segs),
+        (TCP_OUT_OF_ORDER, segs * ofo / 100.0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    OsSample {
+        job: String::new(),
+        host: format!("h{rank}"),
+        rank: Some(rank),
+        pid: 100 + rank as i32,
+        start_unix_ns: 0,
+        duration_ns: 4_000_000_000,
+        cpus: Vec::new(),
+        netns: Some(4026531000 + rank as u64),
+        signals,
+        connections: Vec::new(),
+    }
+}
+
+/// Issue 29: the in-process report reads the network. With rank 1's host
+/// losing packets (its own TCP counters: half its segments out of order),
+/// the first finding is its collective, reason `network`, with the
+/// evidence; the healthy demo's hosts (all alike) add nothing.
+#[test]
+fn a_lossy_host_is_named_on_its_collective_and_healthy_hosts_add_nothing() {
+    let with = |f: fn(u32) -> whyslow_model::os::OsSample| {
+        (0..4)
+            .map(|r| {
+                let mut fp = demo(r);
+                fp.network = Some(f(r));
+                fp
+            })
+            .collect::<Vec<_>>()
+    };
+    let lossy = |r: u32| {
+        if r == 1 {
+            network(r, 20_000.0, 1.8, 51.0)
+        } else {
+            network(r, 20_000.0, 0.6 + 0.2 * r as f64, 0.6)
+        }
+    };
+    let report = analyze_job(evidence(with(lossy)), &JobPolicy::default()).unwrap();
+    let first = &report.findings[0];
+    assert_eq!(first.workers, vec![1], "{:?}", report.findings);
+    assert_eq!(first.kind, whyslow_model::FunctionKind::Comm);
+    assert!(first.function.contains("all_reduce"), "{}", first.function);
+    let hint = first.hint.as_deref().unwrap();
+    assert!(
+        hint.contains("h1 loses packets") && hint.contains("51.00 %"),
+        "{hint}"
+    );
+    assert_eq!(report.network[0].host, "h1");
+    // The slow rank 2's own finding is still there.
+    assert!(report.findings.iter().any(|f| f.workers == vec![2]));
+
+    let healthy = |r: u32| network(r, 20_000.0, 0.1, 0.2 + 0.05 * r as f64);
+    let plain = analyze_job(evidence((0..4).map(demo).collect()), &JobPolicy::default()).unwrap();
+    let report = analyze_job(evidence(with(healthy)), &JobPolicy::default()).unwrap();
+    assert!(report.network.is_empty());
+    assert_eq!(
+        report.findings, plain.findings,
+        "healthy hosts change nothing"
+    );
+}

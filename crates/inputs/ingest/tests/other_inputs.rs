@@ -141,6 +141,7 @@ fn fingerprint() -> Fingerprint {
             total_us: 60.0,
         }],
         warnings: vec![],
+        network: None,
     }
 }
 

@@ -72,6 +72,7 @@ fn main() {
                 total_floor: 0.0,
                 omitted: Vec::new(),
                 warnings: vec![],
+                network: None,
             }
         })
         .filter(|f| f.worker != 42)

@@ -88,6 +88,7 @@ pub fn reason_phrase(r: Reason) -> &'static str {
         Reason::Unexpected => "unexpected (outside its expected range)",
         Reason::PeerOutlier => "differs from peers",
         Reason::Both => "unexpected and differs from peers",
+        Reason::Network => "waits on its host's network",
     }
 }
 

@@ -67,6 +67,7 @@ fn report(findings: Vec<Finding>) -> Report {
         not_judged: vec![],
         iterations: None,
         cross_layer: None,
+        network: Vec::new(),
         fix: None,
         fix_error: None,
     }

@@ -158,6 +158,7 @@ pub fn summarize(
         total_floor: 0.0,
         omitted: Vec::new(),
         warnings: Vec::new(),
+        network: None,
     };
 
     // 2. Critical time per function (Eq. 2, 3).
