@@ -1062,6 +1062,14 @@ pub fn diagnose(
                 .into(),
         );
     }
+    if let (Some(on), true) = (onset, late.is_empty() && layer == Layer::None) {
+        notes.push(format!(
+            "the collectives came slower from {on:.1} s, and no layer judged here shows a cause: \
+             no rank is late, no CPU path rose, no OS signal differs and no host loses segments \
+             or sits behind a slow link (look at what was not judged: the GPU, or the network \
+             beyond the hosts' own connections)"
+        ));
+    }
     if !late.is_empty() && layer == Layer::None {
         notes.push(
             "a rank is late but neither its CPU profile nor its OS signals differ from its peers': \
