@@ -32,7 +32,7 @@ class Config:
     hang_grace_s                  WHYSLOW_HANG_GRACE_S         10 (a stall must last this much longer to be gathered as a hang)
     hang_gather_s                 WHYSLOW_HANG_GATHER_S        20 (after a stall, wait this long for every rank's stacks)
     flight_recorder               WHYSLOW_FLIGHT_RECORDER      1 (turn PyTorch's Flight Recorder on unless TORCH_FR_BUFFER_SIZE is set)
-    suggest_fix                   WHYSLOW_SUGGEST_FIX          0 (1: after each report, ask the configured model for a fix; README)
+    suggest_fix                   WHYSLOW_SUGGEST_FIX          0 (1: after each report, ask the configured model for a fix; docs/commands/analyze.md)
     k                             WHYSLOW_K                    200 (§4.1 K)
     recent                        WHYSLOW_RECENT               10·N (iterations of "recent")
     baseline                      WHYSLOW_BASELINE             rolling_mean | shortest_iteration

@@ -40,7 +40,7 @@ pub struct FlowsAnalyzeArgs {
     /// Flow record files.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
-    /// Machines ↔ addresses and the switch graph (JSON; see the README).
+    /// Machines ↔ addresses and the switch graph (JSON; see docs/commands/analyze.md, Inputs).
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
     /// Output format on stdout.

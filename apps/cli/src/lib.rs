@@ -6,7 +6,7 @@
 //! `whyslow-report` renders the result. It is a library too, so that the
 //! Python package runs the same command (`python -m whyslow analyze …`).
 //!
-//! Exit codes (documented in the README):
+//! Exit codes (documented in docs/commands/analyze.md):
 //! - 0: the analysis ran (whether or not it found anomalies);
 //! - 1: an error stopped it (nothing readable, an output not writable, a bad
 //!   file under `--strict`, traces of different jobs, a bad config);
