@@ -369,14 +369,41 @@ fn offcpu_diff(
     out
 }
 
-/// Each network namespace's TCP rates over `samples`, named by host (and
+/// `samples` by network namespace, each named by its host (and the
 /// namespace, where one host name holds several), with the ranks in it.
+/// One naming for the TCP counters and the connections, so that a host
+/// named for both is one host.
+fn by_namespace<'a>(samples: &[&'a OsSample]) -> Vec<(String, Vec<u32>, Vec<&'a OsSample>)> {
+    let mut by_ns: BTreeMap<(&str, Option<u64>), Vec<&OsSample>> = BTreeMap::new();
+    for s in samples {
+        by_ns.entry((s.host.as_str(), s.netns)).or_default().push(s);
+    }
+    let shared_names: BTreeSet<&str> = by_ns
+        .keys()
+        .zip(by_ns.keys().skip(1))
+        .filter(|(a, b)| a.0 == b.0)
+        .flat_map(|(a, b)| [a.0, b.0])
+        .collect();
+    by_ns
+        .into_iter()
+        .map(|((host, ns), v)| {
+            let name = if host.is_empty() { "host ?" } else { host };
+            let ranks: BTreeSet<u32> = v.iter().filter_map(|s| s.rank).collect();
+            let named = match ns {
+                Some(ns) if shared_names.contains(host) => format!("{name} net:[{ns}]"),
+                _ => name.to_string(),
+            };
+            (named, ranks.into_iter().collect(), v)
+        })
+        .collect()
+}
+
+/// Each network namespace's TCP rates over `samples` ([`by_namespace`]).
 /// Processes of one namespace read the same counters: their means agree,
 /// and the mean over all of them is the namespace's.
 fn host_tcp(samples: &[&OsSample]) -> Vec<HostTcp> {
-    let mut by_ns: BTreeMap<(String, Option<u64>), Vec<&OsSample>> = BTreeMap::new();
-    for s in samples {
-        if [
+    let has_tcp = |s: &&OsSample| {
+        [
             TCP_OUT_SEGS,
             TCP_RETRANS_SEGS,
             TCP_IN_SEGS,
@@ -384,33 +411,24 @@ fn host_tcp(samples: &[&OsSample]) -> Vec<HostTcp> {
         ]
         .iter()
         .all(|k| s.signals.contains_key(*k))
-        {
-            by_ns.entry((s.host.clone(), s.netns)).or_default().push(s);
-        }
-    }
-    let shared_names: BTreeSet<&String> = by_ns
-        .keys()
-        .zip(by_ns.keys().skip(1))
-        .filter(|(a, b)| a.0 == b.0)
-        .flat_map(|(a, b)| [&a.0, &b.0])
-        .collect();
-    by_ns
-        .iter()
-        .map(|((host, ns), v)| {
+    };
+    by_namespace(samples)
+        .into_iter()
+        .filter_map(|(host, _, v)| {
+            let v: Vec<&OsSample> = v.into_iter().filter(has_tcp).collect();
+            if v.is_empty() {
+                return None;
+            }
             let m = mean_signals(v.iter().copied());
-            let name = if host.is_empty() { "host ?" } else { host };
             let ranks: BTreeSet<u32> = v.iter().filter_map(|s| s.rank).collect();
-            HostTcp {
-                host: match ns {
-                    Some(ns) if shared_names.contains(host) => format!("{name} net:[{ns}]"),
-                    _ => name.to_string(),
-                },
+            Some(HostTcp {
+                host,
                 ranks: ranks.into_iter().collect(),
                 out_segs_per_s: m.get(TCP_OUT_SEGS).copied().unwrap_or(0.0),
                 retrans_segs_per_s: m.get(TCP_RETRANS_SEGS).copied().unwrap_or(0.0),
                 in_segs_per_s: m.get(TCP_IN_SEGS).copied().unwrap_or(0.0),
                 out_of_order_per_s: m.get(TCP_OUT_OF_ORDER).copied().unwrap_or(0.0),
-            }
+            })
         })
         .collect()
 }
@@ -446,23 +464,12 @@ pub fn link_rank(h: &LossyHost) -> u8 {
     }
 }
 
-/// Each network namespace's connections over `samples` (named as in
-/// [`host_tcp`]): per connection, its rates averaged over the periods of
+/// Each network namespace's connections over `samples` ([`by_namespace`]): per connection, its rates averaged over the periods of
 /// the window (a period that did not see it counts as idle), its RTT the
 /// mean and its lowest RTT the least.
 fn host_connections(samples: &[&OsSample]) -> Vec<HostConnections> {
-    let mut by_ns: BTreeMap<(String, Option<u64>), Vec<&OsSample>> = BTreeMap::new();
-    for s in samples {
-        by_ns.entry((s.host.clone(), s.netns)).or_default().push(s);
-    }
-    let shared_names: BTreeSet<&String> = by_ns
-        .keys()
-        .zip(by_ns.keys().skip(1))
-        .filter(|(a, b)| a.0 == b.0)
-        .flat_map(|(a, b)| [&a.0, &b.0])
-        .collect();
     let mut out = Vec::new();
-    for ((host, ns), v) in &by_ns {
+    for (host, ranks, v) in by_namespace(samples) {
         // Periods per process: a connection's rates are averaged over its
         // own process's periods.
         let mut periods: BTreeMap<i32, usize> = BTreeMap::new();
@@ -508,14 +515,9 @@ fn host_connections(samples: &[&OsSample]) -> Vec<HostConnections> {
                 }
             })
             .collect();
-        let name = if host.is_empty() { "host ?" } else { host };
-        let ranks: BTreeSet<u32> = v.iter().filter_map(|s| s.rank).collect();
         out.push(HostConnections {
-            host: match ns {
-                Some(ns) if shared_names.contains(host) => format!("{name} net:[{ns}]"),
-                _ => name.to_string(),
-            },
-            ranks: ranks.into_iter().collect(),
+            host,
+            ranks,
             connections,
         });
     }
