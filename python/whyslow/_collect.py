@@ -218,16 +218,55 @@ def upload(cfg: Config, session_dir: str, fingerprint: str, rank: int) -> bool:
     return False
 
 
-def with_network(fp_json: str, network: str, host: str, path: Optional[str] = None) -> str:
-    """The fingerprint with the rank's network over its window (an OS
-    sample: TCP counters and connections), which the job pipeline judges as
-    `whyslow diagnose` judges an agent's (issue 29); rewritten at ``path``
-    too, so the file on disk is what was published."""
+#: Scheduler environment → the label whyslow gives it (issue 30: the job's
+#: real identity). Kubernetes pods get K8S_JOB_NAME / POD_NAME /
+#: POD_NAMESPACE from the downward API (deploy/kubernetes/example-training-job.yaml).
+_SCHEDULER_LABELS = (
+    ("slurm.job_id", "SLURM_JOB_ID"),
+    ("slurm.job_name", "SLURM_JOB_NAME"),
+    ("slurm.step_id", "SLURM_STEP_ID"),
+    ("slurm.nodelist", "SLURM_JOB_NODELIST"),
+    ("slurm.partition", "SLURM_JOB_PARTITION"),
+    ("k8s.namespace", "POD_NAMESPACE"),
+    ("k8s.pod", "POD_NAME"),
+    ("k8s.job", "K8S_JOB_NAME"),
+    ("torch.run_id", "TORCHELASTIC_RUN_ID"),
+)
+
+
+def scheduler_identity(env: Optional[Dict[str, str]] = None) -> Tuple[Optional[str], Dict[str, str]]:
+    """What the scheduler calls this job: a name for people (Slurm's job
+    name, the Kubernetes Job's) and labels, from the rank's environment."""
+    env = os.environ if env is None else env
+    labels = {}
+    for label, var in _SCHEDULER_LABELS:
+        value = (env.get(var) or "").strip()
+        if value:
+            labels[label] = value[:200]
+    name = labels.get("slurm.job_name") or labels.get("k8s.job")
+    return name, labels
+
+
+def annotate(fp_json: str, network: Optional[str], host: str, path: Optional[str] = None,
+             env: Optional[Dict[str, str]] = None) -> str:
+    """The fingerprint with what the rank knows beyond its trace: its
+    network over the window (an OS sample: TCP counters and connections,
+    judged by the job pipeline as `whyslow diagnose` judges an agent's;
+    issue 29) and the scheduler's name and labels for the job (issue 30).
+    Rewritten at ``path`` too, so the file on disk is what was published."""
     fp = json.loads(fp_json)
-    sample = json.loads(network)
-    sample["host"] = sample.get("host") or host
-    sample["rank"] = fp.get("worker")
-    fp["network"] = sample
+    if network:
+        sample = json.loads(network)
+        sample["host"] = sample.get("host") or host
+        sample["rank"] = fp.get("worker")
+        fp["network"] = sample
+    name, labels = scheduler_identity(env)
+    if name or labels:
+        job = dict(fp.get("job") or {})
+        if name:
+            job["name"] = name
+        job["labels"] = dict(job.get("labels") or {}, **labels)
+        fp["job"] = job
     out = json.dumps(fp)
     if path:
         with open(path, "w") as f:

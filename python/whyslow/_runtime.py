@@ -405,10 +405,9 @@ class Tracker:
         try:
             fp_json = _collect.summarize(self.cfg, self.rank, self.host, trace, sampler,
                                          os.path.join(sdir, "fingerprints"))
-            if network:
-                fp_json = _collect.with_network(
-                    fp_json, network, self.host,
-                    os.path.join(sdir, "fingerprints", "rank-%d.json" % self.rank))
+            fp_json = _collect.annotate(
+                fp_json, network, self.host,
+                os.path.join(sdir, "fingerprints", "rank-%d.json" % self.rank))
             _faults.point("after_summarize", self.rank)
             if self.cfg.server:
                 _collect.upload(self.cfg, sdir, fp_json, self.rank)

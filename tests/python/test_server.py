@@ -37,7 +37,9 @@ def test_ranks_upload_fingerprints_and_the_server_reports_the_job(tmp_path):
         run = torchrun(tmp_path, ["--iters", "300", "--fault-at", "100", "--log-every", "50",
                                   "--fault", "slow-rank", "--fault-rank", "2", "--fault-ms", "80"]
                        + SIM_COMPUTE,
-                       env={"WHYSLOW_SERVER": url, "WHYSLOW_TOKEN": token})
+                       env={"WHYSLOW_SERVER": url, "WHYSLOW_TOKEN": token,
+                            # A Slurm-like identity (issue 30): the job list shows it.
+                            "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "llama-pretrain"})
         assert run.rc == 0, run.out[-3000:]
         assert "not uploaded" not in run.out, run.out[-3000:]
         reps = run.reports()
@@ -53,6 +55,8 @@ def test_ranks_upload_fingerprints_and_the_server_reports_the_job(tmp_path):
         jobs = get("/api/v1/jobs")
         assert [j["job"] for j in jobs] == [job], jobs
         assert jobs[0]["fingerprints"] >= 4, jobs
+        assert jobs[0]["name"] == "llama-pretrain", jobs
+        assert jobs[0]["labels"]["slurm.job_id"] == "4242", jobs
         central = get("/api/v1/jobs/%s/sessions/%s/report" % (job, session))
         assert central["workers"] == 4
         hits = finding_for(central, "injected_slow_rank_work")

@@ -473,3 +473,27 @@ def test_suggest_fix_from_python_makes_the_command_lines_request(tmp_path, monke
     down = whyslow.suggest_fix(report, url="http://127.0.0.1:9/v1", timeout_s=5)
     assert down.fix is None and "127.0.0.1:9" in down.fix_error
     assert [f.function for f in down.findings] == [f.function for f in report.findings]
+
+
+def test_fingerprints_carry_the_schedulers_name_and_labels_and_the_network():
+    """Issue 30: the job's real identity from the rank's environment
+    (Slurm, Kubernetes' downward API, torchrun) goes into the fingerprint's
+    `job` beside what the trace said; issue 29: the window's network too."""
+    import json
+    from whyslow import _collect
+
+    fp = json.dumps({"worker": 3, "job": {"id": "run-1", "world_size": 8}})
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "llama-pretrain", "SLURM_STEP_ID": "0",
+           "TORCHELASTIC_RUN_ID": "run-1", "HOME": "/root"}
+    out = json.loads(_collect.annotate(fp, json.dumps({"pid": 1, "host": "", "signals": {}}),
+                                       "node7", env=env))
+    assert out["job"]["id"] == "run-1" and out["job"]["world_size"] == 8
+    assert out["job"]["name"] == "llama-pretrain"
+    assert out["job"]["labels"] == {"slurm.job_id": "4242", "slurm.job_name": "llama-pretrain",
+                                    "slurm.step_id": "0", "torch.run_id": "run-1"}
+    assert out["network"]["host"] == "node7" and out["network"]["rank"] == 3
+    k8s = {"POD_NAMESPACE": "ml", "POD_NAME": "train-0-abc", "K8S_JOB_NAME": "train"}
+    name, labels = _collect.scheduler_identity(k8s)
+    assert name == "train" and labels["k8s.pod"] == "train-0-abc"
+    # Nothing known: the fingerprint is left as it was.
+    assert json.loads(_collect.annotate(fp, None, "h", env={})) == json.loads(fp)

@@ -369,3 +369,77 @@ fn a_hang_report_reads_the_same_from_the_command_line_and_the_server() {
         assert!(page.contains("waits-for graph"), "{page}");
     });
 }
+
+/// The job list says what the scheduler calls each job (issue 30): the
+/// name and labels the ranks put in their fingerprints, the run id beside
+/// it, in the API and on the UI's list.
+#[test]
+fn the_job_list_names_jobs_as_their_scheduler_does() {
+    let dir = temp_dir("identity");
+    let fps = dir.join("fingerprints");
+    let (code, _, stderr) = whyslow(&[
+        "analyze",
+        repo()
+            .join("examples/data/slow-rank-cpu-gloo")
+            .to_str()
+            .unwrap(),
+        "--format",
+        "json",
+        "--fingerprints-out",
+        fps.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (app, token) = server(&dir.join("store"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for r in 0..4 {
+            let text = fs::read_to_string(fps.join(format!("rank-{r}.fingerprint.json"))).unwrap();
+            let mut fp: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let job = fp["job"].as_object_mut().unwrap();
+            job.insert("name".into(), "llama-pretrain".into());
+            job.insert(
+                "labels".into(),
+                serde_json::json!({"slurm.job_id": "4242", "slurm.job_name": "llama-pretrain"}),
+            );
+            let body = serde_json::to_vec(&fp).unwrap();
+            let uri = "/api/v1/jobs/slurm-4242/sessions/s1/fingerprints";
+            let (status, json) = call(&app, "POST", uri, &token, body).await;
+            assert_eq!(status, StatusCode::CREATED, "{json}");
+        }
+        // A job without an identity (profiles only would be the same).
+        let plain = fs::read(fps.join("rank-0.fingerprint.json")).unwrap();
+        let uri = "/api/v1/jobs/other/sessions/s1/fingerprints";
+        let (status, _) = call(&app, "POST", uri, &token, plain).await;
+        assert_eq!(status, StatusCode::CREATED);
+        let (status, jobs) = call(&app, "GET", "/api/v1/jobs", &token, vec![]).await;
+        assert_eq!(status, StatusCode::OK, "{jobs}");
+        let by_job: std::collections::BTreeMap<&str, &serde_json::Value> = jobs
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| (j["job"].as_str().unwrap(), j))
+            .collect();
+        assert_eq!(by_job["slurm-4242"]["name"], "llama-pretrain", "{jobs}");
+        assert_eq!(by_job["slurm-4242"]["labels"]["slurm.job_id"], "4242");
+        assert!(by_job["other"].get("name").is_none(), "{jobs}");
+        // The UI's list: the name first, the run id beside it.
+        let req = Request::builder()
+            .uri("/ui/")
+            .header("cookie", format!("whyslow_token={token}"))
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let page = axum::body::to_bytes(resp.into_body(), 1 << 22)
+            .await
+            .unwrap();
+        let page = String::from_utf8_lossy(&page);
+        let at_name = page
+            .find("<b>llama-pretrain</b>")
+            .expect("the name on the list");
+        assert!(page[at_name..].contains("slurm-4242") && page.contains("slurm.job_id=4242"));
+    });
+}

@@ -9,7 +9,8 @@
 //! - `POST /api/v1/jobs/{job}/sessions/{session}/fingerprints` — one
 //!   worker's fingerprint JSON (as `whyslow summarize` writes it); uploading
 //!   the same worker again replaces it (retries never double-count);
-//! - `GET /api/v1/jobs` — `[{"job", "sessions", "fingerprints", "updated_unix_s"}]`;
+//! - `GET /api/v1/jobs` — `[{"job", "sessions", "fingerprints", "updated_unix_s", "name"?, "labels"?}]`
+//!   (`name` and `labels`: what the scheduler calls the job, from its ranks);
 //! - `GET /api/v1/jobs/{job}/sessions/{session}/report` — the report;
 //! - `POST /api/v1/jobs/{job}/sessions/{session}/fix` — asks the model the
 //!   server was configured with for a fix (EROICA's first step; 501 when
@@ -53,7 +54,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 pub use clickhouse::{ClickHouseConfig, ClickHouseStore};
-pub use store::{conformance, Order, ProfileMeta, SqliteStore, Store, StoreError, TenantId};
+pub use store::{
+    conformance, JobSummary, Order, ProfileMeta, SqliteStore, Store, StoreError, TenantId,
+};
 
 /// Largest request body accepted (one fingerprint is kilobytes to a few MB).
 pub const MAX_BODY: usize = 32 << 20;
@@ -388,11 +391,66 @@ async fn post_fingerprint(
     r.into_response()
 }
 
+/// What the scheduler calls a job (`name`, `labels`: Slurm, Kubernetes,
+/// torchrun), as its ranks put it in their fingerprints: read from one
+/// fingerprint of its latest session. `None` for a job without one (only
+/// profiles, or fingerprints from before the field).
+pub fn job_identity(
+    store: &dyn Store,
+    t: TenantId,
+    job: &str,
+) -> Result<Option<whyslow_model::JobIdentity>, StoreError> {
+    #[derive(Deserialize)]
+    struct Head {
+        #[serde(default)]
+        job: Option<whyslow_model::JobIdentity>,
+    }
+    let Some(latest) = store.sessions(t, job)?.into_iter().next() else {
+        return Ok(None);
+    };
+    let fps = store.fingerprints(t, job, &latest.session)?;
+    Ok(fps
+        .iter()
+        .find_map(|text| serde_json::from_str::<Head>(text).ok()?.job))
+}
+
+/// The tenant's jobs, each with the scheduler's name and labels where its
+/// ranks gave them (`GET /api/v1/jobs`, the UI's list).
+pub fn jobs_with_identity(
+    store: &dyn Store,
+    t: TenantId,
+) -> Result<Vec<(JobSummary, Option<whyslow_model::JobIdentity>)>, StoreError> {
+    store
+        .jobs(t)?
+        .into_iter()
+        .map(|j| {
+            let id = job_identity(store, t, &j.job)?;
+            Ok((j, id))
+        })
+        .collect()
+}
+
 async fn list_jobs(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let r = async {
         let t = tenant(&state, &headers).await?;
         let st = state.clone();
-        Ok(Json(blocking(move || Ok(st.store.jobs(t)?)).await?))
+        let jobs = blocking(move || Ok(jobs_with_identity(st.store.as_ref(), t)?)).await?;
+        let rows: Vec<serde_json::Value> = jobs
+            .into_iter()
+            .map(|(j, id)| {
+                let mut v = serde_json::to_value(&j).unwrap_or_default();
+                if let (Some(obj), Some(id)) = (v.as_object_mut(), id) {
+                    if let Some(name) = id.name {
+                        obj.insert("name".into(), json!(name));
+                    }
+                    if !id.labels.is_empty() {
+                        obj.insert("labels".into(), json!(id.labels));
+                    }
+                }
+                v
+            })
+            .collect();
+        Ok(Json(rows))
     }
     .await;
     count(&state, &r);

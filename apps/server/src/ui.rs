@@ -235,22 +235,44 @@ async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
         Err(r) => return r,
     };
     let st = state.clone();
-    let jobs = match tokio::task::spawn_blocking(move || st.store.jobs(t)).await {
-        Ok(Ok(j)) => j,
-        Ok(Err(e)) => return server_error(&e.to_string()),
-        Err(e) => return server_error(&e.to_string()),
-    };
+    let jobs =
+        match tokio::task::spawn_blocking(move || crate::jobs_with_identity(st.store.as_ref(), t))
+            .await
+        {
+            Ok(Ok(j)) => j,
+            Ok(Err(e)) => return server_error(&e.to_string()),
+            Err(e) => return server_error(&e.to_string()),
+        };
     let body = if jobs.is_empty() {
         "<p>No job has uploaded yet. Ranks upload when <code>WHYSLOW_SERVER</code> and \
          <code>WHYSLOW_TOKEN</code> are set in the training job's environment.</p>"
             .to_string()
     } else {
+        // The name people know the job by first, the run id beside it, and
+        // what the scheduler says of it.
         let rows: String = jobs
             .iter()
-            .map(|j| {
+            .map(|(j, id)| {
+                let name = id.as_ref().and_then(|i| i.name.as_deref());
+                let shown = match name {
+                    Some(n) => format!(
+                        "<b>{}</b> <span class=\"muted\">{}</span>",
+                        esc(n),
+                        esc(&j.job)
+                    ),
+                    None => esc(&j.job),
+                };
+                let labels: String = id
+                    .as_ref()
+                    .map(|i| {
+                        i.labels
+                            .iter()
+                            .map(|(k, v)| format!("<code>{}={}</code> ", esc(k), esc(v)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 format!(
-                    "<tr><td><a href=\"/ui/jobs/{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                    esc(&j.job),
+                    "<tr><td><a href=\"/ui/jobs/{}\">{shown}</a></td><td>{labels}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                     esc(&j.job),
                     j.sessions,
                     j.fingerprints,
@@ -259,7 +281,7 @@ async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
             })
             .collect();
         format!(
-            "<table><tr><th>job</th><th>sessions</th><th>worker fingerprints</th><th>last upload</th></tr>{rows}</table>"
+            "<table><tr><th>job</th><th>scheduler</th><th>sessions</th><th>worker fingerprints</th><th>last upload</th></tr>{rows}</table>"
         )
     };
     page("Jobs", &body).into_response()

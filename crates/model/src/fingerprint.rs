@@ -3,6 +3,8 @@
 //! the central localizer, so its serialized form is a versioned contract
 //! (documented in `docs/fingerprint.md`).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{FunctionKind, Resource};
@@ -82,6 +84,17 @@ pub struct JobIdentity {
     /// The collective backend (`nccl`, `gloo`), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
+    /// What people call the job where the scheduler names it (Slurm's job
+    /// name, the Kubernetes Job's name); shown before the run id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// What the scheduler knows of the job, as the ranks saw it:
+    /// `slurm.job_id`, `slurm.job_name`, `slurm.step_id`, `slurm.nodelist`,
+    /// `k8s.namespace`, `k8s.pod`, `k8s.job`, `torch.run_id`. Not part of
+    /// the job's identity for pooling (ranks of one job may differ in pod
+    /// or step).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 impl JobIdentity {

@@ -166,6 +166,7 @@ fn fingerprints_round_trip_and_reject() {
         world_size: Some(8),
         backend: Some("nccl".into()),
         session: None,
+        ..Default::default()
     }
     .known();
     write_fingerprint(&p, &with_job).unwrap();
