@@ -443,3 +443,86 @@ fn the_job_list_names_jobs_as_their_scheduler_does() {
         assert!(page[at_name..].contains("slurm-4242") && page.contains("slurm.job_id=4242"));
     });
 }
+
+/// The server's per-job gauges (issue 30: alerts where people look): the
+/// session's last rank makes the server judge it at once, so
+/// `whyslow_job_findings` and `whyslow_job_slowdown_ratio` have the job's
+/// series without anyone opening a page; a hang report sets
+/// `whyslow_job_hang`; a job with nothing concluded has none.
+#[test]
+fn what_the_server_concluded_of_each_job_is_on_metrics() {
+    let dir = temp_dir("gauges");
+    let fps = dir.join("fingerprints");
+    let (code, _, stderr) = whyslow(&[
+        "analyze",
+        repo()
+            .join("examples/data/slow-rank-cpu-gloo")
+            .to_str()
+            .unwrap(),
+        "--format",
+        "json",
+        "--fingerprints-out",
+        fps.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (app, token) = server(&dir.join("store"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let metrics = |app: axum::Router| async move {
+        let req = Request::builder()
+            .uri("/metrics")
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.oneshot(req).await.unwrap();
+        let b = axum::body::to_bytes(resp.into_body(), 1 << 22)
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&b).into_owned()
+    };
+    rt.block_on(async {
+        let before = metrics(app.clone()).await;
+        assert!(before.contains("# TYPE whyslow_job_hang gauge"), "{before}");
+        assert!(!before.contains("whyslow_job_findings{"), "{before}");
+        for r in 0..4 {
+            let body = fs::read(fps.join(format!("rank-{r}.fingerprint.json"))).unwrap();
+            let uri = "/api/v1/jobs/demo/sessions/s1/fingerprints";
+            let (status, json) = call(&app, "POST", uri, &token, body).await;
+            assert_eq!(status, StatusCode::CREATED, "{json}");
+            let now = metrics(app.clone()).await;
+            // Judged when the fourth (the world size) arrives, not before.
+            assert_eq!(
+                now.contains("job=\"demo\""),
+                r == 3,
+                "after rank {r}: {now}"
+            );
+        }
+        let now = metrics(app.clone()).await;
+        let findings = now
+            .lines()
+            .find(|l| l.starts_with("whyslow_job_findings{") && l.contains("job=\"demo\""))
+            .expect("the demo's findings gauge");
+        let n: f64 = findings.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(n >= 1.0, "{findings}");
+        // A hang report of another job (a recorded hang: rank 2 asleep).
+        let (code, body, stderr) = whyslow(&[
+            "hang",
+            repo().join("tests/fixtures/hang/sleep").to_str().unwrap(),
+            "--format",
+            "json",
+        ]);
+        assert_eq!(code, Some(0), "{stderr}");
+        let body = body.into_bytes();
+        let (status, json) = call(&app, "POST", "/api/v1/jobs/stuck/hangs/b1", &token, body).await;
+        assert!(status.is_success(), "{json}");
+        let now = metrics(app.clone()).await;
+        assert!(
+            now.lines().any(|l| l.starts_with("whyslow_job_hang{")
+                && l.contains("job=\"stuck\"")
+                && l.ends_with(" 1")),
+            "{now}"
+        );
+    });
+}

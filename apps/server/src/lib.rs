@@ -38,6 +38,7 @@ pub mod segments;
 pub mod store;
 pub mod symbols;
 pub mod ui;
+pub mod verdicts;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -89,6 +90,8 @@ pub struct Metrics {
     raw_archived_bytes: AtomicU64,
     profiles_compacted: AtomicU64,
     compactions: AtomicU64,
+    /// What was concluded of each job (per-job gauges).
+    pub jobs: verdicts::JobVerdicts,
 }
 
 impl Metrics {
@@ -206,6 +209,7 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
             ));
         }
+        self.jobs.render(&mut s);
         s
     }
 }
@@ -374,8 +378,28 @@ async fn post_fingerprint(
             body,
         )
         .await?;
+        let world = fp.job.as_ref().and_then(|j| j.world_size);
         let (st, j, s) = (state.clone(), job.clone(), session.clone());
-        blocking(move || Ok(st.store.put_fingerprint(t, &j, &s, worker, &text)?)).await?;
+        blocking(move || {
+            st.store.put_fingerprint(t, &j, &s, worker, &text)?;
+            // The session's last rank: judge it now, so the job's gauges
+            // (and the alerts on them) do not wait for someone to look.
+            if let Some(n) = world {
+                let have = st
+                    .store
+                    .sessions(t, &j)?
+                    .into_iter()
+                    .find(|x| x.session == s)
+                    .map_or(0, |x| x.fingerprints);
+                if have == u64::from(n) {
+                    if let Ok(report) = report_of(&st.store.fingerprints(t, &j, &s)?) {
+                        st.metrics.jobs.report(t.0, &j, &report);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await?;
         state.metrics.fingerprints.fetch_add(1, Ordering::Relaxed);
         state
             .metrics
@@ -497,6 +521,7 @@ async fn get_report(
             // to fix: 409 with the pipeline's reason.
             let mut report =
                 report_of(&fps).map_err(|e| ApiError(StatusCode::CONFLICT, e.to_string()))?;
+            st.metrics.jobs.report(t.0, &job, &report);
             if let Some(f) = &st.fix {
                 f.recall(t, &job, &session, &mut report);
             }
@@ -1207,6 +1232,7 @@ async fn get_diagnosis(
         let (st, j) = (state.clone(), job.clone());
         let d = blocking(move || Ok(diagnosis_of(st.store.as_ref(), t, &j, &cfg)?)).await?;
         let d = d.map_err(|e| ApiError(StatusCode::NOT_FOUND, format!("job {job:?}: {e}")))?;
+        state.metrics.jobs.diagnosis(t.0, &job, &d.report);
         let body = serde_json::to_string_pretty(&d.report)
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         Ok(([(header::CONTENT_TYPE, "application/json")], body + "\n"))
@@ -1279,23 +1305,37 @@ async fn post_hang(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let parse = |text: &str| {
+    let hangs = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = hangs.clone();
+    let parse = move |text: &str| {
         let r = parse_hang_report(text)?;
+        seen.store(r.hang, Ordering::Relaxed);
         Ok((
             json!({ "hang": r.hang, "culprits": r.culprits.iter().map(|c| c.rank).collect::<Vec<_>>() }),
             1,
         ))
     };
-    post_text_batch(
-        state,
+    let job = names.0.clone();
+    let resp = post_text_batch(
+        state.clone(),
         names,
-        headers,
+        headers.clone(),
         body,
         ("hangs", "json"),
         parse,
         |s, t, j, b, text| s.put_hang(t, j, b, text),
     )
-    .await
+    .await;
+    // Stored: the job's hang gauge follows it (the alert rules read it).
+    if resp.status().is_success() {
+        if let Ok(t) = tenant(&state, &headers).await {
+            state
+                .metrics
+                .jobs
+                .hang(t.0, &job, hangs.load(Ordering::Relaxed));
+        }
+    }
+    resp
 }
 
 async fn get_hang(

@@ -1,0 +1,165 @@
+//! What the server concluded of each job, as gauges on `/metrics` (issue
+//! 30: alerts where people already look): findings in the job's latest
+//! report, straggler ranks in its latest diagnosis, a hang, and the
+//! iteration-time slowdown at the onset (PerfTracker §4.1). Label
+//! cardinality is bounded: the [`MAX_JOB_SERIES`] jobs concluded most
+//! recently, none older than [`JOB_SERIES_TTL`].
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use whyslow_model::diagnosis::DiagnoseReport;
+use whyslow_model::Report;
+
+/// Jobs exported at most.
+pub const MAX_JOB_SERIES: usize = 200;
+
+/// A job's gauges go when nothing was concluded of it for this long.
+pub const JOB_SERIES_TTL: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Debug, Clone)]
+struct Verdict {
+    findings: Option<u64>,
+    stragglers: Option<u64>,
+    hang: Option<bool>,
+    slowdown: Option<f64>,
+    at: Instant,
+}
+
+/// The latest conclusions per (tenant, job).
+#[derive(Debug, Default)]
+pub struct JobVerdicts {
+    jobs: Mutex<BTreeMap<(i64, String), Verdict>>,
+}
+
+/// The gauges: name, help.
+const GAUGES: [(&str, &str); 4] = [
+    (
+        "whyslow_job_findings",
+        "findings in the job's latest report (abnormal function executions)",
+    ),
+    (
+        "whyslow_job_straggler_ranks",
+        "ranks late into their collectives in the job's latest diagnosis",
+    ),
+    (
+        "whyslow_job_hang",
+        "1 when the job's latest hang report says it hangs",
+    ),
+    (
+        "whyslow_job_slowdown_ratio",
+        "iteration time after the onset over before it, in the job's latest report",
+    ),
+];
+
+impl JobVerdicts {
+    fn update(&self, tenant: i64, job: &str, f: impl FnOnce(&mut Verdict)) {
+        let Ok(mut jobs) = self.jobs.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        let v = jobs.entry((tenant, job.to_string())).or_insert(Verdict {
+            findings: None,
+            stragglers: None,
+            hang: None,
+            slowdown: None,
+            at: now,
+        });
+        v.at = now;
+        f(v);
+        jobs.retain(|_, v| now.duration_since(v.at) < JOB_SERIES_TTL);
+        if jobs.len() > MAX_JOB_SERIES {
+            let mut ages: Vec<Instant> = jobs.values().map(|v| v.at).collect();
+            ages.sort_unstable();
+            let cut = ages[ages.len() - MAX_JOB_SERIES];
+            jobs.retain(|_, v| v.at >= cut);
+        }
+    }
+
+    /// A session's report of the job was computed.
+    pub fn report(&self, tenant: i64, job: &str, r: &Report) {
+        let slowdown = r
+            .iterations
+            .as_ref()
+            .and_then(|i| i.onset.as_ref())
+            .filter(|o| o.before_ms > 0.0)
+            .map(|o| o.after_ms / o.before_ms);
+        self.update(tenant, job, |v| {
+            v.findings = Some(r.findings.len() as u64);
+            v.slowdown = slowdown.or(Some(1.0));
+        });
+    }
+
+    /// The job's diagnosis was computed.
+    pub fn diagnosis(&self, tenant: i64, job: &str, d: &DiagnoseReport) {
+        self.update(tenant, job, |v| {
+            v.stragglers = Some(d.stragglers.len() as u64)
+        });
+    }
+
+    /// A hang report of the job arrived.
+    pub fn hang(&self, tenant: i64, job: &str, hangs: bool) {
+        self.update(tenant, job, |v| v.hang = Some(hangs));
+    }
+
+    /// The gauges in Prometheus' text format (their HELP and TYPE even
+    /// without a job, so rules and dashboards can be checked against them).
+    pub fn render(&self, out: &mut String) {
+        let jobs = self.jobs.lock().map(|j| j.clone()).unwrap_or_default();
+        for (i, (name, help)) in GAUGES.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for ((tenant, job), v) in &jobs {
+                let value = match i {
+                    0 => v.findings.map(|n| n as f64),
+                    1 => v.stragglers.map(|n| n as f64),
+                    2 => v.hang.map(|h| f64::from(u8::from(h))),
+                    _ => v.slowdown,
+                };
+                if let Some(x) = value {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{tenant=\"{tenant}\",job=\"{}\"}} {x}",
+                        escape(job)
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A label value as Prometheus' text format wants it.
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauges_are_bounded_and_render() {
+        let v = JobVerdicts::default();
+        v.hang(1, "j\"1", true);
+        v.update(1, "j2", |x| x.stragglers = Some(0));
+        let mut text = String::new();
+        v.render(&mut text);
+        assert!(
+            text.contains("whyslow_job_hang{tenant=\"1\",job=\"j\\\"1\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("whyslow_job_straggler_ranks{tenant=\"1\",job=\"j2\"} 0"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE whyslow_job_findings gauge"));
+        for i in 0..(MAX_JOB_SERIES + 50) {
+            v.hang(2, &format!("many-{i}"), false);
+        }
+        let n = v.jobs.lock().unwrap().len();
+        assert!(n <= MAX_JOB_SERIES, "{n}");
+    }
+}
