@@ -239,7 +239,7 @@ fn failures_cost_nothing_but_a_warning_and_no_flag_sends_nothing() {
 /// The server's fix button (a server-side setting) asks what
 /// `analyze --suggest-fix` asks for the same evidence, shows the same
 /// answer on later reports and on the session page, sends the key only in
-/// the header, and without the setting refuses with 501.
+/// the header, and without the setting refuses with 404 (saying why).
 #[test]
 fn the_server_asks_what_the_command_line_asks() {
     use axum::body::Body;
@@ -379,7 +379,7 @@ fn the_server_asks_what_the_command_line_asks() {
             vec![],
         )
         .await;
-        assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{text}");
+        assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
         assert!(text.contains("--suggest-fix"), "{text}");
         let cookie = ("cookie", format!("whyslow_token={token}"));
         let (_, page) = call(&without, "GET", "/ui/jobs/demo/sessions/s1", cookie, vec![]).await;

@@ -13,7 +13,7 @@
 //!   (`name` and `labels`: what the scheduler calls the job, from its ranks);
 //! - `GET /api/v1/jobs/{job}/sessions/{session}/report` — the report;
 //! - `POST /api/v1/jobs/{job}/sessions/{session}/fix` — asks the model the
-//!   server was configured with for a fix (EROICA's first step; 501 when
+//!   server was configured with for a fix (EROICA's first step; 404 when
 //!   none is); the report comes back with `fix` or `fix_error`, and later
 //!   reports of that session carry the answer;
 //! - `POST /api/v1/jobs/{job}/profiles/{batch}` — one stack profile of a
@@ -538,7 +538,8 @@ async fn get_report(
 
 /// A session's report with a model's fix proposal: the same report as
 /// [`report_of`], then the same request `whyslow analyze --suggest-fix`
-/// sends. Errors: 501 without the setting, 404 for an unknown session, 409
+/// sends. Errors: 404 without the setting (the error says so; a 5xx
+/// would read as the server failing) or for an unknown session, 409
 /// for evidence that cannot be judged. A model that fails is not an error:
 /// the report carries `fix_error`.
 pub fn session_fix(
@@ -549,7 +550,7 @@ pub fn session_fix(
 ) -> Result<whyslow_model::Report, (StatusCode, String)> {
     let Some(setting) = &state.fix else {
         return Err((
-            StatusCode::NOT_IMPLEMENTED,
+            StatusCode::NOT_FOUND,
             "this server asks no model for fixes: start it with --suggest-fix and WHYSLOW_LLM_URL"
                 .to_string(),
         ));
