@@ -370,12 +370,9 @@ fn a_hang_report_reads_the_same_from_the_command_line_and_the_server() {
     });
 }
 
-/// The job list says what the scheduler calls each job (issue 30): the
-/// name and labels the ranks put in their fingerprints, the run id beside
-/// it, in the API and on the UI's list.
-#[test]
-fn the_job_list_names_jobs_as_their_scheduler_does() {
-    let dir = temp_dir("identity");
+/// The shipped demo's four fingerprints, as `analyze --fingerprints-out`
+/// writes them under `dir/fingerprints`.
+fn demo_fingerprints(dir: &Path) -> PathBuf {
     let fps = dir.join("fingerprints");
     let (code, _, stderr) = whyslow(&[
         "analyze",
@@ -389,12 +386,26 @@ fn the_job_list_names_jobs_as_their_scheduler_does() {
         fps.to_str().unwrap(),
     ]);
     assert_eq!(code, Some(0), "{stderr}");
-    let (app, token) = server(&dir.join("store"));
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    fps
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// The job list says what the scheduler calls each job (issue 30): the
+/// name and labels the ranks put in their fingerprints, the run id beside
+/// it, in the API and on the UI's list.
+#[test]
+fn the_job_list_names_jobs_as_their_scheduler_does() {
+    let dir = temp_dir("identity");
+    let fps = demo_fingerprints(&dir);
+    let (app, token) = server(&dir.join("store"));
+    let rt = runtime();
     rt.block_on(async {
         for r in 0..4 {
             let text = fs::read_to_string(fps.join(format!("rank-{r}.fingerprint.json"))).unwrap();
@@ -452,25 +463,9 @@ fn the_job_list_names_jobs_as_their_scheduler_does() {
 #[test]
 fn what_the_server_concluded_of_each_job_is_on_metrics() {
     let dir = temp_dir("gauges");
-    let fps = dir.join("fingerprints");
-    let (code, _, stderr) = whyslow(&[
-        "analyze",
-        repo()
-            .join("examples/data/slow-rank-cpu-gloo")
-            .to_str()
-            .unwrap(),
-        "--format",
-        "json",
-        "--fingerprints-out",
-        fps.to_str().unwrap(),
-    ]);
-    assert_eq!(code, Some(0), "{stderr}");
+    let fps = demo_fingerprints(&dir);
     let (app, token) = server(&dir.join("store"));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let metrics = |app: axum::Router| async move {
         let req = Request::builder()
             .uri("/metrics")
