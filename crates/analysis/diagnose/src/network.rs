@@ -194,6 +194,22 @@ pub fn lossy_hosts(hosts: &[HostTcp], cfg: &NetworkConfig) -> Vec<LossyHost> {
             })
         })
         .collect();
+    // Resends alone do not say which end drops: a sender resends the same
+    // whether its own link or its receiver's loses the segments. When some
+    // host receives out of order far above its peers, that end explains the
+    // resends of the hosts that only send (testbed, 2 % loss on h1: h2
+    // resent 2.3 % against the others' 0.24 %, while h1 received 51 % out of
+    // order against 0.7 %); they stay named, without standing out.
+    let receiving_end = out.iter().any(|h| {
+        h.out_of_order
+            .as_ref()
+            .is_some_and(|s| s.over_floor && s.peers_pct.is_none_or(|m| s.pct >= cfg.min_ratio * m))
+    });
+    if receiving_end {
+        for h in out.iter_mut().filter(|h| h.side == "sends") {
+            h.stands_out = false;
+        }
+    }
     out.sort_by(|a, b| {
         b.worst_pct()
             .total_cmp(&a.worst_pct())
@@ -625,6 +641,30 @@ mod tests {
     }
 
     #[test]
+    fn the_sender_into_the_lossy_host_does_not_stand_out() {
+        // The testbed on 2026-11-27 (CI), 2 % loss on h1's link: only h2,
+        // which sends into h1, resends far above the others.
+        let hosts = vec![
+            host("h0", 0, 30_000.0, 0.2, 0.7),
+            host("h1", 1, 30_000.0, 3.29, 51.5),
+            host("h2", 2, 30_000.0, 2.32, 0.69),
+            host("h3", 3, 30_000.0, 0.24, 1.6),
+        ];
+        let found = lossy_hosts(&hosts, &NetworkConfig::default());
+        assert_eq!(names(&found), vec![("h1", "both"), ("h2", "sends")]);
+        assert!(found[0].stands_out);
+        assert!(!found[1].stands_out, "{found:?}");
+        // Without a receiving end that stands out, the sender does.
+        let mut alone = hosts.clone();
+        alone[1].out_of_order_per_s = alone[1].in_segs_per_s * 0.008;
+        let found = lossy_hosts(&alone, &NetworkConfig::default());
+        assert!(
+            found.iter().any(|f| f.host == "h2" && f.stands_out),
+            "{found:?}"
+        );
+    }
+
+    #[test]
     fn healthy_hosts_are_not_named() {
         for n in 1..9 {
             for seed in 0..20 {
@@ -667,10 +707,14 @@ mod tests {
                             assert!(got.contains(&(s, "sends")), "{got:?}");
                             assert_eq!(found.len(), if both_ways { 3 } else { 2 }, "{got:?}");
                         }
-                        // Against 4 or more hosts, each named one stands
-                        // out from the median of the others.
+                        // Against 4 or more hosts, the ends that receive
+                        // out of order stand out from the median of the
+                        // others; the senders, whose resends they explain,
+                        // do not.
                         if n > 4 {
-                            assert!(found.iter().all(|f| f.stands_out), "{found:?}");
+                            for f in &found {
+                                assert_eq!(f.stands_out, f.side != "sends", "{found:?}");
+                            }
                         }
                     }
                 }
