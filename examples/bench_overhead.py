@@ -2,6 +2,7 @@
 
     python examples/bench_overhead.py --iters 3000 --rounds 5
     python examples/bench_overhead.py --interleave --blocks 200 --block-iters 40
+    python examples/bench_overhead.py --interleave --device cuda --hidden 4096
 
 Rounds (default): alternates fresh processes without whyslow and with whyslow
 active (hooks, detector, polling; automatic windows off with max_per_hour=0)
@@ -70,6 +71,7 @@ print("RESULT " + json.dumps(out))
 INTERLEAVE = r"""
 import sys, time, json, math
 blocks = int(sys.argv[1]); per = int(sys.argv[2]); control = sys.argv[3] == "1"
+dev = sys.argv[4]; hidden = int(sys.argv[5])
 import whyslow
 tr = whyslow.init(max_per_hour=0, signal=False)
 if control:
@@ -80,23 +82,26 @@ from torch.utils.data import dataloader as _dl
 from torch.optim import optimizer as _optim
 torch.set_num_threads(1)
 torch.manual_seed(0)
+hooks = tr.hooks
 hooked_next = _dl._BaseDataLoaderIter.__next__
-post_hook = _optim._global_optimizer_post_hooks[tr._opt_handle.id]
+post_hook = _optim._global_optimizer_post_hooks[hooks._opt_handle.id]
 
 def set_hooks(on):
-    if on and tr._opt_handle is None:
+    if on and hooks._opt_handle is None:
         _dl._BaseDataLoaderIter.__next__ = hooked_next
-        tr._dl_orig = hooked_next.__whyslow_orig__
-        tr._opt_handle = _optim.register_optimizer_step_post_hook(post_hook)
+        hooks._dl_orig = hooked_next.__whyslow_orig__
+        hooks._opt_handle = _optim.register_optimizer_step_post_hook(post_hook)
         tr.det.resume(time.perf_counter_ns())  # the off block is not an iteration
-    elif not on and tr._opt_handle is not None:
-        tr.uninstall()
+    elif not on and hooks._opt_handle is not None:
+        hooks.uninstall()
         tr.det.pause()
 
-model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+model = nn.Sequential(nn.Linear(256, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                      nn.Linear(hidden, 10)).to(dev)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 ds = TensorDataset(torch.randn(32 * 64, 256), torch.randint(0, 10, (32 * 64,)))
 loader = DataLoader(ds, batch_size=32, shuffle=True, drop_last=True)
+sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
 
 def batches():
     while True:
@@ -108,8 +113,10 @@ def run_block(n):
     t0 = time.perf_counter()
     for _ in range(n):
         x, y = next(src)
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    sync()  # a block ends when its GPU work does
     return (time.perf_counter() - t0) / n
 
 set_hooks(False); run_block(300)  # warm-up
@@ -126,17 +133,18 @@ n = len(diffs); mean = sum(diffs) / n
 sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
 diffs.sort()
 print("RESULT " + json.dumps({
-    "pairs": n, "iters_per_block": per, "mean_diff": mean, "ci95": 1.96 * sd / math.sqrt(n),
+    "pairs": n, "iters_per_block": per, "device": dev, "hidden": hidden, "mean_diff": mean, "ci95": 1.96 * sd / math.sqrt(n),
     "median_diff": diffs[n // 2], "pair_sd": sd,
     "on_ms": 1e3 * sum(on_ms) / n, "off_ms": 1e3 * sum(off_ms) / n,
     "steps_seen": tr.steps, "phase": tr.det.phase, "sessions": tr.stats["sessions"]}))
 """
 
 
-def interleave(blocks, per, control=False):
+def interleave(blocks, per, control=False, device="cpu", hidden=512):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("RANK", None)
-    p = subprocess.run([sys.executable, "-c", INTERLEAVE, str(blocks), str(per), "1" if control else "0"], env=env,
+    p = subprocess.run([sys.executable, "-c", INTERLEAVE, str(blocks), str(per), "1" if control else "0",
+                        device, str(hidden)], env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     for line in p.stdout.decode().splitlines():
         if line.startswith("RESULT "):
@@ -171,11 +179,17 @@ def main():
                     help="one process, hooks switched on/off in ABBA blocks")
     ap.add_argument("--blocks", type=int, default=200)
     ap.add_argument("--block-iters", type=int, default=40)
+    ap.add_argument("--device", default="cpu", help="--interleave: where the model runs (cpu, cuda)")
+    ap.add_argument("--hidden", type=int, default=512, help="--interleave: hidden width")
+    ap.add_argument("--json", default="", help="--interleave: also write the result here")
     ap.add_argument("--control", action="store_true",
                     help="with --interleave: whyslow disabled in the 'on' blocks (noise floor)")
     a = ap.parse_args()
     if a.interleave:
-        interleave(a.blocks, a.block_iters, a.control)
+        r = interleave(a.blocks, a.block_iters, a.control, a.device, a.hidden)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(r, f)
         return
     off, on = [], []
     for r in range(a.rounds):

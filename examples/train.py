@@ -16,6 +16,10 @@ Faults start at iteration --fault-at (the job is healthy before):
   log-stats   every rank logs statistics of its weights each iteration, in
               Python (log_tensor_stats): a costly per-iteration call that
               slows all ranks alike, no rank late
+  extra-kernel  one rank launches extra kernels each iteration (a large
+              sort: injected_extra_kernels; CUDA kernels on a GPU)
+  big-batch   one rank computes on its batch repeated --batch-scale times:
+              the same kernels, each call slower (injected_big_batch)
   none        healthy throughout
 
 --sim-compute-ms M stands in for accelerator time on CPU-only machines: the
@@ -102,6 +106,18 @@ def injected_gc_storm(n):
         gc.collect()
 
 
+def injected_extra_kernels(t, calls):
+    """Extra work on the accelerator: `calls` sorts of `t`."""
+    for _ in range(calls):
+        torch.sort(t)
+
+
+def injected_big_batch(x, y, scale):
+    """The batch repeated `scale` times: every kernel of the step does
+    `scale` times the work under the same name."""
+    return x.repeat(scale, 1), y.repeat(scale)
+
+
 def simulated_device_compute(ms):
     """Waits as a training thread waits for its accelerator."""
     time.sleep(ms / 1e3)
@@ -137,7 +153,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--fault", default="none",
                     choices=["none", "slow-rank", "slow-data", "slow-read", "gc-storm", "heavy-comm",
-                             "log-stats"])
+                             "log-stats", "extra-kernel", "big-batch"])
     ap.add_argument("--fault-at", type=int, default=150, help="first faulty iteration")
     ap.add_argument("--fault-after-s", type=float, default=-1.0,
                     help=">= 0: the fault starts this many seconds after the first iteration "
@@ -147,6 +163,11 @@ def main():
                     help="slow-rank: ms of extra work per iteration; slow-data: ms per batch")
     ap.add_argument("--comm-mb", type=float, default=16.0, help="heavy-comm tensor size")
     ap.add_argument("--gc-rounds", type=int, default=3)
+    ap.add_argument("--kernel-elems", type=int, default=1 << 22, help="extra-kernel: elements sorted")
+    ap.add_argument("--kernel-calls", type=int, default=8, help="extra-kernel: sorts per iteration")
+    ap.add_argument("--batch-scale", type=int, default=8, help="big-batch: batch repeated this often")
+    ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                    help="auto: nccl with CUDA, gloo without (several ranks sharing one GPU need gloo)")
     ap.add_argument("--trigger-at", type=int, default=-1,
                     help="call whyslow.trigger() at this iteration (on-demand profile)")
     ap.add_argument("--sim-compute-ms", type=float, default=0.0,
@@ -159,7 +180,8 @@ def main():
 
     cuda = torch.cuda.is_available()
     torch.set_num_threads(1)
-    dist.init_process_group("nccl" if cuda else "gloo")
+    backend = a.backend if a.backend != "auto" else ("nccl" if cuda else "gloo")
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     if cuda:
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
@@ -179,6 +201,7 @@ def main():
     ds = Synthetic(a.batch * 64, a.dim, 10, per_sample_ms)
     loader = DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=0, drop_last=True)
     comm = torch.zeros(int(a.comm_mb * 2**20 / 4), device=dev) if a.fault == "heavy-comm" else None
+    sort_me = torch.rand(a.kernel_elems, device=dev) if a.fault == "extra-kernel" else None
     rng = random.Random(1234)  # same sequence on every rank
 
     it = 0
@@ -199,13 +222,16 @@ def main():
                 FAULT_ACTIVE = a.fault != "none" and time.perf_counter() - t_first >= a.fault_after_s
             else:
                 FAULT_ACTIVE = a.fault != "none" and it >= a.fault_at
-            if FAULT_ACTIVE and not fault_onset_logged and (rank == 0 or (a.fault in ("slow-rank", "slow-read") and rank == a.fault_rank)):
+            one_rank = ("slow-rank", "slow-read", "extra-kernel", "big-batch")
+            if FAULT_ACTIVE and not fault_onset_logged and (rank == 0 or (a.fault in one_rank and rank == a.fault_rank)):
                 fault_onset_logged = True
                 print("fault %s onset at iteration %d, time %.3f (rank %d)" % (a.fault, it, time.time(), rank),
                       flush=True)
             if it == a.trigger_at:
                 whyslow.trigger("on-demand (examples/train.py --trigger-at %d)" % it)
             x, y = x.to(dev), y.to(dev)
+            if FAULT_ACTIVE and a.fault == "big-batch" and rank == a.fault_rank:
+                x, y = injected_big_batch(x, y, a.batch_scale)
             out = model(x)
             loss = loss_fn(out, y)
             if a.sim_compute_ms > 0:
@@ -215,6 +241,8 @@ def main():
                     injected_slow_rank_work(a.fault_ms)
                 elif a.fault == "slow-read" and rank == a.fault_rank:
                     injected_slow_read(a.fault_ms)
+                elif a.fault == "extra-kernel" and rank == a.fault_rank:
+                    injected_extra_kernels(sort_me, a.kernel_calls)
                 elif a.fault == "gc-storm" and rng.randrange(world) == rank:
                     injected_gc_storm(a.gc_rounds)
                 elif a.fault == "heavy-comm":

@@ -757,7 +757,7 @@ impl PySampler {
     /// Writes the samples file at `path` (column `worker` when given) with
     /// timestamps relative to `base_ns` (a trace's `baseTimeNanoseconds`; 0:
     /// Unix epoch) and returns `{"ticks", "overruns", "achieved_hz",
-    /// "sampler_cpu_fraction", "elapsed_s", "series", "notes"}`. Stops first
+    /// "sampler_cpu_fraction", "elapsed_s", "series", "notes", "gpu"}`. Stops first
     /// if still running. Releases the GIL.
     #[pyo3(signature = (path, worker=None, base_ns=0))]
     fn write(
@@ -792,6 +792,15 @@ impl PySampler {
             .collect();
         d.set_item("series", names)?;
         d.set_item("notes", samples.notes.clone())?;
+        // GPU sampling: the device's name, or why not (no NVML, no device).
+        let gpu = match &samples.gpu {
+            whyslow_sampler::GpuStatus::NotRequested => "not requested".to_string(),
+            whyslow_sampler::GpuStatus::NotAvailable(why) => format!("not available: {why}"),
+            whyslow_sampler::GpuStatus::Sampling { name, notes } => {
+                format!("{name} ({})", notes.join("; "))
+            }
+        };
+        d.set_item("gpu", gpu)?;
         Ok(d.into_any().unbind())
     }
 
