@@ -353,7 +353,7 @@ def check_localize(ctx):
         return "fail", figs, "the job failed (rc %s): %s" % (rc, out[-1500:])
     onset = onset_time(out, 2)
     figs["onset_unix"] = onset
-    found, before = None, []
+    found, before, own = None, [], []
     for sdir, rep in reports:
         start = session_start(sdir)
         rows = [{"function": f["function"][-160:], "kind": f.get("kind"), "workers": f["workers"],
@@ -364,12 +364,18 @@ def check_localize(ctx):
                                                "workers": rep.get("workers"), "findings": rows[:6]})
         if onset is not None and start < onset - 0.5:
             before += [r for r in rows if 0 < len(r["workers"]) < 4]
-        for r in rows:
+        for f, r in zip(rep.get("findings", []), rows):
+            name = f["function"]
+            if "whyslow/_" in name:
+                own.append(r)
+            # cub's radix sort kernels: DeviceRadixSort…, …RadixSort… (the
+            # name's template arguments run long, so the whole is searched).
             if r["workers"] == [2] and found is None and (
-                    ("sort" in r["function"].lower()) or (ctx.dry_run and "injected_extra_kernels" in r["function"])):
+                    "sort" in name.lower() or (ctx.dry_run and "injected_extra_kernels" in name)):
                 if ctx.dry_run or r["kind"] == "gpu_kernel":
-                    found = r
+                    found = dict(r, function=name[:200] + (" …" if len(name) > 200 else ""))
     figs["named"] = found
+    figs["whyslow_own_frames"] = own
     if ctx.dry_run:
         return "skip", figs, "no GPU: the CPU job ran; %s" % (
             "the report names %s on {2}" % found["function"] if found else "no finding on {2}")
@@ -382,6 +388,8 @@ def check_localize(ctx):
         problems.append("the kernel's mu/sigma came from %s, not NVML samples" % found["util_source"])
     if before:
         problems.append("before the onset a report named a subset: %s" % before[:3])
+    if own:
+        problems.append("the report names whyslow's own frames: %s" % [r["function"][-80:] for r in own])
     return ("fail" if problems else "pass"), figs, "; ".join(problems)
 
 

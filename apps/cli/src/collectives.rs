@@ -1,6 +1,7 @@
-//! `whyslow collectives`: the gloo collectives of running processes, traced
-//! with eBPF uprobes (SysOM-AI §3.2), written as collective records (JSON
-//! lines) that `whyslow diagnose` reads.
+//! `whyslow collectives`: the gloo collectives of running processes, and
+//! NCCL's calls (the host side) of those that map libnccl, traced with eBPF
+//! uprobes (SysOM-AI §3.2), written as collective records (JSON lines) that
+//! `whyslow diagnose` reads. The same tracers as the node agent's.
 
 use std::fs;
 use std::io::Write;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use whyslow_collectives::nccl::{nccl_library, NcclSequencer, NcclTracer};
 use whyslow_collectives::{gloo_library, GlooTracer, Sequencer};
 
 /// `whyslow collectives` options.
@@ -33,6 +35,7 @@ pub struct CollectivesArgs {
 /// Runs `whyslow collectives`.
 pub fn run(args: CollectivesArgs) -> Result<u8> {
     let mut tracer = GlooTracer::open()?;
+    let mut nccl: Option<NcclTracer> = None;
     for &pid in &args.pids {
         let lib = gloo_library(pid).with_context(|| {
             format!("process {pid}: no library with gloo mapped (is it a PyTorch process that imported torch.distributed?)")
@@ -50,6 +53,20 @@ pub fn run(args: CollectivesArgs) -> Result<u8> {
             "whyslow: tracing {n} gloo collectives of process {pid} in {}",
             lib.display()
         );
+        // A GPU job: NCCL's exported calls too.
+        if let Some(lib) = nccl_library(pid) {
+            if nccl.is_none() {
+                nccl = Some(NcclTracer::open().context("the NCCL tracer")?);
+            }
+            let t = nccl.as_mut().expect("opened above");
+            let n = t
+                .attach(pid, &lib)
+                .with_context(|| format!("process {pid}: {}", lib.display()))?;
+            eprintln!(
+                "whyslow: tracing {n} NCCL calls of process {pid} in {}",
+                lib.display()
+            );
+        }
     }
     let stop = Arc::new(AtomicBool::new(false));
     {
@@ -63,6 +80,9 @@ pub fn run(args: CollectivesArgs) -> Result<u8> {
         None => Box::new(std::io::stdout().lock()),
     };
     let mut seq = Sequencer::with_clock_offset(
+        whyslow_sampler::clock::realtime_ns() - whyslow_sampler::clock::monotonic_ns(),
+    );
+    let mut nccl_seq = NcclSequencer::with_clock_offset(
         whyslow_sampler::clock::realtime_ns() - whyslow_sampler::clock::monotonic_ns(),
     );
     let until = Instant::now() + Duration::from_secs_f64(args.duration.max(0.0));
@@ -81,15 +101,31 @@ pub fn run(args: CollectivesArgs) -> Result<u8> {
                 written += 1;
             }
         }
+        if let Some(t) = nccl.as_mut() {
+            let mut events = t.poll(Duration::ZERO);
+            events.sort_by_key(|e| (e.pid, e.entry_ns));
+            for e in &events {
+                if let Some(r) = nccl_seq.record(e, &args.job, None) {
+                    serde_json::to_writer(&mut out, &r)?;
+                    out.write_all(b"\n")?;
+                    written += 1;
+                }
+            }
+        }
         if done {
             break;
         }
     }
     out.flush()?;
     let st = tracer.stats()?;
+    let (mut seen, mut lost) = (st.entries, st.ring_full);
+    if let Some(t) = nccl.as_ref() {
+        let n = t.stats()?;
+        seen += n.entries;
+        lost += n.ring_full;
+    }
     eprintln!(
-        "whyslow: {written} collective records ({} calls seen, {} lost to a full buffer)",
-        st.entries, st.ring_full
+        "whyslow: {written} collective records ({seen} calls seen, {lost} lost to a full buffer)"
     );
     Ok(0)
 }

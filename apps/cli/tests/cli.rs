@@ -345,3 +345,72 @@ fn sample_writes_a_readable_samples_file_for_a_busy_process() {
     assert!(mean > 0.05 && mean <= 1.0, "mean cpu {mean}");
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// Recorded on an H100 (scripts/gpu-check, 2026-11-27): 4 ranks on the one
+/// GPU (gloo), rank 2 launching 24 extra sorts per iteration; ProfilerSteps
+/// 680-689 of the online package's window with its NVML samples
+/// (tests/fixtures/README.md).
+fn h100_extra_kernel() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/gpu/h100-extra-kernel");
+    assert!(dir.is_dir(), "fixture missing: {}", dir.display());
+    dir
+}
+
+#[test]
+fn a_recorded_h100_run_names_the_extra_cuda_kernel_on_its_rank() {
+    let report = json(&whyslow(&[
+        "analyze",
+        h100_extra_kernel().to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let findings = report["findings"].as_array().unwrap();
+    let sort = findings
+        .iter()
+        .find(|f| f["function"].as_str().unwrap().contains("DeviceRadixSort"))
+        .unwrap_or_else(|| panic!("the sort kernel is no finding: {report}"));
+    assert_eq!(sort["kind"], "gpu_kernel");
+    assert_eq!(sort["workers"], serde_json::json!([2]));
+    // μ from NVML's SM utilization, not from the trace (PerfTracker §4.2).
+    assert_eq!(sort["util_source"], "samples");
+    let mu = sort["mu"]["value"].as_f64().unwrap();
+    assert!(mu > 0.5 && mu <= 1.0, "{sort}");
+    // Nothing else on a subset of the ranks.
+    for f in findings {
+        let n = f["workers"].as_array().unwrap().len();
+        assert!(n == 4 || f["workers"] == serde_json::json!([2]), "{f}");
+    }
+}
+
+#[test]
+fn a_fingerprint_keeps_every_kernel_for_the_gpu_diff() {
+    // Rank 0's GPU idles: each kernel is far under the floor of the
+    // fingerprint's functions, yet the GPU diff needs its times.
+    let dir = temp_dir("h100-kernels");
+    let fp = dir.join("rank-0.fingerprint.json");
+    let out = whyslow(&[
+        "summarize",
+        h100_extra_kernel().join("rank-0.json.gz").to_str().unwrap(),
+        "-o",
+        fp.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fp: serde_json::Value = serde_json::from_slice(&fs::read(&fp).unwrap()).unwrap();
+    let kernels = fp["kernels"].as_array().expect("no kernel table");
+    assert!(kernels.len() >= 5, "{}", kernels.len());
+    assert!(kernels
+        .iter()
+        .all(|k| k["calls"].as_u64().unwrap() > 0 && k["total_us"].as_f64().unwrap() > 0.0));
+    let in_functions = fp["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "gpu_kernel")
+        .count();
+    assert!(in_functions < kernels.len(), "{in_functions}");
+}

@@ -241,6 +241,8 @@ struct Context {
     clock: GpuClock,
     /// Collective event ids in start order, for the cap.
     order: std::collections::VecDeque<u64>,
+    /// Collective and point-to-point events NCCL started.
+    started: u64,
 }
 
 #[derive(Default)]
@@ -338,6 +340,26 @@ impl State {
     }
 }
 
+/// The line for a communicator that ended without NCCL starting a single
+/// collective event: why there are no records of it. NCCL 2.28 runs the
+/// collectives of a one-rank communicator as a local copy, without its
+/// profiler (H100, torch 2.11, world size 1: the plugin was loaded,
+/// initialized and closed, and never given an event).
+fn silent_comm_line(c: &Comm) -> String {
+    let why = if c.nranks <= 1 {
+        ": NCCL runs a one-rank communicator's collectives without its profiler"
+    } else {
+        ""
+    };
+    format!(
+        "whyslow-nccl: communicator {} ({:#x}, {} rank(s)) ended without NCCL reporting any \
+         collective to the profiler{why}",
+        if c.name.is_empty() { "-" } else { &c.name },
+        c.hash,
+        c.nranks
+    )
+}
+
 unsafe extern "C" fn init(
     context: *mut *mut c_void,
     mask: *mut c_int,
@@ -375,6 +397,7 @@ unsafe extern "C" fn init(
                 },
                 clock: GpuClock::default(),
                 order: Default::default(),
+                started: 0,
             },
         );
         Ok(id)
@@ -455,6 +478,7 @@ unsafe extern "C" fn start_event(
                 },
             );
             let c = s.contexts.get_mut(&ctx)?;
+            c.started += 1;
             c.order.push_back(id);
             if c.order.len() > MAX_PENDING {
                 let oldest = c.order.pop_front()?;
@@ -557,7 +581,11 @@ unsafe extern "C" fn finalize(context: *mut c_void) -> c_int {
         }
         s.events
             .retain(|_, e| !matches!(e, Event::Channel { ctx: c, .. } if *c == ctx));
-        s.contexts.remove(&ctx);
+        if let Some(c) = s.contexts.remove(&ctx) {
+            if c.started == 0 {
+                eprintln!("{}", silent_comm_line(&c.comm));
+            }
+        }
         if let Some(out) = s.out.as_mut() {
             if let Err(e) = out.flush() {
                 disable(&format!("writing collective records: {e}"));

@@ -160,4 +160,27 @@ pub struct Fingerprint {
     /// network layer judges these as `whyslow diagnose` judges the agent's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::os::OsSample>,
+    /// Every GPU kernel that ran in the window, the longest first (at most
+    /// [`MAX_KERNELS`]), also those under the floor of `functions`: SysOM-AI
+    /// §3.1's GPU diff compares a late rank's kernels per call with its
+    /// peers', and a peer whose GPU mostly idles keeps each kernel far under
+    /// that floor (H100, 4 ranks of a small model on one GPU: 1530 kernels,
+    /// 0.5 % of the window). Empty in fingerprints written before it existed
+    /// (`functions` of kind `gpu_kernel` then stand in).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<KernelTotal>,
+}
+
+/// The most kernels a fingerprint lists in [`Fingerprint::kernels`].
+pub const MAX_KERNELS: usize = 512;
+
+/// One GPU kernel's launches and device time over a window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelTotal {
+    /// The kernel's name, as the profiler gives it.
+    pub name: String,
+    /// Launches in the window.
+    pub calls: u64,
+    /// Device time summed over those launches, µs.
+    pub total_us: f64,
 }

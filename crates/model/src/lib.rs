@@ -31,8 +31,8 @@ mod trace;
 pub mod wire;
 
 pub use fingerprint::{
-    function_hash, Fingerprint, FunctionPattern, JobIdentity, UtilizationSource,
-    FINGERPRINT_FORMAT, FINGERPRINT_VERSION,
+    function_hash, Fingerprint, FunctionPattern, JobIdentity, KernelTotal, UtilizationSource,
+    FINGERPRINT_FORMAT, FINGERPRINT_VERSION, MAX_KERNELS,
 };
 pub use report::{
     Consequence, Finding, IterationSeries, IterationSource, IterationTimes, Onset, Reason,

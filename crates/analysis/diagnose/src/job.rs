@@ -152,20 +152,30 @@ fn process_function(label: &str, rank_of_pid: &BTreeMap<String, String>) -> Stri
 const PROCESS_SUFFIX: &str = " (process)";
 
 /// Each world rank's GPU kernel times from its fingerprints (several of
-/// one rank add up).
+/// one rank add up): their table of every kernel, or in fingerprints
+/// written before it the kernels kept among their functions.
 fn kernel_times(fps: &[whyslow_model::Fingerprint]) -> BTreeMap<u32, Vec<KernelTime>> {
     let mut out: BTreeMap<u32, Vec<KernelTime>> = BTreeMap::new();
     for fp in fps {
-        out.entry(fp.worker).or_default().extend(
-            fp.functions
-                .iter()
-                .filter(|f| f.kind == FunctionKind::GpuKernel)
-                .map(|f| KernelTime {
-                    name: f.name.clone(),
-                    calls: f.calls,
-                    total_us: f.total_us,
-                }),
-        );
+        let mine = out.entry(fp.worker).or_default();
+        if fp.kernels.is_empty() {
+            mine.extend(
+                fp.functions
+                    .iter()
+                    .filter(|f| f.kind == FunctionKind::GpuKernel)
+                    .map(|f| KernelTime {
+                        name: f.name.clone(),
+                        calls: f.calls,
+                        total_us: f.total_us,
+                    }),
+            );
+        } else {
+            mine.extend(fp.kernels.iter().map(|k| KernelTime {
+                name: k.name.clone(),
+                calls: k.calls,
+                total_us: k.total_us,
+            }));
+        }
     }
     out.retain(|_, v| !v.is_empty());
     out

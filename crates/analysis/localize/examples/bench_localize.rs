@@ -153,6 +153,7 @@ fn main() {
             source: String::new(),
             functions,
             total_floor: 0.0,
+            kernels: Vec::new(),
             omitted: Vec::new(),
             warnings: Vec::new(),
             network: None,

@@ -53,6 +53,7 @@ fn fp(worker: u32, functions: Vec<FunctionPattern>) -> Fingerprint {
         source: format!("rank{worker}.json"),
         functions,
         total_floor: 0.0,
+        kernels: Vec::new(),
         omitted: Vec::new(),
         warnings: vec![],
         network: None,

@@ -127,6 +127,7 @@ fn fingerprint() -> Fingerprint {
         utilization_source: UtilizationSource::Trace,
         source: "x".into(),
         total_floor: 0.0,
+        kernels: Vec::new(),
         omitted: Vec::new(),
         functions: vec![FunctionPattern {
             name: "a;b".into(),

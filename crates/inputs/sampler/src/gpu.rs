@@ -20,8 +20,11 @@
 //! - `pcie`: `nvmlDeviceGetPcieThroughput` (TX and RX, KB/s over a 20 ms
 //!   window) over the link's maximum per-direction bandwidth from its max
 //!   generation and width ([`pcie_bytes_per_s`]); the series is max(tx, rx).
-//!   Each call blocks ~20 ms in the driver on some products, which caps the
-//!   achieved rate far below 10 kHz when a GPU is sampled.
+//!   Each call blocks ~20 ms in the driver (H100, driver 580: 20.6 ms per
+//!   direction), so it runs on a thread of its own ([`PcieReader`]) and each
+//!   tick takes its latest reading: read on the sampling thread it held a
+//!   1 kHz sampler to 24 Hz. The reader keeps its own CPU under
+//!   [`PCIE_MAX_CPU`] of a core ([`pcie_pause`]).
 //! - `nvlink`: the cumulative NVLink data counters
 //!   `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX}` (KiB, summed over all links:
 //!   field values with `scopeId = UINT_MAX`), differenced per interval
@@ -52,6 +55,22 @@ use whyslow_model::Resource;
 /// The most `gpu_sm_clock` / `gpu_power_w` / `gpu_temp_c` / `gpu_throttle`
 /// readings per second.
 pub const GPU_SLOW_MAX_HZ: f64 = 10.0;
+
+/// The most CPU (fraction of one core) the PCIe reader may use: where the
+/// driver spins through its 20 ms window instead of sleeping, the reader
+/// pauses between readings.
+pub const PCIE_MAX_CPU: f64 = 0.05;
+
+/// How long the PCIe reader waits after a reading that took `wall_ns` and
+/// `cpu_ns` of its thread's CPU, so that its CPU stays at most `max_cpu` of
+/// a core: none when the driver slept through the reading.
+pub fn pcie_pause(wall_ns: u64, cpu_ns: u64, max_cpu: f64) -> std::time::Duration {
+    if !(max_cpu > 0.0) {
+        return std::time::Duration::ZERO;
+    }
+    let budget_ns = cpu_ns as f64 / max_cpu;
+    std::time::Duration::from_nanos((budget_ns - wall_ns as f64).max(0.0).min(10e9) as u64)
+}
 
 /// Whether GPU sampling ran.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -100,6 +119,9 @@ impl GpuSampler {
         match self.0 {}
     }
     pub fn throttle_seen(&self) -> u64 {
+        match self.0 {}
+    }
+    pub fn pcie_note(&self) -> Option<String> {
         match self.0 {}
     }
 }
@@ -294,6 +316,110 @@ impl NvLink {
     }
 }
 
+/// PCIe throughput read on a thread of its own: NVML's
+/// `nvmlDeviceGetPcieThroughput` blocks ~20 ms per direction. The thread has
+/// its own NVML handle (NVML counts its initializations) and ends at its
+/// next reading after the reader is dropped; nobody waits for it.
+#[cfg(feature = "nvml")]
+pub(crate) struct PcieReader {
+    shared: std::sync::Arc<PcieShared>,
+    started: std::time::Instant,
+}
+
+#[cfg(feature = "nvml")]
+#[derive(Default)]
+struct PcieShared {
+    stop: std::sync::atomic::AtomicBool,
+    /// The latest utilization as f32 bits; `u32::MAX` before the first.
+    latest: std::sync::atomic::AtomicU32,
+    readings: std::sync::atomic::AtomicU64,
+    cpu_ns: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(feature = "nvml")]
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which outlives the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(feature = "nvml")]
+impl PcieReader {
+    fn start(index: u32, cap_bytes_per_s: f64) -> Result<PcieReader, String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let shared = std::sync::Arc::new(PcieShared::default());
+        shared.latest.store(u32::MAX, Relaxed);
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("whyslow-pcie".into())
+            .spawn(move || {
+                use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
+                let Ok(nvml) = nvml_wrapper::Nvml::init() else {
+                    return;
+                };
+                let Ok(dev) = nvml.device_by_index(index) else {
+                    return;
+                };
+                while !s.stop.load(Relaxed) {
+                    let (t0, c0) = (std::time::Instant::now(), thread_cpu_ns());
+                    // KB/s (NVML: "KB/s" over a 20 ms window).
+                    let tx = dev.pcie_throughput(PcieUtilCounter::Send);
+                    let rx = dev.pcie_throughput(PcieUtilCounter::Receive);
+                    let (Ok(tx), Ok(rx)) = (tx, rx) else {
+                        return;
+                    };
+                    let u = (tx.max(rx) as f64 * 1024.0 / cap_bytes_per_s).clamp(0.0, 1.0) as f32;
+                    s.latest.store(u.to_bits(), Relaxed);
+                    s.readings.fetch_add(1, Relaxed);
+                    let cpu = thread_cpu_ns().saturating_sub(c0);
+                    s.cpu_ns.fetch_add(cpu, Relaxed);
+                    let wall = t0.elapsed().as_nanos() as u64;
+                    std::thread::sleep(pcie_pause(wall, cpu, PCIE_MAX_CPU));
+                }
+            })
+            .map_err(|e| format!("no thread for the PCIe reader: {e}"))?;
+        Ok(PcieReader {
+            shared,
+            started: std::time::Instant::now(),
+        })
+    }
+
+    fn latest(&self) -> Option<f32> {
+        let bits = self
+            .shared
+            .latest
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (bits != u32::MAX).then(|| f32::from_bits(bits))
+    }
+
+    fn note(&self) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+        format!(
+            "pcie: read on its own thread (NVML blocks ~20 ms per direction): {} readings in {:.1} s, \
+             {:.1} % of a core",
+            self.shared.readings.load(Relaxed),
+            secs,
+            100.0 * self.shared.cpu_ns.load(Relaxed) as f64 / 1e9 / secs
+        )
+    }
+}
+
+#[cfg(feature = "nvml")]
+impl Drop for PcieReader {
+    fn drop(&mut self) {
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 #[cfg(feature = "nvml")]
 pub(crate) struct GpuSampler {
     // Field order matters: `nvlink` (a second handle on the library) is
@@ -303,8 +429,8 @@ pub(crate) struct GpuSampler {
     index: u32,
     name: String,
     notes: Vec<String>,
-    /// Per-direction PCIe capacity, bytes/s.
-    pcie_bytes_per_s: Option<f64>,
+    /// The PCIe throughput, read on its own thread.
+    pcie: Option<PcieReader>,
     max_sm_mhz: Option<u32>,
     throttle_seen: u64,
     failed: bool,
@@ -330,9 +456,17 @@ impl GpuSampler {
             (Ok(g), Ok(w)) => pcie_bytes_per_s(g, w),
             _ => None,
         };
-        if pcie.is_none() {
-            notes.push("pcie: link generation/width unknown, not sampled".into());
-        }
+        let pcie = match pcie.map(|cap| PcieReader::start(index, cap)) {
+            Some(Ok(r)) => Some(r),
+            Some(Err(why)) => {
+                notes.push(format!("pcie: {why}; not sampled"));
+                None
+            }
+            None => {
+                notes.push("pcie: link generation/width unknown, not sampled".into());
+                None
+            }
+        };
         let nvlink = match NvLink::open(&dev) {
             Ok(n) => Some(n),
             Err(why) => {
@@ -350,7 +484,7 @@ impl GpuSampler {
             index,
             name,
             notes,
-            pcie_bytes_per_s: pcie,
+            pcie,
             max_sm_mhz,
             throttle_seen: 0,
             failed: false,
@@ -374,10 +508,15 @@ impl GpuSampler {
         self.throttle_seen
     }
 
+    /// What the PCIe reader did: readings and its CPU (a note at the end).
+    pub fn pcie_note(&self) -> Option<String> {
+        self.pcie.as_ref().map(PcieReader::note)
+    }
+
     /// One reading per available counter (`slow`: also the extra-file
     /// counters); empty after the device failed.
     pub fn sample(&mut self, dt_ns: i64, slow: bool) -> GpuReading {
-        use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor};
+        use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
         let mut out = GpuReading::default();
         if self.failed {
             return out;
@@ -392,14 +531,8 @@ impl GpuSampler {
             out.resources
                 .push((Resource::Dram, (u.memory as f32 / 100.0).clamp(0.0, 1.0)));
         }
-        if let Some(cap) = self.pcie_bytes_per_s {
-            // KB/s (NVML: "KB/s" over a 20 ms window).
-            let tx = dev.pcie_throughput(PcieUtilCounter::Send);
-            let rx = dev.pcie_throughput(PcieUtilCounter::Receive);
-            if let (Ok(tx), Ok(rx)) = (tx, rx) {
-                let u = (tx.max(rx) as f64 * 1024.0 / cap).clamp(0.0, 1.0) as f32;
-                out.resources.push((Resource::Pcie, u));
-            }
+        if let Some(u) = self.pcie.as_ref().and_then(PcieReader::latest) {
+            out.resources.push((Resource::Pcie, u));
         }
         if let Some(n) = self.nvlink.as_mut() {
             if let Some((tx, rx)) = n.sample(&dev, dt_ns) {
@@ -431,6 +564,23 @@ impl GpuSampler {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_pcie_reader_pauses_only_when_the_driver_spins() {
+        use std::time::Duration;
+        // H100: 41 ms per reading asleep in the driver: no pause.
+        assert_eq!(super::pcie_pause(41_000_000, 50_000, 0.05), Duration::ZERO);
+        // Spinning through it: 41 ms of CPU wants 820 ms in all at 5 %.
+        assert_eq!(
+            super::pcie_pause(41_000_000, 41_000_000, 0.05),
+            Duration::from_millis(779)
+        );
+        assert_eq!(super::pcie_pause(1, 1, 0.0), Duration::ZERO);
+        assert_eq!(
+            super::pcie_pause(1, u64::MAX, 1e-12),
+            Duration::from_secs(10)
+        );
+    }
+
     #[test]
     fn pcie_capacity() {
         // Gen 4 x16 ≈ 31.5 GB/s per direction.

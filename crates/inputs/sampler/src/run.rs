@@ -355,6 +355,9 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
                 seen.join(", ")
             ));
         }
+        if let Some(n) = g.pcie_note() {
+            out.notes.push(n);
+        }
     }
     out.stats.elapsed_ns = prev_mono - start;
     out.stats.sampler_cpu_ns = thread_cpu_ns() - cpu0;

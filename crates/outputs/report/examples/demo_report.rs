@@ -70,6 +70,7 @@ fn main() {
                     pat(FunctionKind::Python, Resource::Cpu, "train.py(88): <module>;torch/utils/data/dataloader.py(631): __next__;socket.py(704): recv_into", 0.25 * j(7), 0.98, 0.01),
                 ],
                 total_floor: 0.0,
+                kernels: Vec::new(),
                 omitted: Vec::new(),
                 warnings: vec![],
                 network: None,

@@ -159,6 +159,7 @@ pub fn summarize(
         omitted: Vec::new(),
         warnings: Vec::new(),
         network: None,
+        kernels: Vec::new(),
     };
 
     // 2. Critical time per function (Eq. 2, 3).
@@ -274,6 +275,27 @@ pub fn summarize(
         .collect();
     fp.omitted.sort_unstable();
     fp.omitted.dedup();
+    // Every kernel's time, for the GPU diff (SysOM-AI §3.1), whatever its β.
+    let mut kernels: Vec<usize> = (0..n_fn)
+        .filter(|&f| {
+            calls[f] > 0
+                && trace.functions.get(id(f)).kind == whyslow_model::FunctionKind::GpuKernel
+        })
+        .collect();
+    kernels.sort_by(|&a, &b| {
+        total_ns[b]
+            .total_cmp(&total_ns[a])
+            .then_with(|| order(&a, &b))
+    });
+    kernels.truncate(whyslow_model::MAX_KERNELS);
+    fp.kernels = kernels
+        .into_iter()
+        .map(|f| whyslow_model::KernelTotal {
+            name: trace.functions.get(id(f)).name.clone(),
+            calls: calls[f],
+            total_us: total_ns[f] / 1000.0,
+        })
+        .collect();
 
     // 4. μ, σ (Eq. 4, 5) for the kept functions.
     let mut series: BTreeMap<Resource, Series> = BTreeMap::new();
