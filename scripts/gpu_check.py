@@ -274,7 +274,10 @@ def check_nvml(ctx):
     for phase in ("busy", "idle"):
         if figs[phase]["achieved_hz"] < 900:
             problems.append("%s: achieved %.0f Hz of 1000" % (phase, figs[phase]["achieved_hz"]))
-    return ("fail" if problems else "pass"), figs, "; ".join(problems)
+    if problems:
+        return "fail", figs, "; ".join(problems)
+    return "pass", figs, "SM %.2f during matmuls, %.2f idle; %.0f Hz; sampler thread %.1f %% of a core" % (
+        busy["sm_mean_tail"], idle["sm_mean_tail"], busy["achieved_hz"], busy["sampler_cpu_pct"])
 
 
 # ---------------------------------------------------------------- the 4-rank jobs
@@ -390,7 +393,10 @@ def check_localize(ctx):
         problems.append("before the onset a report named a subset: %s" % before[:3])
     if own:
         problems.append("the report names whyslow's own frames: %s" % [r["function"][-80:] for r in own])
-    return ("fail" if problems else "pass"), figs, "; ".join(problems)
+    if problems:
+        return "fail", figs, "; ".join(problems)
+    return "pass", figs, "names %s on {2}, μ %.2f from %s" % (
+        found["function"][:90], found["mu"]["value"], found["util_source"])
 
 
 # ---------------------------------------------------------------- overhead
@@ -545,13 +551,23 @@ def check_nccl(ctx):
     problems = []
     if res is None:
         problems.append("the NCCL job failed: " + out[-800:])
-    if not recs:
+    # One process per GPU is all one GPU allows: NCCL then loads the plugin
+    # and gives it no event (the plugin's line says so), which the issue
+    # accepts as "the exact reason".
+    silent = [l for l in plugin_lines if "ended without NCCL reporting" in l]
+    figs["plugin_reason"] = silent[0] if silent else None
+    if not recs and not silent:
         problems.append("no plugin records; NCCL said: %s" % (plugin_lines[-3:] or "nothing about a profiler"))
-    elif not gpu_timed:
+    elif recs and not gpu_timed:
         problems.append("%d plugin records, none with GPU times (host times only)" % len(recs))
     if not (figs.get("uprobe_records") or {}).get("records"):
         problems.append("no uprobe records: %s" % figs.get("uprobe_log", "tracer not run")[-300:])
-    return ("fail" if problems else "pass"), figs, "; ".join(problems)
+    if not problems:
+        detail = ("%d plugin records (%d with GPU times)" % (len(recs), len(gpu_timed)) if recs
+                  else "no plugin records: " + silent[0]) + "; %d uprobe records" % (
+            figs["uprobe_records"]["records"])
+        return "pass", figs, detail
+    return "fail", figs, "; ".join(problems)
 
 
 # ---------------------------------------------------------------- diagnose
@@ -621,7 +637,11 @@ def check_diagnose(ctx):
     gd = rep.get("gpu_diff") or []
     if not gd:
         problems.append("no gpu_diff")
-    return ("fail" if problems else "pass"), figs, "; ".join(problems)
+    if problems:
+        return "fail", figs, "; ".join(problems)
+    return "pass", figs, "stragglers %s, layer %s, gpu_diff %s" % (
+        figs["stragglers"], figs["layer"],
+        ["rank %s %s ×%.1f" % (g.get("rank"), g.get("pattern"), g.get("overall_ratio", 0)) for g in gd])
 
 
 # ---------------------------------------------------------------- main

@@ -189,6 +189,11 @@ pub enum GpuPattern {
     /// A few kernels are slower, the rest keep their pace: software
     /// (shapes, algorithm choice, data-dependent work).
     Specific,
+    /// Most of the GPU time is slower, by more than clocks can explain
+    /// (an H100's SM clock spans 345-1980 MHz; throttled GPUs run 1.3-2×
+    /// slower): each kernel does more work per call — larger shapes, a
+    /// bigger batch — software, not hardware.
+    Workload,
 }
 
 /// A kernel slower on the rank than on its peers (`gpu_diff` rows).

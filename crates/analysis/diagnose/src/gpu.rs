@@ -40,6 +40,12 @@ pub struct GpuConfig {
     /// Least share of the peers' GPU time held by slower kernels for the
     /// slowdown to be *uniform* (hardware).
     pub uniform_share: f64,
+    /// The most a uniform slowdown can be for the hardware to explain it
+    /// (4: an H100's SM clock spans 345-1980 MHz, and throttled GPUs run
+    /// 1.3-2× slower); beyond it the kernels do more work per call:
+    /// [`GpuPattern::Workload`] (H100, one rank on a 32× batch: 20× slower,
+    /// its GEMMs 20-31×).
+    pub max_clock_ratio: f64,
 }
 
 impl Default for GpuConfig {
@@ -48,6 +54,7 @@ impl Default for GpuConfig {
             min_ratio: 1.25,
             min_excess: 0.01,
             uniform_share: 0.6,
+            max_clock_ratio: 4.0,
         }
     }
 }
@@ -135,7 +142,11 @@ pub fn gpu_diff(
     let slower_share = slower_time / at_peer_pace;
     let overall_ratio = my_time / at_peer_pace;
     let pattern = if slower_share >= cfg.uniform_share && overall_ratio >= cfg.min_ratio {
-        GpuPattern::Uniform
+        if overall_ratio > cfg.max_clock_ratio {
+            GpuPattern::Workload
+        } else {
+            GpuPattern::Uniform
+        }
     } else {
         GpuPattern::Specific
     };
@@ -172,6 +183,46 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    #[test]
+    fn a_bigger_batch_is_workload_not_hardware() {
+        // H100 (scripts/gpu-check, 2026-11-27): rank 2 of 4 on a 32× batch
+        // of a 1024-wide MLP; µs per call, the rank's calls, peers' µs.
+        let kernels = [
+            ("cutlass_80_simt_sgemm_128x256_8x4_nt_align1", 1743.2, 88.75),
+            (
+                "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8",
+                3201.6,
+                102.7,
+            ),
+            (
+                "vectorized_elementwise_kernel<threshold_kernel_impl>",
+                259.6,
+                7.62,
+            ),
+            (
+                "vectorized_elementwise_kernel<launch_clamp_scalar>",
+                175.6,
+                4.09,
+            ),
+            ("reduce_kernel<sum_functor>", 40.0, 3.0),
+        ];
+        let rank = |slow: bool| -> Vec<KernelTime> {
+            kernels
+                .iter()
+                .map(|&(n, me, peer)| KernelTime {
+                    name: n.into(),
+                    calls: 22,
+                    total_us: 22.0 * if slow { me } else { peer },
+                })
+                .collect()
+        };
+        let peers = vec![rank(false), rank(false), rank(false)];
+        let f = gpu_diff(&rank(true), &peers, &GpuConfig::default()).expect("found");
+        assert_eq!(f.pattern, GpuPattern::Workload, "{f:?}");
+        assert!(f.overall_ratio > 20.0, "{f:?}");
+        assert_eq!(f.kernels[0].kernel, kernels[1].0);
     }
 
     #[test]

@@ -240,6 +240,7 @@ fn write_table(
         let what = match g.finding.pattern {
             GpuPattern::Uniform => "uniformly slower: the hardware (clocks held down by power or temperature, a degraded part; nvidia-smi -q -d PERFORMANCE,CLOCK)",
             GpuPattern::Specific => "specific kernels slower, the rest at their peers' pace: software (shapes, algorithm choice, data)",
+            GpuPattern::Workload => "every kernel slower, by more than clocks can explain: more work per call (larger shapes, a bigger batch): software",
         };
         writeln!(
             out,
