@@ -365,7 +365,9 @@ def check_localize(ctx):
                 for f in rep.get("findings", [])]
         figs.setdefault("reports", []).append({"session": os.path.basename(sdir), "start": start,
                                                "workers": rep.get("workers"), "findings": rows[:6]})
-        if onset is not None and start < onset - 0.5:
+        # The session's stamp has whole seconds (and is taken when a rank
+        # proposes the window, after the detector saw the slowdown).
+        if onset is not None and start < onset - 1.5:
             before += [r for r in rows if 0 < len(r["workers"]) < 4]
         for f, r in zip(rep.get("findings", []), rows):
             name = f["function"]
