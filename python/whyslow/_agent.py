@@ -60,6 +60,17 @@ def register(agent_dir: str, rank: int, local_rank: int, world_size: int, job: s
         "job": job,
         "host": host,
     }
+    # The scheduler's name and labels for the job (issue 30): the agent
+    # labels this rank's profiles with them.
+    try:
+        from ._collect import scheduler_identity
+        name, labels = scheduler_identity()
+        if name:
+            rec["job_name"] = name[:200]
+        if labels:
+            rec["scheduler"] = dict(sorted(labels.items())[:16])
+    except Exception:  # the identity is a label, never a reason not to register
+        pass
     text = _whyslow.parse_wire("register", json.dumps(rec))
     path = registration_path(agent_dir, os.getpid())
     _put(path, text)

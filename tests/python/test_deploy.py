@@ -89,3 +89,103 @@ def test_slurm_task_prolog_registers_the_ranks_with_the_jobs_identity(tmp_path):
     assert "WHYSLOW_SERVER" not in got and "WHYSLOW_JOB_ID" not in got, got
     got, _ = _prolog(tmp_path, {})
     assert "WHYSLOW_JOB_ID" not in got and got["WHYSLOW_SERVER"] == "http://whyslow.site:7070"
+
+
+def _image_tools():
+    missing = [t for t in ("podman", "mmdebstrap") if shutil.which(t) is None]
+    if missing:
+        why = "%s not installed (apt-get install podman mmdebstrap runc)" % ", ".join(missing)
+        if os.environ.get("WHYSLOW_REQUIRE_IMAGE") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+def _podman_run_args():
+    # This VM refuses the rlimits podman asks for by default (RLIMIT_NOFILE
+    # 1048576, RLIMIT_NPROC at the host's) and crun refuses its hybrid
+    # cgroups: runc with explicit, lower limits runs.
+    args = ["--ulimit", "nofile=16384:16384", "--ulimit", "nproc=4096:4096"]
+    if shutil.which("runc"):
+        args = ["--runtime", "runc"] + args
+    return args
+
+
+def test_image_builds_and_runs_the_server_and_the_agent(tmp_path):
+    # Issue 30: one image (Debian root by mmdebstrap, no registry), the
+    # server as user 10001, the agent as root with the DaemonSet's
+    # capabilities instead of --privileged.
+    _image_tools()
+    from test_agent import whyslow_bin
+    exe = whyslow_bin()
+    if exe is None:
+        pytest.fail("no whyslow binary (cargo build -p whyslow)")
+    tag = "localhost/whyslow-test:%d" % os.getpid()
+    b = subprocess.run([os.path.join(DEPLOY, "image", "build"), "--tag", tag, "--binary", exe],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    out = b.stdout.decode(errors="replace")
+    assert b.returncode == 0, out
+    size_mb = int(out.rsplit(", ", 2)[-2].split(" MB")[0].rsplit(" ", 1)[-1])
+    assert size_mb < 120, out  # release: 34 MB; a stripped debug binary adds ~20
+    run = ["podman", "run", "--rm"] + _podman_run_args()
+    try:
+        v = subprocess.run(run + [tag, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=60)
+        assert v.returncode == 0 and v.stdout.decode().startswith("whyslow "), v.stdout.decode()
+        # The server: non-root, answers /healthz.
+        import socket
+        import time
+        import urllib.request
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        name = "whyslow-server-%d" % os.getpid()
+        srv = subprocess.Popen(["podman", "run", "--rm", "--name", name, "--network", "host"]
+                               + _podman_run_args()
+                               + [tag, "server", "--data", "/data", "--listen", "127.0.0.1:%d" % port],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            body, deadline = None, time.monotonic() + 30
+            while body is None and time.monotonic() < deadline and srv.poll() is None:
+                try:
+                    with urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=2) as r:
+                        body = r.read().decode()
+                except OSError:
+                    time.sleep(0.3)
+            assert body is not None, "the server in the image did not answer"
+            top = subprocess.run(["podman", "top", name, "user"], stdout=subprocess.PIPE, timeout=30)
+            assert "10001" in top.stdout.decode(), top.stdout.decode()
+        finally:
+            subprocess.run(["podman", "rm", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=60)
+            srv.wait(timeout=30)
+        # The agent: host PID, the listed capabilities, a read-only root;
+        # its host profile (eBPF) lands in the spool.
+        spool, reg = tmp_path / "spool", tmp_path / "reg"
+        spool.mkdir()
+        reg.mkdir()
+        aname = "whyslow-agent-%d" % os.getpid()
+        caps = "BPF,PERFMON,SYS_PTRACE,SYS_ADMIN,SYS_RESOURCE,DAC_READ_SEARCH"
+        mounts = ["-v", "%s:/var/lib/whyslow/agent" % reg, "-v", "%s:/var/lib/whyslow/spool" % spool]
+        for p in ("/sys/kernel/debug", "/sys/kernel/tracing"):
+            if os.path.isdir(p):
+                mounts += ["-v", "%s:%s" % (p, p)]
+        subprocess.run(["podman", "run", "-d", "--name", aname, "--pid", "host", "--user", "0",
+                        "--cap-drop", "ALL", "--cap-add", caps, "--read-only"] + _podman_run_args() + mounts
+                       + [tag, "agent", "--samples-dir", "/var/lib/whyslow/agent",
+                          "--profile-spool", "/var/lib/whyslow/spool", "--profile-host",
+                          "--profile-period", "1", "--node-name", "n1"],
+                       check=True, stdout=subprocess.DEVNULL, timeout=60)
+        try:
+            deadline = time.monotonic() + 30
+            while not glob.glob(str(spool / "host" / "*.pb.gz")) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            logs = subprocess.run(["podman", "logs", aname], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  timeout=30).stdout.decode(errors="replace")
+            assert glob.glob(str(spool / "host" / "*.pb.gz")), logs[-3000:]
+        finally:
+            subprocess.run(["podman", "rm", "-f", aname], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=60)
+    finally:
+        subprocess.run(["podman", "rmi", "-f", tag], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=60)

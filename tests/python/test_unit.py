@@ -497,3 +497,20 @@ def test_fingerprints_carry_the_schedulers_name_and_labels_and_the_network():
     assert name == "train" and labels["k8s.pod"] == "train-0-abc"
     # Nothing known: the fingerprint is left as it was.
     assert json.loads(_collect.annotate(fp, None, "h", env={})) == json.loads(fp)
+
+
+def test_registration_carries_the_schedulers_identity(tmp_path, monkeypatch):
+    # Issue 30: the node agent labels a rank's profiles with what the
+    # scheduler calls the job; the registration is where it learns it.
+    from whyslow import _agent
+    monkeypatch.setenv("SLURM_JOB_ID", "8812")
+    monkeypatch.setenv("SLURM_JOB_NAME", "llama-pretrain")
+    monkeypatch.setenv("POD_NAMESPACE", "ml")
+    path = _agent.register(str(tmp_path), rank=3, local_rank=1, world_size=8, job="run-1", host="n1")
+    with open(path) as f:
+        rec = json.load(f)
+    assert rec["job_name"] == "llama-pretrain"
+    assert rec["scheduler"]["slurm.job_id"] == "8812"
+    assert rec["scheduler"]["k8s.namespace"] == "ml"
+    _agent.unregister(path)
+    assert not os.path.exists(path)

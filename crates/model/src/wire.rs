@@ -261,7 +261,22 @@ pub struct ProcessRegistration {
     /// Communication group, when known.
     #[serde(default)]
     pub group: Option<String>,
+    /// What the scheduler calls the job (Slurm's job name, the Kubernetes
+    /// Job's), as the rank's fingerprints carry it (issue 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// The scheduler's labels of the job and the rank (`slurm.job_id`,
+    /// `k8s.namespace`, `k8s.pod`, …): at most [`MAX_SCHEDULER_LABELS`],
+    /// each value at most [`MAX_LABEL_VALUE`] bytes.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub scheduler: std::collections::BTreeMap<String, String>,
 }
+
+/// The most scheduler labels a registration may carry (profiles' label
+/// cardinality stays bounded).
+pub const MAX_SCHEDULER_LABELS: usize = 16;
+/// The longest scheduler label value, in bytes.
+pub const MAX_LABEL_VALUE: usize = 200;
 
 impl ProcessRegistration {
     /// Parses a registration; the pid must be positive and the job id fit
@@ -278,6 +293,28 @@ impl ProcessRegistration {
             return Err(WireError {
                 path: "job".into(),
                 message: format!("{:?} cannot name a folder", r.job),
+            });
+        }
+        if r.scheduler.len() > MAX_SCHEDULER_LABELS {
+            return Err(WireError {
+                path: "scheduler".into(),
+                message: format!(
+                    "{} labels, at most {MAX_SCHEDULER_LABELS}",
+                    r.scheduler.len()
+                ),
+            });
+        }
+        let long = |v: &str| v.len() > MAX_LABEL_VALUE;
+        if let Some((k, _)) = r.scheduler.iter().find(|(k, v)| long(k) || long(v)) {
+            return Err(WireError {
+                path: format!("scheduler.{k}"),
+                message: format!("longer than {MAX_LABEL_VALUE} bytes"),
+            });
+        }
+        if r.job_name.as_deref().is_some_and(long) {
+            return Err(WireError {
+                path: "job_name".into(),
+                message: format!("longer than {MAX_LABEL_VALUE} bytes"),
             });
         }
         Ok(r)
@@ -302,6 +339,12 @@ impl ProcessRegistration {
         if let Some(g) = &self.group {
             l.insert("group".to_string(), g.clone());
         }
+        if let Some(n) = &self.job_name {
+            l.insert("job_name".to_string(), n.clone());
+        }
+        for (k, v) in &self.scheduler {
+            l.entry(k.clone()).or_insert_with(|| v.clone());
+        }
         l
     }
 }
@@ -309,6 +352,39 @@ impl ProcessRegistration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_registration_labels_profiles_with_the_schedulers_identity() {
+        let r = ProcessRegistration::from_json(
+            r#"{"pid": 42, "rank": 3, "job": "run-1", "host": "n1", "job_name": "llama-pretrain",
+                "scheduler": {"slurm.job_id": "8812", "slurm.job_name": "llama-pretrain",
+                              "k8s.namespace": "ml", "pid": "not this"}}"#,
+        )
+        .unwrap();
+        let l = r.labels();
+        assert_eq!(l["job_name"], "llama-pretrain");
+        assert_eq!(l["slurm.job_id"], "8812");
+        assert_eq!(l["k8s.namespace"], "ml");
+        // The agent's own labels win over a scheduler label of that name.
+        assert_eq!(l["pid"], "42");
+        // Bounded: too many labels or too long a value is refused.
+        let many: Vec<String> = (0..17).map(|i| format!(r#""l{i}": "v""#)).collect();
+        let e = ProcessRegistration::from_json(&format!(
+            r#"{{"pid": 1, "scheduler": {{{}}}}}"#,
+            many.join(",")
+        ))
+        .unwrap_err();
+        assert_eq!(e.path, "scheduler");
+        let long = "x".repeat(201);
+        let e = ProcessRegistration::from_json(&format!(
+            r#"{{"pid": 1, "scheduler": {{"k8s.pod": "{long}"}}}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e.path, "scheduler.k8s.pod");
+        // Old registrations (no identity) still parse.
+        let old = ProcessRegistration::from_json(r#"{"pid": 5, "job": "j"}"#).unwrap();
+        assert!(old.job_name.is_none() && old.scheduler.is_empty());
+    }
 
     #[test]
     fn requests_tolerate_nulls_unknown_fields_and_numeric_ids() {
