@@ -65,11 +65,11 @@ pub const PCIE_MAX_CPU: f64 = 0.05;
 /// `cpu_ns` of its thread's CPU, so that its CPU stays at most `max_cpu` of
 /// a core: none when the driver slept through the reading.
 pub fn pcie_pause(wall_ns: u64, cpu_ns: u64, max_cpu: f64) -> std::time::Duration {
-    if !(max_cpu > 0.0) {
+    if max_cpu.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return std::time::Duration::ZERO;
     }
     let budget_ns = cpu_ns as f64 / max_cpu;
-    std::time::Duration::from_nanos((budget_ns - wall_ns as f64).max(0.0).min(10e9) as u64)
+    std::time::Duration::from_nanos((budget_ns - wall_ns as f64).clamp(0.0, 10e9) as u64)
 }
 
 /// Whether GPU sampling ran.
