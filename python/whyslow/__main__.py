@@ -4,6 +4,9 @@ the whyslow command line, run in this process by the compiled extension.
 * ``python -m whyslow analyze TRACES/`` (and ``summarize``, ``localize``,
   ``flows``, ``sample``, ``agent``): exactly the ``whyslow`` binary; see
   ``python -m whyslow --help``.
+* ``python -m whyslow analyze --dask local:4|tcp://HOST:8786 SOURCES…``:
+  ``summarize`` fanned out on Dask, over local paths or any fsspec URL
+  (``s3://…``), localization here (``whyslow.distributed``).
 * ``python -m whyslow trigger [--report-dir DIR] [--job ID]``: asks a running
   job for a synchronized profiling window now, by creating
   ``$WHYSLOW_REPORT_DIR/<job id>/TRIGGER`` (every rank polls for it every
@@ -35,6 +38,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "trigger":
         return trigger(args[1:])
+    if args and args[0] == "analyze" and any(a == "--dask" or a.startswith("--dask=") for a in args):
+        from .distributed import main as distributed_main
+        return distributed_main(args)
     try:
         from ._whyslow import cli_main
     except ImportError as e:  # a source tree without the compiled extension
@@ -45,7 +51,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     code = cli_main(args)
     if args in ([], ["-h"], ["--help"], ["help"]):
         print("\nAlso: python -m whyslow trigger [--report-dir DIR] [--job ID]   "
-              "(ask a running job for a profiling window now)")
+              "(ask a running job for a profiling window now)\n"
+              "      python -m whyslow analyze --dask local:N|tcp://HOST:8786 SOURCES…   "
+              "(summarize on Dask, from paths or s3:// URLs; localize here)")
     return code
 
 
