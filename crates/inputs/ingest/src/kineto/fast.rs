@@ -43,6 +43,39 @@ fn ws(sl: &[u8], mut i: usize) -> Option<usize> {
     None
 }
 
+/// Bytes searched eight at a time before handing a string to `memchr`: most
+/// keys and values in a trace event are shorter, and a SIMD search costs more
+/// than it saves on them.
+const SHORT: usize = 32;
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The first `"` or `\\` at or after `from`: eight bytes per step in a
+/// register for short strings, `memchr` for long ones.
+#[inline]
+fn quote_or_escape(sl: &[u8], from: usize) -> Option<usize> {
+    let mut j = from;
+    while let Some(chunk) = sl.get(j..j + 8) {
+        let v = u64::from_le_bytes(chunk.try_into().ok()?);
+        let (q, e) = (v ^ (ONES * u64::from(b'"')), v ^ (ONES * u64::from(b'\\')));
+        // A zero byte in `q` or `e` is a match; the lowest flagged byte is
+        // exact (borrows only flag bytes above a true zero).
+        let hits = ((q.wrapping_sub(ONES) & !q) | (e.wrapping_sub(ONES) & !e)) & HIGHS;
+        if hits != 0 {
+            return Some(j + (hits.trailing_zeros() / 8) as usize);
+        }
+        j += 8;
+        if j - from >= SHORT {
+            return memchr::memchr2(b'"', b'\\', &sl[j..]).map(|k| j + k);
+        }
+    }
+    sl.get(j..)?
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\')
+        .map(|k| j + k)
+}
+
 /// At an opening quote: the string's content range and the index after it.
 /// Escapes → fallback (the general parser unescapes).
 #[inline]
@@ -50,8 +83,8 @@ fn string(sl: &[u8], i: usize) -> Step<(usize, usize, usize)> {
     if sl.get(i) != Some(&b'"') {
         return Err(());
     }
-    match memchr::memchr2(b'"', b'\\', &sl[i + 1..]) {
-        Some(k) if sl[i + 1 + k] == b'"' => Ok(Some((i + 1, i + 1 + k, i + 2 + k))),
+    match quote_or_escape(sl, i + 1) {
+        Some(k) if sl[k] == b'"' => Ok(Some((i + 1, k, k + 1))),
         Some(_) => Err(()),
         None => Ok(None),
     }
@@ -62,11 +95,11 @@ fn string(sl: &[u8], i: usize) -> Step<(usize, usize, usize)> {
 fn skip_string(sl: &[u8], i: usize) -> Option<usize> {
     let mut j = i + 1;
     loop {
-        let k = memchr::memchr2(b'"', b'\\', sl.get(j..)?)?;
-        if sl[j + k] == b'"' {
-            return Some(j + k + 1);
+        let k = quote_or_escape(sl, j)?;
+        if sl[k] == b'"' {
+            return Some(k + 1);
         }
-        j += k + 2;
+        j = k + 2;
     }
 }
 
@@ -115,6 +148,29 @@ fn skip_value(sl: &[u8], i: usize) -> Step<usize> {
     }
 }
 
+/// The value of the eight ASCII digits at `sl[i..i + 8]`, if they all are
+/// digits (the SWAR method of simdjson, Lemire 2019).
+#[inline]
+fn eight_digits(sl: &[u8], i: usize) -> Option<u64> {
+    let bytes: [u8; 8] = sl.get(i..i + 8)?.try_into().ok()?;
+    let v = u64::from_le_bytes(bytes);
+    // Every byte in 0x30..=0x39: high nibble 3, and adding 6 keeps it 3.
+    let all_digits = (v & 0xF0F0_F0F0_F0F0_F0F0)
+        | ((v.wrapping_add(0x0606_0606_0606_0606) & 0xF0F0_F0F0_F0F0_F0F0) >> 4)
+        == 0x3333_3333_3333_3333;
+    if !all_digits {
+        return None;
+    }
+    let mut v = v - 0x3030_3030_3030_3030;
+    // Pairs, then quads, then the whole: the first digit is the lowest byte.
+    v = (v * 10) + (v >> 8);
+    v = (v & 0x0000_00FF_0000_00FF)
+        .wrapping_mul(100 + (1_000_000 << 32))
+        .wrapping_add(((v >> 16) & 0x0000_00FF_0000_00FF).wrapping_mul(1 + (10_000 << 32)))
+        >> 32;
+    Some(v)
+}
+
 /// A plain number (`-?digits(.digits)?`, no exponent): the integer, or for a
 /// decimal the value × 1000 rounded half away from zero (µs → ns), exactly.
 fn number(sl: &[u8], i: usize) -> Step<(Num, usize)> {
@@ -125,12 +181,26 @@ fn number(sl: &[u8], i: usize) -> Step<(Num, usize)> {
     }
     let start = j;
     let mut int: u64 = 0;
-    while j < sl.len() && sl[j].is_ascii_digit() {
-        int = int
-            .checked_mul(10)
-            .and_then(|v| v.checked_add(u64::from(sl[j] - b'0')))
-            .ok_or(())?;
+    // Eight digits at a time while they last (timestamps have 16).
+    while let Some(v) = eight_digits(sl, j) {
+        int = int.wrapping_mul(100_000_000).wrapping_add(v);
+        j += 8;
+        if j - start > 16 {
+            break;
+        }
+    }
+    while let Some(&c) = sl.get(j) {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        int = int.wrapping_mul(10).wrapping_add(u64::from(d));
         j += 1;
+    }
+    // 19 digits always fit in a u64; longer (or leading-zero-padded) numbers
+    // go to the general parser, which decides exactly.
+    if j - start > 19 {
+        return Err(());
     }
     if j == sl.len() {
         return Ok(None);
@@ -181,9 +251,10 @@ fn number(sl: &[u8], i: usize) -> Step<(Num, usize)> {
     }
 }
 
-/// The `args` object at `i`, reading only the keys whyslow uses.
-fn args(sl: &[u8], mut i: usize) -> Step<(Args<'_>, usize)> {
-    let mut a = Args::default();
+/// The `args` object at `i`, reading only the keys whyslow uses into `a`
+/// (filled in place: `Args` is a few hundred bytes, and moving it per event
+/// showed in profiles). Returns the index after the object.
+fn args<'a>(sl: &'a [u8], mut i: usize, a: &mut Args<'a>) -> Step<usize> {
     if sl.get(i) != Some(&b'{') {
         return Err(());
     }
@@ -195,7 +266,7 @@ fn args(sl: &[u8], mut i: usize) -> Step<(Args<'_>, usize)> {
             None => return Ok(None),
         };
         if sl[i] == b'}' && first {
-            return Ok(Some((a, i + 1)));
+            return Ok(Some(i + 1));
         }
         first = false;
         let Some((ka, kb, after)) = string(sl, i)? else {
@@ -261,7 +332,7 @@ fn args(sl: &[u8], mut i: usize) -> Step<(Args<'_>, usize)> {
         };
         match sl[i] {
             b',' => i += 1,
-            b'}' => return Ok(Some((a, i + 1))),
+            b'}' => return Ok(Some(i + 1)),
             _ => return Err(()),
         }
     }
@@ -322,9 +393,8 @@ pub(crate) fn event<'a>(sl: &'a [u8], e: &mut RawEvent<'a>) -> Fast<()> {
                 let cat = has_cat.then(|| e.cat.as_slice());
                 let name = has_name.then(|| e.name.as_slice());
                 if super::raw::args_needed(cat, name) {
-                    let (a, after) = step!(args(sl, i));
-                    e.args = Some(a);
-                    i = after;
+                    let a = e.args.insert(Args::default());
+                    i = step!(args(sl, i, a));
                 } else {
                     i = step!(skip_value(sl, i));
                 }
@@ -336,6 +406,126 @@ pub(crate) fn event<'a>(sl: &'a [u8], e: &mut RawEvent<'a>) -> Fast<()> {
             b',' => i += 1,
             b'}' => return Fast::Done((), i + 1),
             _ => return Fast::Fallback,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (no dependency for one test).
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            self.0 >> 11
+        }
+        fn digits(&mut self, n: usize) -> String {
+            (0..n)
+                .map(|_| char::from(b'0' + (self.next() % 10) as u8))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn quote_or_escape_finds_the_first() {
+        let mut g = Lcg(7);
+        for _ in 0..20_000 {
+            let len = (g.next() % 80) as usize;
+            let text: Vec<u8> = (0..len)
+                .map(|_| match g.next() % 40 {
+                    0 => b'"',
+                    1 => b'\\',
+                    2 => 0x80 | (g.next() as u8),
+                    3 => 0xdc, // '\\' with the high bit set
+                    _ => b'a' + (g.next() % 26) as u8,
+                })
+                .collect();
+            let from = (g.next() as usize) % (len + 1);
+            let want = text[from..]
+                .iter()
+                .position(|&c| c == b'"' || c == b'\\')
+                .map(|k| from + k);
+            assert_eq!(quote_or_escape(&text, from), want, "{text:?} from {from}");
+        }
+    }
+
+    #[test]
+    fn eight_digits_reads_every_position() {
+        for s in ["00000000", "12345678", "99999999", "10000001", "90000009"] {
+            assert_eq!(eight_digits(s.as_bytes(), 0), s.parse().ok(), "{s}");
+        }
+        for bad in [
+            "1234567", "1234567a", "123:5678", "/2345678", " 2345678", "1234.678",
+        ] {
+            assert_eq!(eight_digits(bad.as_bytes(), 0), None, "{bad}");
+        }
+    }
+
+    /// The fast number reader agrees with serde_json on integers and with
+    /// the exact decimal µs → ns conversion on decimals, for every length up
+    /// to where it hands over to the general parser (issue 32: keep the
+    /// equivalence with the serde path).
+    #[test]
+    fn numbers_match_serde_for_every_length() {
+        let mut g = Lcg(0x5eed);
+        for round in 0..20_000 {
+            let int_len = 1 + (g.next() % 21) as usize;
+            let frac_len = (g.next() % 7) as usize;
+            let neg = g.next().is_multiple_of(4);
+            let mut text = String::new();
+            if neg {
+                text.push('-');
+            }
+            let int = g.digits(int_len);
+            // JSON has no leading zeros; keep a lone 0.
+            let int = match int.trim_start_matches('0') {
+                "" => "0".to_string(),
+                t => t.to_string(),
+            };
+            text.push_str(&int);
+            if frac_len > 0 {
+                text.push('.');
+                text.push_str(&g.digits(frac_len));
+            }
+            text.push(',');
+            let got = number(text.as_bytes(), 0);
+            let want: serde_json::Value = serde_json::from_str(&text[..text.len() - 1]).unwrap();
+            match got {
+                Ok(Some((Num::U(v), end))) => {
+                    assert_eq!(end, text.len() - 1);
+                    assert_eq!(want.as_u64(), Some(v), "{text}");
+                }
+                // serde_json reads `-0` as the float -0.0.
+                Ok(Some((Num::I(v), _))) => assert_eq!(want.as_f64(), Some(v as f64), "{text}"),
+                Ok(Some((Num::Ns(ns), _))) => {
+                    // Exact: the decimal's first three fractional digits,
+                    // rounded half away from zero on the fourth.
+                    let (i, f) = text[..text.len() - 1]
+                        .trim_start_matches('-')
+                        .split_once('.')
+                        .unwrap();
+                    let mut f3: String = f.chars().take(3).collect();
+                    while f3.len() < 3 {
+                        f3.push('0');
+                    }
+                    let up = f.as_bytes().get(3).is_some_and(|&d| d >= b'5');
+                    let abs = i.parse::<i128>().unwrap() * 1000
+                        + f3.parse::<i128>().unwrap()
+                        + i128::from(up);
+                    let exact = if neg { -abs } else { abs };
+                    assert_eq!(i128::from(ns), exact, "{text}");
+                }
+                Err(()) => {
+                    // Handed over: only numbers too long for the fast path.
+                    assert!(int.len() > 15, "{text} round {round}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
         }
     }
 }

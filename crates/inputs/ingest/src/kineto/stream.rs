@@ -31,6 +31,8 @@ pub(crate) struct JsonStream<R> {
     /// Stream offset of `buf[0]`.
     base: u64,
     eof: bool,
+    /// A read error met after some bytes of the same fill, reported next.
+    failed: Option<io::Error>,
 }
 
 #[inline]
@@ -64,6 +66,7 @@ impl<R: Read> JsonStream<R> {
             pos: 0,
             base: 0,
             eof: false,
+            failed: None,
         }
     }
 
@@ -77,6 +80,12 @@ impl<R: Read> JsonStream<R> {
         if self.eof {
             return Ok(false);
         }
+        if let Some(err) = self.failed.take() {
+            return Err(StreamError::Io {
+                offset: self.base + self.buf.len() as u64,
+                err,
+            });
+        }
         if self.pos > 0 {
             self.buf.drain(..self.pos);
             self.base += self.pos as u64;
@@ -88,25 +97,25 @@ impl<R: Read> JsonStream<R> {
             });
         }
         let old = self.buf.len();
-        self.buf.resize(old + CHUNK, 0);
-        loop {
-            match self.r.read(&mut self.buf[old..]) {
-                Ok(n) => {
-                    self.buf.truncate(old + n);
-                    if n == 0 {
-                        self.eof = true;
-                    }
-                    return Ok(n > 0);
+        // `read_to_end` reads into the spare capacity without zeroing it
+        // first (a `resize` here cleared a MiB per read); `take` bounds it.
+        match (&mut self.r).take(CHUNK as u64).read_to_end(&mut self.buf) {
+            Ok(n) => {
+                if n == 0 {
+                    self.eof = true;
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(err) => {
-                    self.buf.truncate(old);
-                    return Err(StreamError::Io {
-                        offset: self.base + old as u64,
-                        err,
-                    });
-                }
+                Ok(n > 0)
             }
+            // Bytes read before the error are input too (a truncated gzip
+            // still yields its events): hand them out, fail on the next fill.
+            Err(err) if self.buf.len() > old => {
+                self.failed = Some(err);
+                Ok(true)
+            }
+            Err(err) => Err(StreamError::Io {
+                offset: self.base + old as u64,
+                err,
+            }),
         }
     }
 
