@@ -61,7 +61,7 @@ fn quote_or_escape(sl: &[u8], from: usize) -> Option<usize> {
         let (q, e) = (v ^ (ONES * u64::from(b'"')), v ^ (ONES * u64::from(b'\\')));
         // A zero byte in `q` or `e` is a match; the lowest flagged byte is
         // exact (borrows only flag bytes above a true zero).
-        let hits = ((q.wrapping_sub(ONES) & !q) | (e.wrapping_sub(ONES) & !e)) & HIGHS;
+        let hits = zero_bytes(q) | zero_bytes(e);
         if hits != 0 {
             return Some(j + (hits.trailing_zeros() / 8) as usize);
         }
@@ -103,6 +103,35 @@ fn skip_string(sl: &[u8], i: usize) -> Option<usize> {
     }
 }
 
+/// Whether any byte of `v` is zero, as the high bit of the lowest such byte
+/// (bytes above it may be flagged falsely; the lowest is exact).
+#[inline]
+fn zero_bytes(v: u64) -> u64 {
+    v.wrapping_sub(ONES) & !v & HIGHS
+}
+
+/// The first of `"`, `{`, `}`, `[`, `]` at or after `from`, eight bytes per
+/// step: or-ing 0x20 folds `[`/`]` onto `{`/`}` (and nothing else onto them).
+#[inline]
+fn structural(sl: &[u8], from: usize) -> Option<usize> {
+    let mut j = from;
+    while let Some(chunk) = sl.get(j..j + 8) {
+        let v = u64::from_le_bytes(chunk.try_into().ok()?);
+        let folded = v | (ONES * 0x20);
+        let hits = zero_bytes(v ^ (ONES * u64::from(b'"')))
+            | zero_bytes(folded ^ (ONES * u64::from(b'{')))
+            | zero_bytes(folded ^ (ONES * u64::from(b'}')));
+        if hits != 0 {
+            return Some(j + (hits.trailing_zeros() / 8) as usize);
+        }
+        j += 8;
+    }
+    sl.get(j..)?
+        .iter()
+        .position(|c| matches!(c, b'"' | b'{' | b'}' | b'[' | b']'))
+        .map(|k| j + k)
+}
+
 /// Skips any JSON value at `i` structurally.
 fn skip_value(sl: &[u8], i: usize) -> Step<usize> {
     match sl.get(i) {
@@ -111,25 +140,24 @@ fn skip_value(sl: &[u8], i: usize) -> Step<usize> {
         Some(b'{' | b'[') => {
             let mut depth = 0usize;
             let mut j = i;
-            while j < sl.len() {
-                match sl[j] {
-                    b'"' => match skip_string(sl, j) {
-                        Some(k) => {
-                            j = k;
+            while let Some(k) = structural(sl, j) {
+                match sl[k] {
+                    b'"' => match skip_string(sl, k) {
+                        Some(after) => {
+                            j = after;
                             continue;
                         }
                         None => return Ok(None),
                     },
                     b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
+                    _ => {
                         depth -= 1;
                         if depth == 0 {
-                            return Ok(Some(j + 1));
+                            return Ok(Some(k + 1));
                         }
                     }
-                    _ => {}
                 }
-                j += 1;
+                j = k + 1;
             }
             Ok(None)
         }
@@ -451,6 +479,27 @@ mod tests {
                 .position(|&c| c == b'"' || c == b'\\')
                 .map(|k| from + k);
             assert_eq!(quote_or_escape(&text, from), want, "{text:?} from {from}");
+        }
+    }
+
+    #[test]
+    fn structural_finds_the_first() {
+        let mut g = Lcg(11);
+        let pick = b"\"{}[]ab1,:; \x5b\x7b\xdb\xfb\xdd\xfd\x02";
+        for _ in 0..20_000 {
+            let len = (g.next() % 80) as usize;
+            let text: Vec<u8> = (0..len)
+                .map(|_| match g.next() % 6 {
+                    0 => pick[(g.next() as usize) % pick.len()],
+                    _ => b'a' + (g.next() % 26) as u8,
+                })
+                .collect();
+            let from = (g.next() as usize) % (len + 1);
+            let want = text[from..]
+                .iter()
+                .position(|c| matches!(c, b'"' | b'{' | b'}' | b'[' | b']'))
+                .map(|k| from + k);
+            assert_eq!(structural(&text, from), want, "{text:?} from {from}");
         }
     }
 
