@@ -134,6 +134,8 @@ pub struct Bocd {
     hazard: f64,
     runs: Vec<Run>,
     scratch: Vec<Run>,
+    /// Reused buffer of run probabilities for pruning.
+    probs: Vec<f64>,
     /// ln Γ(α+½) − ln Γ(α) − ½ ln(2απ) for α = α₀ + n/2, indexed by n.
     lnc: Vec<f64>,
     t: usize,
@@ -154,6 +156,7 @@ impl Bocd {
             hazard: 1.0 / lambda,
             runs: Vec::new(),
             scratch: Vec::new(),
+            probs: Vec::new(),
             lnc: Vec::new(),
             t: 0,
             last_cp: 0.0,
@@ -311,7 +314,9 @@ impl Bocd {
             });
         }
         if max > 0 && self.runs.len() > max {
-            let mut probs: Vec<f64> = self.runs.iter().skip(1).map(|r| r.prob).collect();
+            let probs = &mut self.probs;
+            probs.clear();
+            probs.extend(self.runs.iter().skip(1).map(|r| r.prob));
             let k = max - 1;
             if k == 0 {
                 self.runs.truncate(1);

@@ -185,7 +185,9 @@ pub fn classify(index: &FlowIndex<'_>, jobs: &Jobs, cfg: &BocdConfig) -> Classif
     let job_ends: Vec<Vec<u64>> = job_dp
         .into_iter()
         .map(|mut f| {
-            f.sort_unstable();
+            // Runs of sorted flows (one per pair): a stable merge sort
+            // finds them (the order is total, so stable or not is alike).
+            f.sort();
             let cps = divide(&f, cfg);
             let mut ends = Vec::new();
             let mut prev = 0;

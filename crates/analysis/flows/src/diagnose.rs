@@ -133,7 +133,8 @@ pub fn switch_stats(
         flows: usize,
         bytes: f64,
         dur: f64,
-        edges: Vec<(u64, i32)>,
+        starts: Vec<u64>,
+        ends: Vec<u64>,
         bins: FxHashMap<u64, (f64, f64)>,
         bws: Vec<f64>,
         link: bool,
@@ -152,41 +153,58 @@ pub fn switch_stats(
     }
     .max(1);
     let t0 = index.records.iter().map(|r| r.start_us).min().unwrap_or(0);
-    let mut accs: FxHashMap<String, Acc> = FxHashMap::default();
-    let mut names: Vec<(String, bool)> = Vec::new();
+    // Accumulators by name; each distinct switch path's names (switches, then
+    // links) are worked out once, as accumulator indices.
+    let mut accs: Vec<(String, Acc)> = Vec::new();
+    let mut acc_of: FxHashMap<String, usize> = FxHashMap::default();
+    let mut path_accs: FxHashMap<&[String], Vec<usize>> = FxHashMap::default();
     for (p, flows) in index.pair_flows.iter().enumerate() {
         if cls.kind[p] != PairType::Dp {
             continue;
         }
         for &i in flows {
             let r = index.rec(i);
-            names.clear();
-            names.extend(r.switches.iter().map(|s| (s.clone(), false)));
-            for w in r.switches.windows(2) {
-                if topology.and_then(|t| t.linked(&w[0], &w[1])) == Some(false) {
-                    continue;
+            let ids = path_accs.entry(r.switches.as_slice()).or_insert_with(|| {
+                let mut names: Vec<(String, bool)> =
+                    r.switches.iter().map(|s| (s.clone(), false)).collect();
+                for w in r.switches.windows(2) {
+                    if topology.and_then(|t| t.linked(&w[0], &w[1])) == Some(false) {
+                        continue;
+                    }
+                    let (x, y) = if w[0] <= w[1] {
+                        (&w[0], &w[1])
+                    } else {
+                        (&w[1], &w[0])
+                    };
+                    names.push((format!("{x}<->{y}"), true));
                 }
-                let (x, y) = if w[0] <= w[1] {
-                    (&w[0], &w[1])
-                } else {
-                    (&w[1], &w[0])
-                };
-                names.push((format!("{x}<->{y}"), true));
-            }
-            for (name, link) in names.drain(..) {
-                let a = accs.entry(name).or_insert_with(|| Acc {
-                    flows: 0,
-                    bytes: 0.0,
-                    dur: 0.0,
-                    edges: Vec::new(),
-                    bins: FxHashMap::default(),
-                    bws: Vec::new(),
-                    link,
-                });
+                names
+                    .into_iter()
+                    .map(|(name, link)| {
+                        *acc_of.entry(name.clone()).or_insert_with(|| {
+                            accs.push((
+                                name,
+                                Acc {
+                                    flows: 0,
+                                    bytes: 0.0,
+                                    dur: 0.0,
+                                    starts: Vec::new(),
+                                    ends: Vec::new(),
+                                    bins: FxHashMap::default(),
+                                    bws: Vec::new(),
+                                    link,
+                                },
+                            ));
+                            accs.len() - 1
+                        })
+                    })
+                    .collect()
+            });
+            for &k in ids.iter() {
+                let a = &mut accs[k].1;
                 a.flows += 1;
-                a.edges.push((r.start_us, 1));
-                a.edges
-                    .push((r.end_us().max(r.start_us.saturating_add(1)), -1));
+                a.starts.push(r.start_us);
+                a.ends.push(r.end_us().max(r.start_us.saturating_add(1)));
                 if r.dur_us > 0 {
                     a.bytes += r.bytes as f64;
                     a.dur += r.dur_us as f64;
@@ -201,10 +219,17 @@ pub fn switch_stats(
     let mut out: Vec<SwitchStats> = accs
         .into_iter()
         .map(|(name, mut a)| {
-            a.edges.sort_unstable();
-            let (mut cur, mut max) = (0i32, 0i32);
-            for (_, d) in &a.edges {
-                cur += d;
+            // Most flows open at once; a flow ending when another starts
+            // does not overlap it.
+            a.starts.sort_unstable();
+            a.ends.sort_unstable();
+            let (mut cur, mut max, mut j) = (0usize, 0usize, 0usize);
+            for &t in &a.starts {
+                while j < a.ends.len() && a.ends[j] <= t {
+                    j += 1;
+                    cur -= 1;
+                }
+                cur += 1;
                 max = max.max(cur);
             }
             let mut per_step: Vec<(u64, u64, f64)> = a
@@ -227,7 +252,7 @@ pub fn switch_stats(
                 link: a.link,
                 p90_dp_gbps: p90,
                 dp_flows: a.flows,
-                max_concurrent_dp_flows: max.max(0) as usize,
+                max_concurrent_dp_flows: max,
                 mean_dp_gbps: gbps(a.bytes, a.dur),
                 per_step,
             }

@@ -25,17 +25,58 @@ struct Cluster {
     start: u64,
     end: u64,
     bytes: u64,
-    members: Vec<u32>,
+    /// The first member (record index).
+    first: u32,
+    /// Members after the first (empty, unallocated, for most clusters).
+    more: Vec<u32>,
+    /// Switch ids of the first member (a range of `SwitchIds::ids`).
+    first_sw: (u32, u32),
+    /// Switch ids of the later members.
+    more_sw: Vec<u32>,
+}
+
+/// Switch names interned to small ids, per record a range of `ids`.
+struct SwitchIds<'a> {
+    names: FxHashMap<&'a str, u32>,
+    ids: Vec<u32>,
+}
+
+impl<'a> SwitchIds<'a> {
+    fn intern(&mut self, r: &'a FlowRecord) -> (u32, u32) {
+        let from = self.ids.len() as u32;
+        for s in &r.switches {
+            let n = self.names.len() as u32;
+            let id = *self.names.entry(s.as_str()).or_insert(n);
+            self.ids.push(id);
+        }
+        (from, self.ids.len() as u32)
+    }
+
+    fn get(&self, (a, b): (u32, u32)) -> &[u32] {
+        &self.ids[a as usize..b as usize]
+    }
+}
+
+/// Where a merged output record comes from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// Record index, copied as is.
+    Record(u32),
+    /// Index into the merged records.
+    Merged(u32),
 }
 
 /// Merge duplicate reports (see the module docs); output sorted by start time.
 /// Records without switches are never merged.
 pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
     let mut groups: FxHashMap<Key, Vec<u32>> = FxHashMap::default();
-    let mut out: Vec<FlowRecord> = Vec::with_capacity(records.len());
+    // (start, source) of every output record, in the order the clusters close;
+    // the records themselves are copied once, in their final order.
+    let mut order: Vec<(u64, Source)> = Vec::with_capacity(records.len());
+    let mut merged: Vec<FlowRecord> = Vec::new();
     for (i, r) in records.iter().enumerate() {
         if r.switches.is_empty() {
-            out.push(r.clone());
+            order.push((r.start_us, Source::Record(i as u32)));
             continue;
         }
         groups
@@ -43,16 +84,25 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
             .or_default()
             .push(i as u32);
     }
+    let mut sw = SwitchIds {
+        names: FxHashMap::default(),
+        ids: Vec::new(),
+    };
+    let mut open: Vec<Cluster> = Vec::new();
+    let mut done: Vec<Cluster> = Vec::new();
     for (_, mut idx) in groups {
         if idx.len() == 1 {
-            out.push(records[idx[0] as usize].clone());
+            let i = idx[0];
+            order.push((records[i as usize].start_us, Source::Record(i)));
             continue;
         }
         idx.sort_by_key(|&i| (records[i as usize].start_us, i));
-        let mut open: Vec<Cluster> = Vec::new();
-        let mut done: Vec<Cluster> = Vec::new();
+        sw.ids.clear();
+        open.clear();
+        done.clear();
         for i in idx {
             let r = &records[i as usize];
+            let r_sw = sw.intern(r);
             // Close clusters that ended before this record starts.
             let mut k = 0;
             while k < open.len() {
@@ -62,38 +112,46 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
                     k += 1;
                 }
             }
+            let mine = sw.get(r_sw);
+            // Fits: byte counts agree, and no member came from one of r's switches.
             let fits = |c: &Cluster| {
                 let (a, b) = (c.bytes.max(r.bytes) as f64, c.bytes.min(r.bytes) as f64);
                 let bytes_ok = a == 0.0 || (a - b) / a <= MERGE_BYTES_REL;
                 bytes_ok
-                    && c.members.iter().all(|&m| {
-                        let o = &records[m as usize];
-                        !o.switches.iter().any(|s| r.switches.contains(s))
-                    })
+                    && !sw
+                        .get(c.first_sw)
+                        .iter()
+                        .chain(&c.more_sw)
+                        .any(|s| mine.contains(s))
             };
-            match open.iter_mut().find(|c| fits(c)) {
-                Some(c) => {
+            match open.iter().position(fits) {
+                Some(k) => {
+                    let c = &mut open[k];
                     c.end = c.end.max(r.end_us());
                     c.bytes = c.bytes.max(r.bytes);
-                    c.members.push(i);
+                    c.more.push(i);
+                    c.more_sw.extend_from_slice(sw.get(r_sw));
                 }
                 None => open.push(Cluster {
                     start: r.start_us,
                     end: r.end_us(),
                     bytes: r.bytes,
-                    members: vec![i],
+                    first: i,
+                    more: Vec::new(),
+                    first_sw: r_sw,
+                    more_sw: Vec::new(),
                 }),
             }
         }
         done.append(&mut open);
-        for c in done {
-            if c.members.len() == 1 {
-                out.push(records[c.members[0] as usize].clone());
+        for c in done.drain(..) {
+            if c.more.is_empty() {
+                order.push((c.start, Source::Record(c.first)));
                 continue;
             }
-            let first = &records[c.members[0] as usize];
+            let first = &records[c.first as usize];
             let mut seen: Vec<(u64, &str)> = Vec::new();
-            for &m in &c.members {
+            for &m in std::iter::once(&c.first).chain(&c.more) {
                 let o = &records[m as usize];
                 for s in &o.switches {
                     match seen.iter_mut().find(|(_, n)| *n == s.as_str()) {
@@ -103,17 +161,34 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
                 }
             }
             seen.sort();
-            out.push(FlowRecord {
+            order.push((c.start, Source::Merged(merged.len() as u32)));
+            merged.push(FlowRecord {
                 start_us: c.start,
                 dur_us: c.end - c.start,
+                src: first.src,
+                dst: first.dst,
                 bytes: c.bytes,
+                src_port: first.src_port,
+                dst_port: first.dst_port,
+                proto: first.proto,
                 switches: seen.into_iter().map(|(_, s)| s.to_string()).collect(),
-                ..first.clone()
             });
         }
     }
-    out.sort_by_key(|r| r.start_us);
-    out
+    // Stable: records starting together keep the order above.
+    order.sort_by_key(|o| o.0);
+    let none = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+    order
+        .into_iter()
+        .map(|(_, src)| match src {
+            Source::Record(i) => records[i as usize].clone(),
+            // Each merged record is placed once: move it out.
+            Source::Merged(k) => std::mem::replace(
+                &mut merged[k as usize],
+                FlowRecord::new(0, none, none, 0, 0),
+            ),
+        })
+        .collect()
 }
 
 /// With a topology that places the flows' endpoints: every connection as the

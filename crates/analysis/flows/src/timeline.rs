@@ -89,17 +89,24 @@ pub fn reconstruct(
     }
     let mut ranks = Vec::with_capacity(n);
     let mut starts = Vec::new();
+    let mut keyed: Vec<(u64, u64, u32)> = Vec::new();
     for &id in &order {
         let mut list = std::mem::take(&mut dp[id as usize]);
         if list.is_empty() {
             list = all[id as usize].iter().map(|&(f, _)| f).collect();
         }
-        list.sort_by_key(|&i| index.rec(i).start_us);
+        // Sort by start (stable), with the times beside the indices: no
+        // lookup of a record per comparison.
+        keyed.clear();
+        keyed.extend(list.iter().map(|&i| {
+            let r = index.rec(i);
+            (r.start_us, r.end_us(), i)
+        }));
+        keyed.sort_by_key(|k| k.0);
+        list.clear();
+        list.extend(keyed.iter().map(|k| k.2));
         starts.clear();
-        starts.extend(
-            list.iter()
-                .map(|&i| (index.rec(i).start_us, index.rec(i).end_us())),
-        );
+        starts.extend(keyed.iter().map(|k| (k.0, k.1)));
         let cps = divide(&starts, cfg);
         let mut bursts = Vec::with_capacity(cps.len() + 1);
         let mut burst_flows: Vec<Vec<u32>> = Vec::with_capacity(cps.len() + 1);
@@ -131,9 +138,12 @@ pub fn reconstruct(
             .collect();
         let mut events: Vec<(TimelineEvent, usize)> = Vec::with_capacity(all[id as usize].len());
         let mine = index.addrs[id as usize];
-        let mut evs = std::mem::take(&mut all[id as usize]);
-        evs.sort_by_key(|&(i, _)| index.rec(i).start_us);
-        for (i, p) in evs {
+        let mut evs: Vec<(u64, u32, u32)> = std::mem::take(&mut all[id as usize])
+            .into_iter()
+            .map(|(i, p)| (index.rec(i).start_us, i, p))
+            .collect();
+        evs.sort_by_key(|e| e.0);
+        for (_, i, p) in evs {
             let r = index.rec(i);
             let send = r.src == mine;
             let (pa, pb) = index.pairs[p as usize];
