@@ -1,8 +1,15 @@
 //! Synthetic benchmark of `localize` (PerfTracker §4.3 at scale).
 //!
 //! Generates W workers × F functions in memory (3% jitter), injects a few
-//! outliers, times `localize` and checks that exactly the injected outliers
-//! are found.
+//! outliers, times `localize_table` and checks that exactly the injected
+//! outliers are found.
+//!
+//! The input is built as a [`FingerprintTable`], the most compact form the
+//! localizer accepts, as a caller holding a million workers' fingerprints
+//! would (a `Vec<Fingerprint>` of 1M × 20 takes ~3.2 GB; the table ~0.45 GB).
+//! It is the input, so its memory counts in the peak RSS; its building is
+//! timed apart from localization ("generated … in"). `localize` on
+//! fingerprints runs the same algorithm (see `whyslow_localize::localize`).
 //!
 //! ```text
 //! cargo run --release -p whyslow-localize --example bench_localize -- [workers] [functions] [repeats]
@@ -14,12 +21,11 @@
 //! ```
 use std::time::Instant;
 
-use whyslow_localize::{localize, LocalizeConfig};
-use whyslow_model::rng::SplitMix64;
-use whyslow_model::{
-    Fingerprint, FunctionKind, FunctionPattern, Resource, UtilizationSource, FINGERPRINT_FORMAT,
-    FINGERPRINT_VERSION,
+use whyslow_localize::{
+    localize_table, FingerprintTable, LocalizeConfig, TableFunction, TablePattern, TableWorker,
 };
+use whyslow_model::rng::SplitMix64;
+use whyslow_model::{FunctionKind, Resource, UtilizationSource};
 
 /// This process's CPU time (user + system) in seconds, from /proc (Linux);
 /// less sensitive than wall time to other load on the machine.
@@ -95,10 +101,32 @@ fn main() {
     let gc_name = "train.py(120): main;gradmode.py(80): __init__";
 
     let t0 = Instant::now();
-    let mut fps = Vec::with_capacity(workers);
+    let mut functions: Vec<TableFunction> = base
+        .iter()
+        .map(|(kind, resource, name, ..)| TableFunction {
+            kind: *kind,
+            name: name.clone(),
+            resource: *resource,
+        })
+        .collect();
+    functions.push(TableFunction {
+        kind: FunctionKind::Python,
+        name: gc_name.to_string(),
+        resource: Resource::Cpu,
+    });
+    let gc = (functions.len() - 1) as u32;
+    let mut fps = match FingerprintTable::new(functions, workers) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let mut patterns: Vec<TablePattern> = Vec::with_capacity(nfun + 1);
+    let mut host = String::new();
     for w in 0..workers as u32 {
-        let mut functions = Vec::with_capacity(nfun + 1);
-        for (i, (kind, resource, name, b, m, s)) in base.iter().enumerate() {
+        patterns.clear();
+        for (i, (_, _, _, b, m, s)) in base.iter().enumerate() {
             let mut beta = b * (1.0 + 0.03 * rng.symmetric());
             let mut mu = m * (1.0 + 0.03 * rng.symmetric());
             let mut sigma = s * (1.0 + 0.03 * rng.symmetric());
@@ -112,52 +140,44 @@ fn main() {
             if !beta.is_finite() {
                 beta = 0.0;
             }
-            functions.push(FunctionPattern {
-                name: name.clone(),
-                kind: *kind,
-                resource: *resource,
-                beta,
-                mu,
-                sigma,
+            patterns.push(TablePattern {
+                function: i as u32,
+                beta: beta as f32,
+                mu: mu as f32,
+                sigma: sigma as f32,
                 util_source: UtilizationSource::Samples,
-                calls: 100,
-                critical_us: beta * 20e6,
-                total_us: beta * 25e6,
+                critical_us: (beta * 20e6) as f32,
+                total_us: (beta * 25e6) as f32,
             });
         }
         if gc_workers.contains(&w) {
-            functions.push(FunctionPattern {
-                name: gc_name.to_string(),
-                kind: FunctionKind::Python,
-                resource: Resource::Cpu,
+            patterns.push(TablePattern {
+                function: gc,
                 beta: 0.05,
                 mu: 0.3,
                 sigma: 0.1,
                 util_source: UtilizationSource::Samples,
-                calls: 1,
                 critical_us: 1e6,
                 total_us: 1e6,
             });
         }
-        fps.push(Fingerprint {
-            format: FINGERPRINT_FORMAT.into(),
-            version: FINGERPRINT_VERSION,
+        if w % 8 == 0 {
+            host = format!("node{:06}", w / 8);
+        }
+        let worker = TableWorker {
             worker: w,
-            host: Some(format!("node{:06}", w / 8)),
+            host: Some(&host),
             group: None,
-            window_start_us: 0.0,
-            window_us: 20e6,
-            device: None,
-            job: None,
+            source: "",
             utilization_source: UtilizationSource::Samples,
-            source: String::new(),
-            functions,
+            window_us: 20e6,
             total_floor: 0.0,
-            kernels: Vec::new(),
-            omitted: Vec::new(),
-            warnings: Vec::new(),
-            network: None,
-        });
+            omitted: &[],
+        };
+        if let Err(e) = fps.push_worker(&worker, &patterns) {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
     }
     eprintln!(
         "generated {workers} workers x {nfun} functions in {:.2?}",
@@ -173,7 +193,7 @@ fn main() {
     let cpu0 = cpu_seconds();
     for _ in 0..repeats {
         let t = Instant::now();
-        let r = localize(&fps, &cfg, Some(workers as u32));
+        let r = localize_table(&fps, &cfg, Some(workers as u32));
         let dt = t.elapsed().as_secs_f64();
         best = best.min(dt);
         report = Some(r);

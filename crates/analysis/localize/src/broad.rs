@@ -19,9 +19,10 @@
 use std::collections::HashMap;
 
 use whyslow_model::{
-    Finding, Fingerprint, FunctionKind, Reason, Resource, Stat, UtilizationSource, WorkerPoint,
+    Finding, FunctionKind, Reason, Resource, Stat, UtilizationSource, WorkerPoint,
 };
 
+use crate::source::Source;
 use crate::{clean, median, LocalizeConfig};
 
 /// The function name of a finding of this check.
@@ -29,43 +30,43 @@ pub const ALL_GPU_KERNELS: &str = "all GPU compute kernels";
 
 /// Per worker: Σ run-time share, Σ β and Σ critical µs of its GPU compute
 /// kernels.
-struct GpuTime {
+pub(crate) struct GpuTime {
     share: f64,
     beta: f64,
     critical_us: f64,
 }
 
-fn gpu_kernels(fp: &Fingerprint) -> impl Iterator<Item = &whyslow_model::FunctionPattern> {
-    fp.functions
-        .iter()
-        .filter(|p| p.kind == FunctionKind::GpuKernel)
-}
-
-fn gpu_time(fp: &Fingerprint) -> GpuTime {
-    let window = clean(fp.window_us);
-    let mut t = GpuTime {
-        share: 0.0,
-        beta: 0.0,
-        critical_us: 0.0,
-    };
-    let mut total = 0.0;
-    for p in gpu_kernels(fp) {
-        t.beta += clean(p.beta);
-        t.critical_us += clean(p.critical_us);
-        total += clean(p.total_us);
-    }
-    if window > 0.0 {
-        t.share = total / window;
-    }
-    t
+/// Per fingerprint of `src`: its [`GpuTime`] (sums in the order of its
+/// patterns).
+pub(crate) fn gpu_times<S: Source + ?Sized>(src: &S) -> Vec<GpuTime> {
+    let mut acc = vec![(0f64, 0f64, 0f64); src.count()];
+    src.for_each_pattern(Some(FunctionKind::GpuKernel), None, |i, p| {
+        let a = &mut acc[i];
+        a.0 += clean(p.beta);
+        a.1 += clean(p.critical_us);
+        a.2 += clean(p.total_us);
+    });
+    acc.into_iter()
+        .enumerate()
+        .map(|(i, (beta, critical_us, total))| {
+            let window = clean(src.window_us(i));
+            GpuTime {
+                share: if window > 0.0 { total / window } else { 0.0 },
+                beta,
+                critical_us,
+            }
+        })
+        .collect()
 }
 
 /// Each kernel's run time on one worker, by name.
-fn per_kernel(fp: &Fingerprint) -> HashMap<&str, f64> {
+fn per_kernel<S: Source + ?Sized>(src: &S, i: usize) -> HashMap<&str, f64> {
     let mut m: HashMap<&str, f64> = HashMap::new();
-    for p in gpu_kernels(fp) {
-        *m.entry(p.name.as_str()).or_default() += clean(p.total_us);
-    }
+    src.patterns_of(i, |p| {
+        if p.kind == FunctionKind::GpuKernel {
+            *m.entry(p.name).or_default() += clean(p.total_us);
+        }
+    });
     m
 }
 
@@ -74,9 +75,10 @@ fn per_kernel(fp: &Fingerprint) -> HashMap<&str, f64> {
 const MAX_KERNEL_PEERS: usize = 1000;
 
 /// The finding of this check for one comparison group (`members`: indices
-/// into `fps`, in rank order), if any.
-pub(crate) fn broad_gpu_slowdowns(
-    fps: &[Fingerprint],
+/// into `fps`, in rank order; `all_times`: [`gpu_times`] of `fps`), if any.
+pub(crate) fn broad_gpu_slowdowns<S: Source + ?Sized>(
+    fps: &S,
+    all_times: &[GpuTime],
     members: &[u32],
     group: Option<&str>,
     cfg: &LocalizeConfig,
@@ -85,10 +87,7 @@ pub(crate) fn broad_gpu_slowdowns(
     if g < cfg.min_peer_workers.max(3) {
         return None;
     }
-    let times: Vec<GpuTime> = members
-        .iter()
-        .map(|&i| gpu_time(&fps[i as usize]))
-        .collect();
+    let times: Vec<&GpuTime> = members.iter().map(|&i| &all_times[i as usize]).collect();
     let med_share = median(&mut times.iter().map(|t| t.share).collect::<Vec<_>>());
     if med_share <= 0.0 {
         return None;
@@ -96,7 +95,7 @@ pub(crate) fn broad_gpu_slowdowns(
     let slower = |t: &GpuTime, share: f64| {
         t.share >= cfg.min_ratio * share && t.share - share >= cfg.min_effect
     };
-    let mut flagged: Vec<usize> = (0..g).filter(|&i| slower(&times[i], med_share)).collect();
+    let mut flagged: Vec<usize> = (0..g).filter(|&i| slower(times[i], med_share)).collect();
     if flagged.is_empty() || 2 * flagged.len() >= g {
         return None;
     }
@@ -110,7 +109,7 @@ pub(crate) fn broad_gpu_slowdowns(
     let sampled: Vec<usize> = peers.iter().copied().step_by(step).collect();
     let mut kernel_time: HashMap<&str, Vec<f64>> = HashMap::new();
     for &i in &sampled {
-        for (k, v) in per_kernel(&fps[members[i] as usize]) {
+        for (k, v) in per_kernel(fps, members[i] as usize) {
             kernel_time.entry(k).or_default().push(v);
         }
     }
@@ -124,7 +123,7 @@ pub(crate) fn broad_gpu_slowdowns(
         .filter(|&(_, v)| v > 0.0)
         .collect();
     let broad = |i: usize| {
-        let own = per_kernel(&fps[members[i] as usize]);
+        let own = per_kernel(fps, members[i] as usize);
         let mut ratios: Vec<(f64, f64)> = peer_kernel
             .iter()
             .map(|&(k, v)| (own.get(k).copied().unwrap_or(0.0) / v, v))
@@ -152,7 +151,7 @@ pub(crate) fn broad_gpu_slowdowns(
         median(
             &mut (0..g)
                 .filter(|&i| is_flagged(i) == want)
-                .map(|i| f(&times[i]))
+                .map(|i| f(times[i]))
                 .collect::<Vec<_>>(),
         )
     };
@@ -170,11 +169,11 @@ pub(crate) fn broad_gpu_slowdowns(
     let ratio = med(&|t| t.share, true) / peer_share;
     let workers: Vec<u32> = flagged
         .iter()
-        .map(|&i| fps[members[i] as usize].worker)
+        .map(|&i| fps.rank(members[i] as usize))
         .collect();
     let mut hosts: Vec<String> = flagged
         .iter()
-        .filter_map(|&i| fps[members[i] as usize].host.clone())
+        .filter_map(|&i| fps.host(members[i] as usize).map(str::to_string))
         .collect();
     hosts.sort();
     hosts.dedup();
@@ -204,7 +203,7 @@ pub(crate) fn broad_gpu_slowdowns(
         points: (0..g)
             .filter(|&i| is_flagged(i) || i < cfg.max_points)
             .map(|i| WorkerPoint {
-                worker: fps[members[i] as usize].worker,
+                worker: fps.rank(members[i] as usize),
                 beta: times[i].beta,
                 mu: 0.0,
                 sigma: 0.0,

@@ -171,12 +171,17 @@
 mod broad;
 mod config;
 mod hint;
+mod source;
+mod table;
 
+use std::cell::OnceCell;
 use std::collections::{BTreeSet, HashMap};
 use whyslow_model::rng::SplitMix64;
 
 pub use config::{ExpectedRange, ExpectedRanges, LocalizeConfig, RangeOverride};
 pub use hint::{hint, Job};
+use source::Source;
+pub use table::{FingerprintTable, TableError, TableFunction, TablePattern, TableWorker};
 use whyslow_model::{
     Consequence, Finding, Fingerprint, FunctionKind, Reason, Relation, Report, Resource, Stat,
     UtilizationSource, Verdict, WorkerPoint, REPORT_VERSION,
@@ -317,34 +322,43 @@ impl<'a> Interner<'a> {
 const CANDIDATE: u8 = 1; // β > beta_min
 const OUTSIDE: u8 = 2; // D > 0
 
-/// Columnar patterns of one comparison group: per function bucket, entries
-/// sorted by member index.
+/// Columnar index of one comparison group: per function bucket (`fids`:
+/// interned function ids), its entries `offsets[b]..offsets[b + 1]`, each a
+/// member index and the pattern's handle in the input, sorted by member
+/// index. The values are read per bucket, when it is analyzed
+/// ([`BucketValues`]): 8 bytes an entry however many functions the group has.
 struct GroupColumns {
     offsets: Vec<usize>,
     fids: Vec<u32>,
+    member: Vec<u32>,
+    handle: Vec<u32>,
+}
+
+/// One bucket's values, read once from the input: Δ's (β, μ, σ) as f32
+/// (sanitized, then max-normalized in place), flags, and the values as the
+/// noise guard and the findings read them ([`clean`]ed f64: β, μ, σ,
+/// critical µs; has utilization).
+#[derive(Default)]
+struct BucketValues {
     beta: Vec<f32>,
     mu: Vec<f32>,
     sigma: Vec<f32>,
-    member: Vec<u32>,
-    pat: Vec<u32>,
     flags: Vec<u8>,
+    vals: Vec<([f64; 4], bool)>,
+    total_us: Vec<f64>,
 }
 
-struct Ctx<'a, 'c> {
-    fps: &'a [Fingerprint],
+struct Ctx<'a, 'c, S: Source + ?Sized> {
+    src: &'a S,
     cfg: &'c LocalizeConfig,
-    /// Per fingerprint and [`Resource::ALL`] entry: Σ critical µs × μ and
-    /// Σ critical µs over its functions with measured utilization of that
-    /// resource, for [`Finding::resource_mu`].
-    resource_acc: Vec<[(f64, f64); Resource::ALL.len()]>,
+    /// Per [`Resource::ALL`] entry, filled when a finding first needs it:
+    /// per fingerprint Σ critical µs × μ and Σ critical µs over its
+    /// functions with measured utilization of that resource, for
+    /// [`Finding::resource_mu`].
+    resource_acc: [OnceCell<Vec<(f64, f64)>>; Resource::ALL.len()],
     interner: Interner<'a>,
-    invalid_values: u64,
     duplicate_functions: u64,
     job: Job,
-    // scratch
-    local_of: Vec<u32>,
-    ent_bucket: Vec<u32>,
-    pos_cache: Vec<u32>,
 }
 
 fn sanitize(x: f64, floor: f64, invalid: &mut u64) -> f32 {
@@ -358,119 +372,66 @@ fn sanitize(x: f64, floor: f64, invalid: &mut u64) -> f32 {
     }
 }
 
-impl<'a> Ctx<'a, '_> {
-    /// Builds the columnar representation of a group (two counting passes).
-    fn columns(&mut self, members: &[u32]) -> GroupColumns {
-        let fps = self.fps;
+impl<S: Source + ?Sized> Ctx<'_, '_, S> {
+    /// Σ critical µs × μ and Σ critical µs per fingerprint over its
+    /// functions with measured utilization of resource `r` (an index of
+    /// [`Resource::ALL`]).
+    fn resource_acc(&self, r: usize) -> &[(f64, f64)] {
+        self.resource_acc[r].get_or_init(|| {
+            let resource = Resource::ALL[r];
+            let mut acc = vec![(0f64, 0f64); self.src.count()];
+            self.src.for_each_pattern(None, Some(resource), |i, p| {
+                let w = clean(p.critical_us);
+                if p.util_source == UtilizationSource::None || w <= 0.0 {
+                    return;
+                }
+                acc[i].0 += w * clean(p.mu);
+                acc[i].1 += w;
+            });
+            acc
+        })
+    }
+
+    /// Reads bucket `lo..hi` of `cols` (function `fid`) into `out`,
+    /// counting invalid values.
+    fn read_bucket(
+        &self,
+        members: &[u32],
+        cols: &GroupColumns,
+        (lo, hi): (usize, usize),
+        fid: usize,
+        out: &mut BucketValues,
+        invalid: &mut u64,
+    ) {
         let cfg = self.cfg;
-        let mut touched: Vec<u32> = Vec::new();
-        let mut counts: Vec<usize> = Vec::new();
-        let mut last_member: Vec<u32> = Vec::new();
-        self.ent_bucket.clear();
-        for (mi, &fi) in members.iter().enumerate() {
-            let fp = &fps[fi as usize];
-            for (pi, p) in fp.functions.iter().enumerate() {
-                // Workers usually list functions in the same order: try the
-                // function seen at this position on the previous worker first.
-                let cached = self.pos_cache.get(pi).copied().filter(|&id| {
-                    let id = id as usize;
-                    self.interner.kinds.get(id) == Some(&p.kind)
-                        && self.interner.names.get(id).is_some_and(|n| *n == p.name)
-                });
-                let fid = match cached {
-                    Some(id) => id,
-                    None => {
-                        let id = self.interner.intern(p.kind, p.name.as_str(), cfg);
-                        if pi < self.pos_cache.len() {
-                            self.pos_cache[pi] = id;
-                        } else {
-                            self.pos_cache.resize(pi, u32::MAX);
-                            self.pos_cache.push(id);
-                        }
-                        id
-                    }
-                };
-                let fid_us = fid as usize;
-                if fid_us >= self.local_of.len() {
-                    self.local_of.resize(fid_us + 1, u32::MAX);
-                }
-                let mut lb = self.local_of[fid_us];
-                if lb == u32::MAX {
-                    lb = touched.len() as u32;
-                    self.local_of[fid_us] = lb;
-                    touched.push(fid);
-                    counts.push(0);
-                    last_member.push(u32::MAX);
-                }
-                let lbu = lb as usize;
-                if last_member[lbu] == mi as u32 {
-                    self.duplicate_functions += 1;
-                    self.ent_bucket.push(u32::MAX);
-                } else {
-                    last_member[lbu] = mi as u32;
-                    counts[lbu] += 1;
-                    self.ent_bucket.push(lb);
-                }
-            }
-        }
-        for &fid in &touched {
-            self.local_of[fid as usize] = u32::MAX;
-        }
-        let mut offsets = Vec::with_capacity(counts.len() + 1);
-        let mut acc = 0usize;
-        offsets.push(0);
-        for &c in &counts {
-            acc += c;
-            offsets.push(acc);
-        }
-        let total = acc;
-        let mut cur: Vec<usize> = offsets[..offsets.len() - 1].to_vec();
-        let mut beta = vec![0f32; total];
-        let mut mu = vec![0f32; total];
-        let mut sigma = vec![0f32; total];
-        let mut member = vec![0u32; total];
-        let mut pat = vec![0u32; total];
-        let mut flags = vec![0u8; total];
         let floor = cfg.zero_floor;
-        let mut e = 0usize;
-        for (mi, &fi) in members.iter().enumerate() {
-            for (pi, p) in fps[fi as usize].functions.iter().enumerate() {
-                let lb = self.ent_bucket[e];
-                e += 1;
-                if lb == u32::MAX {
-                    continue;
+        let range = &self.interner.ranges[fid];
+        out.beta.clear();
+        out.mu.clear();
+        out.sigma.clear();
+        out.flags.clear();
+        out.vals.clear();
+        out.total_us.clear();
+        for e in lo..hi {
+            let fi = members[cols.member[e] as usize] as usize;
+            let p = self.src.pattern(fi, cols.handle[e]);
+            out.beta.push(sanitize(p.beta, floor, invalid));
+            out.mu.push(sanitize(p.mu, floor, invalid));
+            out.sigma.push(sanitize(p.sigma, floor, invalid));
+            let (rb, rm, rs) = (clean(p.beta), clean(p.mu), clean(p.sigma));
+            let mut fl = 0u8;
+            if rb > cfg.beta_min {
+                fl |= CANDIDATE;
+                if range.distance(rb, rm, rs) > 0.0 {
+                    fl |= OUTSIDE;
                 }
-                let slot = cur[lb as usize];
-                cur[lb as usize] += 1;
-                let b = sanitize(p.beta, floor, &mut self.invalid_values);
-                let m = sanitize(p.mu, floor, &mut self.invalid_values);
-                let s = sanitize(p.sigma, floor, &mut self.invalid_values);
-                beta[slot] = b;
-                mu[slot] = m;
-                sigma[slot] = s;
-                member[slot] = mi as u32;
-                pat[slot] = pi as u32;
-                let (rb, rm, rs) = (clean(p.beta), clean(p.mu), clean(p.sigma));
-                let mut fl = 0u8;
-                if rb > cfg.beta_min {
-                    fl |= CANDIDATE;
-                    let range = &self.interner.ranges[touched[lb as usize] as usize];
-                    if range.distance(rb, rm, rs) > 0.0 {
-                        fl |= OUTSIDE;
-                    }
-                }
-                flags[slot] = fl;
             }
-        }
-        GroupColumns {
-            offsets,
-            fids: touched,
-            beta,
-            mu,
-            sigma,
-            member,
-            pat,
-            flags,
+            out.flags.push(fl);
+            out.vals.push((
+                [rb, rm, rs, clean(p.critical_us)],
+                p.util_source != UtilizationSource::None,
+            ));
+            out.total_us.push(clean(p.total_us));
         }
     }
 }
@@ -482,23 +443,6 @@ fn clean(x: f64) -> f64 {
     } else {
         0.0
     }
-}
-
-/// Σ critical µs × μ and Σ critical µs per resource over a worker's functions
-/// with measured utilization, for [`Finding::resource_mu`].
-fn resource_acc(fp: &Fingerprint) -> [(f64, f64); Resource::ALL.len()] {
-    let mut acc = [(0f64, 0f64); Resource::ALL.len()];
-    for p in &fp.functions {
-        let w = clean(p.critical_us);
-        if p.util_source == UtilizationSource::None || w <= 0.0 {
-            continue;
-        }
-        if let Some(r) = Resource::ALL.iter().position(|x| *x == p.resource) {
-            acc[r].0 += w * clean(p.mu);
-            acc[r].1 += w;
-        }
-    }
-    acc
 }
 
 /// Bresenham selection: is item `t` of `total` among the `keep` evenly spaced ones?
@@ -558,25 +502,64 @@ struct Scratch {
     /// Per present worker: far from the group's typical pattern?
     far: Vec<bool>,
     column: Vec<f64>,
+    /// The bucket being analyzed.
+    values: BucketValues,
+    /// Per group member, for the noise guard ([`Evidence`]).
+    share: Vec<f64>,
+    entry_of: Vec<u32>,
+    /// NaN, infinite or negative β/μ/σ read so far.
+    invalid_values: u64,
 }
 
 /// Analyzes one (group, function) bucket; returns its findings (none; one;
 /// or, with the noise guard, one on the whole group and one on part of it).
-fn analyze_bucket(
-    ctx: &Ctx<'_, '_>,
+fn analyze_bucket<S: Source + ?Sized>(
+    ctx: &Ctx<'_, '_, S>,
     members: &[u32],
     group: Option<&str>,
-    cols: &mut GroupColumns,
+    cols: &GroupColumns,
     bucket: usize,
     scratch: &mut Scratch,
 ) -> Vec<Finding> {
-    let cfg = ctx.cfg;
     let (lo, hi) = (cols.offsets[bucket], cols.offsets[bucket + 1]);
-    let flags = &cols.flags[lo..hi];
+    let fid = cols.fids[bucket] as usize;
+    let mut values = std::mem::take(&mut scratch.values);
+    ctx.read_bucket(
+        members,
+        cols,
+        (lo, hi),
+        fid,
+        &mut values,
+        &mut scratch.invalid_values,
+    );
+    let findings = analyze_values(
+        ctx,
+        members,
+        group,
+        cols,
+        (lo, hi, fid),
+        &mut values,
+        scratch,
+    );
+    scratch.values = values;
+    findings
+}
+
+/// [`analyze_bucket`] once the bucket's values are read.
+fn analyze_values<S: Source + ?Sized>(
+    ctx: &Ctx<'_, '_, S>,
+    members: &[u32],
+    group: Option<&str>,
+    cols: &GroupColumns,
+    (lo, hi, fid): (usize, usize, usize),
+    values: &mut BucketValues,
+    scratch: &mut Scratch,
+) -> Vec<Finding> {
+    let cfg = ctx.cfg;
+    let flags = &values.flags[..];
     if !flags.iter().any(|&f| f & CANDIDATE != 0) {
         return Vec::new(); // Eq. 11 needs β > beta_min somewhere.
     }
-    let fid = cols.fids[bucket] as usize;
     let kind = ctx.interner.kinds[fid];
     let name = ctx.interner.names[fid];
     let g = members.len();
@@ -593,9 +576,9 @@ fn analyze_bucket(
     scratch.far.clear();
     if peer_ok {
         // Eq. 8: max normalization (absent workers contribute 0).
-        let b = &mut cols.beta[lo..hi];
-        let m = &mut cols.mu[lo..hi];
-        let s = &mut cols.sigma[lo..hi];
+        let b = &mut values.beta[..];
+        let m = &mut values.mu[..];
+        let s = &mut values.sigma[..];
         for dim in [&mut *b, &mut *m, &mut *s] {
             let mx = dim.iter().copied().fold(0f32, f32::max);
             if mx > 0.0 && (mx as f64) >= cfg.zero_floor {
@@ -635,7 +618,33 @@ fn analyze_bucket(
         }
         let delta = cfg.delta as f32;
         let (sb, sm, ss) = (&scratch.sb[..], &scratch.sm[..], &scratch.ss[..]);
+        // Exact shortcut (whyslow, not in the paper): the peers lie within
+        // `radius` of their centroid c (L1, in f64), so a worker at
+        // distance d from c is within d + radius of every peer and at least
+        // d − radius from each. Clear of δ either way by a margin far above
+        // f32 rounding (a few 1e-7 relative), every comparison below would
+        // come out the same: count none or all without comparing. In a
+        // healthy job the workers cluster well inside δ, so most workers
+        // cost O(1) instead of O(N).
+        let np = sb.len().max(1) as f64;
+        let centre = [sb, sm, ss].map(|d| d.iter().map(|&v| f64::from(v)).sum::<f64>() / np);
+        let to_centre = |x: f32, y: f32, z: f32| -> f64 {
+            (f64::from(x) - centre[0]).abs()
+                + (f64::from(y) - centre[1]).abs()
+                + (f64::from(z) - centre[2]).abs()
+        };
+        let radius = (0..sb.len())
+            .map(|j| to_centre(sb[j], sm[j], ss[j]))
+            .fold(0f64, f64::max);
+        let delta64 = f64::from(delta);
         let count_far = |x: f32, y: f32, z: f32| -> u32 {
+            let d = to_centre(x, y, z);
+            if (d + radius) * (1.0 + 1e-6) + 1e-9 < delta64 {
+                return 0;
+            }
+            if (d - radius) * (1.0 - 1e-6) - 1e-9 >= delta64 {
+                return sb.len() as u32;
+            }
             let mut c = 0u32;
             for ((&pb, &pm), &ps) in sb.iter().zip(sm).zip(ss) {
                 let d = (x - pb).abs() + (y - pm).abs() + (z - ps).abs();
@@ -696,7 +705,8 @@ fn analyze_bucket(
         ctx,
         members,
         group,
-        cols: &*cols,
+        cols,
+        values: &values.vals,
         lo,
         hi,
         kind,
@@ -738,7 +748,15 @@ fn analyze_bucket(
         .filter(|&&f| f & CANDIDATE != 0 && f & OUTSIDE != 0)
         .count();
     let common = 2 * outside > g;
-    let evidence = Evidence::new(ctx, members, cols, (lo, hi), fid);
+    let evidence = Evidence::new(
+        ctx,
+        members,
+        cols,
+        (lo, hi),
+        fid,
+        values,
+        (&mut scratch.share, &mut scratch.entry_of),
+    );
     let mut findings = Vec::new();
     if common {
         let all: Vec<usize> = (0..n).collect();
@@ -780,13 +798,14 @@ fn reason_of(outside: bool, peer: bool) -> Reason {
 }
 
 /// One (group, function) bucket, as its findings are built: the group's
-/// members, its columns (entries `lo..hi` are the function's), the function.
-#[derive(Clone, Copy)]
-struct Bucket<'x, 'a, 'c> {
-    ctx: &'x Ctx<'a, 'c>,
+/// members, its columns (entries `lo..hi` are the function's), their values
+/// (`values[i]` is entry `lo + i`'s), the function.
+struct Bucket<'x, 'a, 'c, S: Source + ?Sized> {
+    ctx: &'x Ctx<'a, 'c, S>,
     members: &'x [u32],
     group: Option<&'x str>,
     cols: &'x GroupColumns,
+    values: &'x [([f64; 4], bool)],
     lo: usize,
     hi: usize,
     kind: FunctionKind,
@@ -795,14 +814,15 @@ struct Bucket<'x, 'a, 'c> {
 
 /// What a (group, function) bucket says off the critical path: each
 /// worker's run time in the function as a share of its window, and μ, σ.
-struct Evidence {
+struct Evidence<'x> {
     /// Per group member: run-time share (absent: the fingerprint's
-    /// `total_floor`, an upper bound), and the entry index when present.
-    share: Vec<f64>,
-    entry_of: Vec<Option<usize>>,
-    /// Per entry: (β, μ, σ, critical µs, has utilization).
-    vals: Vec<(f64, f64, f64, f64, bool)>,
-    member_of: Vec<usize>,
+    /// `total_floor`, an upper bound), and the entry index when present
+    /// (`u32::MAX` when absent).
+    share: &'x [f64],
+    entry_of: &'x [u32],
+    /// Per entry: ([β, μ, σ, critical µs], has utilization), and its member.
+    vals: &'x [([f64; 4], bool)],
+    member_of: &'x [u32],
 }
 
 /// The peers' medians that a candidate is compared with.
@@ -813,65 +833,61 @@ struct PeerMedians {
     sigma: Option<f64>,
 }
 
-impl Evidence {
-    fn new(
-        ctx: &Ctx<'_, '_>,
+impl<'x> Evidence<'x> {
+    fn new<S: Source + ?Sized>(
+        ctx: &Ctx<'_, '_, S>,
         members: &[u32],
-        cols: &GroupColumns,
+        cols: &'x GroupColumns,
         (lo, hi): (usize, usize),
         fid: usize,
+        values: &'x BucketValues,
+        (share, entry_of): (&'x mut Vec<f64>, &'x mut Vec<u32>),
     ) -> Self {
-        let fps = ctx.fps;
+        let src = ctx.src;
         let hash = whyslow_model::function_hash(ctx.interner.kinds[fid], ctx.interner.names[fid]);
         // A worker without the function ran it for at most its fingerprint's
         // `total_floor` when it lists the function as omitted, else ~never.
-        let mut share: Vec<f64> = members
-            .iter()
-            .map(|&fi| {
-                let fp = &fps[fi as usize];
-                if fp.omitted.binary_search(&hash).is_ok() {
-                    clean(fp.total_floor).min(1.0)
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        let mut entry_of = vec![None; members.len()];
-        let mut vals = Vec::with_capacity(hi - lo);
-        let mut member_of = Vec::with_capacity(hi - lo);
-        for i in 0..hi - lo {
-            let mi = cols.member[lo + i] as usize;
-            let fp = &fps[members[mi] as usize];
-            let p = &fp.functions[cols.pat[lo + i] as usize];
-            let window = clean(fp.window_us);
+        share.clear();
+        share.extend(members.iter().map(|&fi| {
+            let fi = fi as usize;
+            if src.omitted(fi).binary_search(&hash).is_ok() {
+                clean(src.total_floor(fi)).min(1.0)
+            } else {
+                0.0
+            }
+        }));
+        entry_of.clear();
+        entry_of.resize(members.len(), u32::MAX);
+        let member_of = &cols.member[lo..hi];
+        for (i, &mi) in member_of.iter().enumerate() {
+            let mi = mi as usize;
+            let window = clean(src.window_us(members[mi] as usize));
             share[mi] = if window > 0.0 {
-                clean(p.total_us) / window
+                values.total_us[i] / window
             } else {
                 0.0
             };
-            entry_of[mi] = Some(i);
-            member_of.push(mi);
-            vals.push((
-                clean(p.beta),
-                clean(p.mu),
-                clean(p.sigma),
-                clean(p.critical_us),
-                p.util_source != UtilizationSource::None,
-            ));
+            entry_of[mi] = i as u32;
         }
         Evidence {
             share,
             entry_of,
-            vals,
+            vals: &values.vals,
             member_of,
         }
+    }
+
+    /// The entry of member `mi`, when it has the function.
+    fn entry(&self, mi: usize) -> Option<usize> {
+        let e = self.entry_of[mi];
+        (e != u32::MAX).then_some(e as usize)
     }
 
     /// Medians over the group's workers that are not `candidates`.
     fn peers(&self, candidates: &[usize], g: usize) -> PeerMedians {
         let mut is_candidate = vec![false; g];
         for &i in candidates {
-            is_candidate[self.member_of[i]] = true;
+            is_candidate[self.member_of[i] as usize] = true;
         }
         let mut share: Vec<f64> = (0..g)
             .filter(|&mi| !is_candidate[mi])
@@ -879,15 +895,15 @@ impl Evidence {
             .collect();
         let mut beta: Vec<f64> = (0..g)
             .filter(|&mi| !is_candidate[mi])
-            .map(|mi| self.entry_of[mi].map_or(0.0, |i| self.vals[i].0))
+            .map(|mi| self.entry(mi).map_or(0.0, |i| self.vals[i].0[0]))
             .collect();
         let (mut mu, mut sigma) = (Vec::new(), Vec::new());
         for mi in (0..g).filter(|&mi| !is_candidate[mi]) {
-            if let Some(i) = self.entry_of[mi] {
-                let v = self.vals[i];
-                if v.3 > 0.0 && v.4 {
-                    mu.push(v.1);
-                    sigma.push(v.2);
+            if let Some(i) = self.entry(mi) {
+                let (v, util) = self.vals[i];
+                if v[3] > 0.0 && util {
+                    mu.push(v[1]);
+                    sigma.push(v[2]);
                 }
             }
         }
@@ -912,82 +928,75 @@ impl Evidence {
     /// got *more* of its resource than its peers was not slowed by a lack
     /// of it: sampled utilization on a contended host swings both ways.
     fn corroborated(&self, i: usize, peers: &PeerMedians, cfg: &LocalizeConfig) -> bool {
-        let v = self.vals[i];
-        let excess = v.0 - peers.beta;
-        let x = self.share[self.member_of[i]];
+        let ([beta, mu, sigma, _], util) = self.vals[i];
+        let excess = beta - peers.beta;
+        let x = self.share[self.member_of[i] as usize];
         let longer =
             excess > 0.0 && x - peers.share >= cfg.min_effect && x >= cfg.min_ratio * peers.share;
-        let starved = v.4
+        let starved = util
             && peers.mu.is_some_and(|m| {
-                let lower = v.1 <= m
-                    && (v.1 <= m - cfg.min_util_diff
+                let lower = mu <= m
+                    && (mu <= m - cfg.min_util_diff
                         || peers
                             .sigma
-                            .is_some_and(|s| (v.2 - s).abs() >= cfg.min_util_diff));
-                let saved = if m > 0.0 { v.0 * (1.0 - v.1 / m) } else { 0.0 };
+                            .is_some_and(|s| (sigma - s).abs() >= cfg.min_util_diff));
+                let saved = if m > 0.0 { beta * (1.0 - mu / m) } else { 0.0 };
                 lower && excess.max(saved) >= cfg.min_effect
             });
         longer || starved
     }
 }
 
-fn build_finding(bucket: &Bucket<'_, '_, '_>, flagged: &[usize], reason: Reason) -> Finding {
+fn build_finding<S: Source + ?Sized>(
+    bucket: &Bucket<'_, '_, '_, S>,
+    flagged: &[usize],
+    reason: Reason,
+) -> Finding {
     let Bucket {
         ctx,
         members,
         group,
         cols,
+        values,
         lo,
         hi,
         kind,
         name,
     } = *bucket;
-    let fps = ctx.fps;
+    let src = ctx.src;
     let cfg = ctx.cfg;
     let g = members.len();
     let n = hi - lo;
     let mem = &cols.member[lo..hi];
-    let pat = &cols.pat[lo..hi];
-    let pattern = |i: usize| &fps[members[mem[i] as usize] as usize].functions[pat[i] as usize];
+    let handle = &cols.handle[lo..hi];
+    let fp_of = |i: usize| members[mem[i] as usize] as usize;
+    let pattern = |i: usize| src.pattern(fp_of(i), handle[i]);
     let mut is_flagged = vec![false; n];
     for &i in flagged {
         is_flagged[i] = true;
     }
 
-    let workers: Vec<u32> = flagged
-        .iter()
-        .map(|&i| fps[members[mem[i] as usize] as usize].worker)
-        .collect();
+    let workers: Vec<u32> = flagged.iter().map(|&i| src.rank(fp_of(i))).collect();
     let hosts: Vec<String> = flagged
         .iter()
-        .filter_map(|&i| fps[members[mem[i] as usize] as usize].host.as_deref())
+        .filter_map(|&i| src.host(fp_of(i)))
         .collect::<BTreeSet<&str>>()
         .into_iter()
         .map(str::to_string)
         .collect();
 
-    // (β, μ, σ, critical µs) of every entry, read once from the fingerprints.
-    let vals: Vec<[f64; 4]> = (0..n)
-        .map(|i| {
-            let p = pattern(i);
-            [
-                clean(p.beta),
-                clean(p.mu),
-                clean(p.sigma),
-                clean(p.critical_us),
-            ]
-        })
-        .collect();
+    // (β, μ, σ, critical µs) of every entry, as read with the bucket.
+    let vals = |i: usize| values[i].0;
     let others_absent = g - n;
     // `on_path_only`: μ and σ exist only where the function has critical
     // time; a peer without it is not a peer at 0 % utilization.
     let stat = |d: usize, on_path_only: bool| -> Stat {
-        let mut fv: Vec<f64> = flagged.iter().map(|&i| vals[i][d]).collect();
+        let mut fv: Vec<f64> = flagged.iter().map(|&i| vals(i)[d]).collect();
         let mut ov: Vec<f64> = Vec::with_capacity(g - flagged.len());
         ov.extend(
             (0..n)
-                .filter(|&i| !is_flagged[i] && (!on_path_only || vals[i][3] > 0.0))
-                .map(|i| vals[i][d]),
+                .filter(|&i| !is_flagged[i] && (!on_path_only || vals(i)[3] > 0.0))
+                .map(|i| vals(i)[d]),
         );
         if !on_path_only {
             ov.resize(ov.len() + others_absent, 0.0);
@@ -1044,14 +1053,15 @@ fn build_finding(bucket: &Bucket<'_, '_, '_>, flagged: &[usize], reason: Reason)
             .unwrap_or(0);
         let (mut fv, mut ov) = (Vec::new(), Vec::new());
         let mut e = 0usize;
+        let acc = ctx.resource_acc(r);
         for (mi, &fi) in members.iter().enumerate() {
-            let (mut sum, mut weight) = ctx.resource_acc[fi as usize][r];
+            let (mut sum, mut weight) = acc[fi as usize];
             let mut flag = false;
             if e < n && mem[e] as usize == mi {
                 let p = pattern(e);
                 if p.resource == resource && p.util_source != UtilizationSource::None {
-                    sum -= vals[e][3] * vals[e][1];
-                    weight -= vals[e][3];
+                    sum -= vals(e)[3] * vals(e)[1];
+                    weight -= vals(e)[3];
                 }
                 flag = is_flagged[e];
                 e += 1;
@@ -1083,10 +1093,10 @@ fn build_finding(bucket: &Bucket<'_, '_, '_>, flagged: &[usize], reason: Reason)
     let mut points = Vec::with_capacity(keep_flagged + keep_others);
     let (mut e, mut tf, mut to) = (0usize, 0usize, 0usize);
     for (mi, &fi) in members.iter().enumerate() {
-        let worker = fps[fi as usize].worker;
+        let worker = src.rank(fi as usize);
         let present = e < n && mem[e] as usize == mi;
         let (point, flag) = if present {
-            let v = vals[e];
+            let v = vals(e);
             let f = is_flagged[e];
             e += 1;
             ((v[0], v[1], v[2]), f)
@@ -1143,6 +1153,27 @@ fn build_finding(bucket: &Bucket<'_, '_, '_>, flagged: &[usize], reason: Reason)
 /// otherwise 0..=max rank seen. Never panics; problems go to
 /// [`Report::warnings`].
 pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u32>) -> Report {
+    localize_source(fps, cfg, world_size)
+}
+
+/// [`localize`] for fingerprints held as a [`FingerprintTable`], the compact
+/// form for jobs of up to millions of workers: the same algorithm and the
+/// same report as [`localize`] on the fingerprints the table holds (with
+/// its values, which are `f32`).
+pub fn localize_table(
+    table: &FingerprintTable,
+    cfg: &LocalizeConfig,
+    world_size: Option<u32>,
+) -> Report {
+    localize_source(table, cfg, world_size)
+}
+
+/// PerfTracker §4.3 over any input representation ([`Source`]).
+fn localize_source<S: Source + ?Sized>(
+    fps: &S,
+    cfg: &LocalizeConfig,
+    world_size: Option<u32>,
+) -> Report {
     let mut warnings: Vec<String> = Vec::new();
     let kept = first_per_rank(fps, &mut warnings);
     let missing = missing_ranks(fps, &kept, world_size, &mut warnings);
@@ -1150,50 +1181,54 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
     let groups = comparison_groups(fps, &kept, cfg, &mut warnings);
 
     let mut ctx = Ctx {
-        fps,
+        src: fps,
         cfg,
-        resource_acc: fps.iter().map(resource_acc).collect(),
+        resource_acc: Default::default(),
         interner: Interner {
             map: HashMap::default(),
             names: Vec::new(),
             kinds: Vec::new(),
             ranges: Vec::new(),
         },
-        invalid_values: 0,
         duplicate_functions: 0,
         job: Job {
-            gpus: fps.iter().any(|fp| {
-                fp.functions
-                    .iter()
-                    .any(|p| matches!(p.kind, FunctionKind::GpuKernel | FunctionKind::Memory))
-            }),
+            gpus: fps.has_kind(&[FunctionKind::GpuKernel, FunctionKind::Memory]),
         },
-        local_of: Vec::new(),
-        ent_bucket: Vec::new(),
-        pos_cache: Vec::new(),
     };
     let mut scratch = Scratch::default();
     let mut findings = Vec::new();
+    let gpu_times = if cfg.corroborate {
+        broad::gpu_times(fps)
+    } else {
+        Vec::new()
+    };
     for (gname, members) in &groups {
-        let mut cols = ctx.columns(members);
+        let cols = fps.index_group(
+            members,
+            &mut ctx.interner,
+            cfg,
+            &mut ctx.duplicate_functions,
+        );
         for bucket in 0..cols.fids.len() {
             findings.extend(analyze_bucket(
                 &ctx,
                 members,
                 *gname,
-                &mut cols,
+                &cols,
                 bucket,
                 &mut scratch,
             ));
         }
         if cfg.corroborate {
-            findings.extend(broad::broad_gpu_slowdowns(fps, members, *gname, cfg));
+            findings.extend(broad::broad_gpu_slowdowns(
+                fps, &gpu_times, members, *gname, cfg,
+            ));
         }
     }
-    if ctx.invalid_values > 0 {
+    if scratch.invalid_values > 0 {
         warnings.push(format!(
             "{} NaN, infinite or negative β/μ/σ value(s) read as 0",
-            ctx.invalid_values
+            scratch.invalid_values
         ));
     }
     if ctx.duplicate_functions > 0 {
@@ -1234,21 +1269,26 @@ pub fn localize(fps: &[Fingerprint], cfg: &LocalizeConfig, world_size: Option<u3
 }
 /// Fingerprints in rank order, the first of each rank (input order); a
 /// warning per dropped duplicate.
-fn first_per_rank(fps: &[Fingerprint], warnings: &mut Vec<String>) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..fps.len() as u32).collect();
-    order.sort_unstable_by_key(|&i| (fps[i as usize].worker, i));
+fn first_per_rank<S: Source + ?Sized>(fps: &S, warnings: &mut Vec<String>) -> Vec<u32> {
+    let n = fps.count();
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    // Inputs usually come in rank order: then there is nothing to sort.
+    if !(1..n).all(|i| fps.rank(i - 1) <= fps.rank(i)) {
+        order.sort_unstable_by_key(|&i| (fps.rank(i as usize), i));
+    }
     let mut kept: Vec<u32> = Vec::with_capacity(order.len());
     let mut dups = 0usize;
     for i in order {
-        let fp = &fps[i as usize];
+        let rank = fps.rank(i as usize);
         if let Some(&last) = kept.last() {
-            let prev = &fps[last as usize];
-            if prev.worker == fp.worker {
+            if fps.rank(last as usize) == rank {
                 dups += 1;
                 if dups <= MAX_LISTED_WARNINGS {
                     warnings.push(format!(
                         "duplicate fingerprint for worker {} ({}): kept the first one ({})",
-                        fp.worker, fp.source, prev.source
+                        rank,
+                        fps.source_name(i as usize),
+                        fps.source_name(last as usize)
                     ));
                 }
                 continue;
@@ -1268,8 +1308,8 @@ fn first_per_rank(fps: &[Fingerprint], warnings: &mut Vec<String>) -> Vec<u32> {
 
 /// Ranks below the world size (or the largest rank seen) without a
 /// fingerprint, the first [`MAX_MISSING_LISTED`] of them.
-fn missing_ranks(
-    fps: &[Fingerprint],
+fn missing_ranks<S: Source + ?Sized>(
+    fps: &S,
     kept: &[u32],
     world_size: Option<u32>,
     warnings: &mut Vec<String>,
@@ -1278,7 +1318,7 @@ fn missing_ranks(
         Some(ws) => u64::from(ws),
         None => kept
             .last()
-            .map(|&i| u64::from(fps[i as usize].worker) + 1)
+            .map(|&i| u64::from(fps.rank(i as usize)) + 1)
             .unwrap_or(0),
     };
     let mut missing = Vec::new();
@@ -1294,7 +1334,7 @@ fn missing_ranks(
             }
         };
         for &i in kept {
-            let r = u64::from(fps[i as usize].worker);
+            let r = u64::from(fps.rank(i as usize));
             if r >= expected_end {
                 break;
             }
@@ -1311,10 +1351,7 @@ fn missing_ranks(
         ));
     }
     if let Some(ws) = world_size {
-        let outside = kept
-            .iter()
-            .filter(|&&i| fps[i as usize].worker >= ws)
-            .count();
+        let outside = kept.iter().filter(|&&i| fps.rank(i as usize) >= ws).count();
         if outside > 0 {
             warnings.push(format!(
                 "{outside} fingerprint(s) have a rank >= the world size {ws}"
@@ -1327,20 +1364,16 @@ fn missing_ranks(
 
 /// The job's utilization source (`samples`, `trace`, `none`, `mixed`) and
 /// its number of hosts, when known.
-fn utilization_and_hosts(fps: &[Fingerprint], kept: &[u32]) -> (String, Option<usize>) {
+fn utilization_and_hosts<S: Source + ?Sized>(fps: &S, kept: &[u32]) -> (String, Option<usize>) {
     let (mut s_samples, mut s_trace, mut s_none) = (false, false, false);
-    let mut hosts: BTreeSet<&str> = BTreeSet::new();
     for &i in kept {
-        let fp = &fps[i as usize];
-        match fp.utilization_source {
+        match fps.utilization_source(i as usize) {
             UtilizationSource::Samples => s_samples = true,
             UtilizationSource::Trace => s_trace = true,
             UtilizationSource::None => s_none = true,
         }
-        if let Some(h) = fp.host.as_deref() {
-            hosts.insert(h);
-        }
     }
+    let hosts = fps.count_hosts(kept);
     let utilization_source = match (s_samples, s_trace, s_none) {
         (true, false, false) => "samples",
         (false, true, false) => "trace",
@@ -1349,16 +1382,13 @@ fn utilization_and_hosts(fps: &[Fingerprint], kept: &[u32]) -> (String, Option<u
     }
     .to_string();
 
-    (
-        utilization_source,
-        (!hosts.is_empty()).then_some(hosts.len()),
-    )
+    (utilization_source, (hosts > 0).then_some(hosts))
 }
 
 /// Comparison groups, by name (None first), members in rank order; warns
 /// about ungrouped workers beside groups and groups too small for Δ.
-fn comparison_groups<'a>(
-    fps: &'a [Fingerprint],
+fn comparison_groups<'a, S: Source + ?Sized>(
+    fps: &'a S,
     kept: &[u32],
     cfg: &LocalizeConfig,
     warnings: &mut Vec<String>,
@@ -1366,7 +1396,7 @@ fn comparison_groups<'a>(
     let mut group_index: HashMap<Option<&str>, usize> = HashMap::new();
     let mut groups: Vec<(Option<&str>, Vec<u32>)> = Vec::new();
     for &i in kept {
-        let gname = fps[i as usize].group.as_deref();
+        let gname = fps.group(i as usize);
         let gi = *group_index.entry(gname).or_insert_with(|| {
             groups.push((gname, Vec::new()));
             groups.len() - 1

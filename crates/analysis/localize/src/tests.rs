@@ -1163,3 +1163,212 @@ fn a_collective_slow_on_other_workers_is_not_folded_under_an_unrelated_cause() {
         r.findings
     );
 }
+
+// ------------------------------------------------------------ FingerprintTable
+
+/// A random value in [0, x), exact in f32 (so that a table holds it as is).
+fn rand_f32(r: &mut SplitMix64, x: f64) -> f64 {
+    let u = (r.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    (u * x) as f32 as f64
+}
+
+/// A random job: some functions missing on some workers, outliers of every
+/// kind (β, starved μ/σ, whole-group range violations, throttled GPUs),
+/// groups, omitted hashes, duplicate ranks, invalid values, any input order.
+fn random_job(seed: u64) -> (Vec<Fingerprint>, Option<u32>) {
+    let mut r = SplitMix64(seed);
+    let n = 3 + (r.next_u64() % 60) as u32;
+    let pool: Vec<(FunctionKind, String, f64)> = vec![
+        (FunctionKind::GpuKernel, "gemm_a".into(), 0.2),
+        (FunctionKind::GpuKernel, "gemm_b".into(), 0.1),
+        (FunctionKind::GpuKernel, "softmax".into(), 0.05),
+        (FunctionKind::Comm, "ncclAllReduce".into(), 0.15),
+        (FunctionKind::Memory, "Memcpy HtoD".into(), 0.02),
+        (FunctionKind::Python, "train.py(1): main;gc".into(), 0.03),
+        (FunctionKind::CpuOp, "aten::mm".into(), 0.04),
+        (FunctionKind::GpuKernel, "rare_kernel".into(), 0.08),
+    ];
+    let grouped = r.next_u64().is_multiple_of(3);
+    let mut fps: Vec<Fingerprint> = Vec::new();
+    for w in 0..n {
+        let slow = r.next_u64().is_multiple_of(7);
+        let throttled = r.next_u64().is_multiple_of(11);
+        let mut fs = Vec::new();
+        let mut omitted = Vec::new();
+        for (k, (kind, name, beta)) in pool.iter().enumerate() {
+            let keep = if k == 7 {
+                r.next_u64().is_multiple_of(5)
+            } else {
+                !r.next_u64().is_multiple_of(8)
+            };
+            if !keep {
+                if r.next_u64().is_multiple_of(2) {
+                    omitted.push(whyslow_model::function_hash(*kind, name));
+                }
+                continue;
+            }
+            let mut p = pat(
+                *kind,
+                name,
+                rand_f32(&mut r, 0.2) * beta / 0.1 + beta * 0.9,
+                rand_f32(&mut r, 1.0),
+                rand_f32(&mut r, 0.4),
+            );
+            p.beta = p.beta as f32 as f64;
+            if slow && k == (w as usize % 4) {
+                p.beta = (p.beta * 3.0) as f32 as f64;
+            }
+            if throttled && *kind == FunctionKind::GpuKernel {
+                p.beta = (p.beta * 1.6) as f32 as f64;
+            }
+            if r.next_u64().is_multiple_of(13) {
+                p.mu = 0.0625;
+                p.sigma = 0.0078125;
+            }
+            if r.next_u64().is_multiple_of(97) {
+                p.sigma = f64::NAN;
+            }
+            if r.next_u64().is_multiple_of(9) {
+                p.util_source = UtilizationSource::None;
+            }
+            p.critical_us = (p.beta * 1e6) as f32 as f64;
+            p.total_us = (p.critical_us * (1.0 + rand_f32(&mut r, 0.5))) as f32 as f64;
+            fs.push(p);
+        }
+        omitted.sort_unstable();
+        omitted.dedup();
+        let mut f = fp(w, fs);
+        f.omitted = omitted;
+        f.total_floor = rand_f32(&mut r, 0.01);
+        if grouped {
+            f.group = match w % 3 {
+                0 => None,
+                1 => Some("pp0".into()),
+                _ => Some("pp1".into()),
+            };
+        }
+        if r.next_u64().is_multiple_of(10) {
+            f.host = None;
+        }
+        fps.push(f);
+    }
+    // Duplicate ranks, a missing rank, any input order.
+    if r.next_u64().is_multiple_of(3) {
+        let mut d = fps[(r.next_u64() % u64::from(n)) as usize].clone();
+        d.source = "dup.json".into();
+        fps.push(d);
+    }
+    if r.next_u64().is_multiple_of(3) && fps.len() > 4 {
+        fps.remove(1);
+    }
+    if r.next_u64().is_multiple_of(2) {
+        for i in (1..fps.len()).rev() {
+            let j = (r.next_u64() % (i as u64 + 1)) as usize;
+            fps.swap(i, j);
+        }
+    }
+    let world = (r.next_u64().is_multiple_of(2)).then_some(n + (r.next_u64() % 3) as u32);
+    (fps, world)
+}
+
+#[test]
+fn table_gives_the_same_report_as_fingerprints() {
+    let paper = LocalizeConfig {
+        corroborate: false,
+        min_margin: 0.0,
+        flag_isolated: false,
+        ..LocalizeConfig::default()
+    };
+    let mut findings = 0;
+    for seed in 0..300 {
+        let (fps, world) = random_job(seed);
+        let table = FingerprintTable::from_fingerprints(&fps).expect("table");
+        assert_eq!(table.workers(), fps.len());
+        for cfg in [&LocalizeConfig::default(), &paper] {
+            let a = localize(&fps, cfg, world);
+            let b = localize_table(&table, cfg, world);
+            assert_eq!(a, b, "seed {seed}");
+            findings += a.findings.len();
+        }
+    }
+    assert!(
+        findings > 100,
+        "the random jobs should have findings ({findings})"
+    );
+}
+
+#[test]
+fn table_at_scale_matches_the_bench_outliers() {
+    // The bench's shape, small: one slow worker on one kernel.
+    let mut fps = healthy_job(200, 0.03);
+    slower(&mut fps[17].functions[2], 3.0);
+    for f in &mut fps {
+        for p in &mut f.functions {
+            p.beta = p.beta as f32 as f64;
+            p.mu = p.mu as f32 as f64;
+            p.sigma = p.sigma as f32 as f64;
+            p.critical_us = p.critical_us as f32 as f64;
+            p.total_us = p.total_us as f32 as f64;
+        }
+    }
+    let table = FingerprintTable::from_fingerprints(&fps).expect("table");
+    let cfg = LocalizeConfig::default();
+    let a = localize(&fps, &cfg, Some(200));
+    assert_eq!(a, localize_table(&table, &cfg, Some(200)));
+    assert_eq!(a.findings.len(), 1);
+    assert_eq!(a.findings[0].workers, vec![17]);
+}
+
+#[test]
+fn table_errors() {
+    let f = |name: &str| TableFunction {
+        kind: FunctionKind::GpuKernel,
+        name: name.into(),
+        resource: Resource::Sm,
+    };
+    assert!(matches!(
+        FingerprintTable::new(vec![f("a"), f("a")], 4),
+        Err(TableError::DuplicateFunction { .. })
+    ));
+    assert!(matches!(
+        FingerprintTable::new(vec![f("a"), f("b")], usize::MAX / 2),
+        Err(TableError::TooLarge { .. })
+    ));
+    let mut t = FingerprintTable::new(vec![f("a")], 1).expect("table");
+    let w = TableWorker {
+        worker: 0,
+        host: Some("h"),
+        group: None,
+        source: "r0",
+        utilization_source: UtilizationSource::Samples,
+        window_us: 1e6,
+        total_floor: 0.0,
+        omitted: &[],
+    };
+    let p = |function: u32| TablePattern {
+        function,
+        beta: 0.5,
+        mu: 0.5,
+        sigma: 0.1,
+        util_source: UtilizationSource::Samples,
+        critical_us: 5e5,
+        total_us: 5e5,
+    };
+    assert!(matches!(
+        t.push_worker(&w, &[p(1)]),
+        Err(TableError::UnknownFunction { index: 1, .. })
+    ));
+    assert_eq!(t.workers(), 0);
+    // A function listed twice: the first pattern is kept, and the report
+    // warns as it does for fingerprints.
+    let mut second = p(0);
+    second.beta = 0.9;
+    t.push_worker(&w, &[p(0), second]).expect("push");
+    assert!(matches!(
+        t.push_worker(&w, &[p(0)]),
+        Err(TableError::Full { capacity: 1 })
+    ));
+    let r = localize_table(&t, &LocalizeConfig::default(), None);
+    assert_eq!(r.workers, 1);
+    assert!(r.warnings.iter().any(|w| w.contains("listed twice")));
+}
