@@ -8,6 +8,11 @@
 //! server's own CPU time (utime + stime of its process), so the figures per
 //! core do not depend on how busy the machine was.
 //!
+//! `--pprof FILE` posts that real profile (e.g. one the agent or
+//! `whyslow profile` wrote) as every upload instead, under distinct batch
+//! names, so each is stored (issue 31: "a real whyslow profile posted 3,000
+//! times"); its sample count is the stacks per upload.
+//!
 //! ```sh
 //! cargo build --release -p whyslow -p whyslow-server --example agents
 //! target/release/examples/agents target/release/whyslow --agents 1000 --period 30 --duration 60
@@ -129,7 +134,16 @@ fn main() {
     let agents: usize = arg(&args, "--agents", 1000);
     let period: f64 = arg(&args, "--period", 30.0);
     let duration: f64 = arg(&args, "--duration", 60.0);
-    let stacks: usize = arg(&args, "--stacks", 200);
+    let mut stacks: usize = arg(&args, "--stacks", 200);
+    let real: Option<Vec<u8>> = args
+        .iter()
+        .position(|a| a == "--pprof")
+        .and_then(|i| args.get(i + 1))
+        .map(|f| std::fs::read(f).unwrap_or_else(|e| panic!("--pprof {f}: {e}")));
+    if let Some(body) = &real {
+        let p = whyslow_stack_output::from_pprof(body).expect("--pprof: not a pprof profile");
+        stacks = p.stacks.len();
+    }
     let conc: usize = arg(&args, "--concurrency", 64);
     let clickhouse: Option<String> = arg(&args, "--clickhouse", String::new())
         .chars()
@@ -188,7 +202,10 @@ fn main() {
     let bodies: Arc<Vec<Vec<u8>>> = Arc::new(
         events
             .iter()
-            .map(|&(_, a, k)| profile(a, k as u64, stacks))
+            .map(|&(_, a, k)| match &real {
+                Some(body) => body.clone(),
+                None => profile(a, k as u64, stacks),
+            })
             .collect(),
     );
     let events = Arc::new(events);

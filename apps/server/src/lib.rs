@@ -605,9 +605,24 @@ pub const MAX_FLAME_PROFILES: usize = 500;
 /// from the agent's `kind` label, `host` for node-wide profiles, else
 /// `cpu`), rank, host, period start and samples.
 pub fn profile_meta(batch: &str, p: &whyslow_model::stack::StackProfile) -> ProfileMeta {
-    let kind = if p.labels.get("kind").map(String::as_str) == Some("offcpu") {
+    meta_of(batch, &p.labels, p.total(), p.start_unix_ns)
+}
+
+/// [`profile_meta`] from a profile's [`PprofSummary`](whyslow_stack_output::PprofSummary),
+/// as the ingest reads it.
+pub fn summary_meta(batch: &str, p: &whyslow_stack_output::PprofSummary) -> ProfileMeta {
+    meta_of(batch, &p.labels, p.samples, p.start_unix_ns)
+}
+
+fn meta_of(
+    batch: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+    samples: u64,
+    start_unix_ns: u64,
+) -> ProfileMeta {
+    let kind = if labels.get("kind").map(String::as_str) == Some("offcpu") {
         "offcpu"
-    } else if p.labels.contains_key("scope") {
+    } else if labels.contains_key("scope") {
         "host"
     } else {
         "cpu"
@@ -615,10 +630,10 @@ pub fn profile_meta(batch: &str, p: &whyslow_model::stack::StackProfile) -> Prof
     ProfileMeta {
         batch: batch.to_string(),
         kind: kind.to_string(),
-        rank: p.labels.get("rank").cloned(),
-        host: p.labels.get("host").cloned(),
-        start_unix_ns: i64::try_from(p.start_unix_ns).unwrap_or(i64::MAX),
-        samples: p.total(),
+        rank: labels.get("rank").cloned(),
+        host: labels.get("host").cloned(),
+        start_unix_ns: i64::try_from(start_unix_ns).unwrap_or(i64::MAX),
+        samples,
     }
 }
 
@@ -851,9 +866,10 @@ async fn post_profile(
                 "empty body: expected a pprof profile (gzip or raw protobuf)".into(),
             ));
         }
-        let profile = whyslow_stack_output::from_pprof_limited(&body, MAX_PROFILE_DECOMPRESSED)
+        // Checked as a whole, not built: the flame graphs decode it later.
+        let summary = whyslow_stack_output::pprof_summary_limited(&body, MAX_PROFILE_DECOMPRESSED)
             .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("not a pprof profile: {e}")))?;
-        let meta = profile_meta(&batch, &profile);
+        let meta = summary_meta(&batch, &summary);
         archive(
             &state,
             t,

@@ -131,6 +131,41 @@ mod proto {
         pub default_sample_type: i64,
     }
 
+    /// [`Profile`] with the string table as slices of the input buffer:
+    /// decoding it allocates no string (the ingest check reads profiles this
+    /// way; everything else, wire types included, is decoded alike).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ProfileRaw {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(bytes = "bytes", repeated, tag = "6")]
+        pub string_table: Vec<bytes::Bytes>,
+        #[prost(int64, tag = "7")]
+        pub drop_frames: i64,
+        #[prost(int64, tag = "8")]
+        pub keep_frames: i64,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ValueType {
         #[prost(int64, tag = "1")]
@@ -475,25 +510,194 @@ pub fn from_pprof(bytes: &[u8]) -> Result<StackProfile, PprofError> {
     from_pprof_limited(bytes, MAX_PPROF_DECOMPRESSED)
 }
 
+/// The protobuf bytes of a pprof profile, gzip-compressed or not, inflated
+/// to at most `max_decompressed` bytes.
+fn inflate(bytes: &[u8], max_decompressed: u64) -> Result<std::borrow::Cow<'_, [u8]>, PprofError> {
+    if !bytes.starts_with(&[0x1f, 0x8b]) {
+        return Ok(std::borrow::Cow::Borrowed(bytes));
+    }
+    // Agents' profiles inflate about threefold: start there, not at zero.
+    let mut out = Vec::with_capacity(bytes.len().saturating_mul(4).min(max_decompressed as usize));
+    flate2::read::MultiGzDecoder::new(bytes)
+        .take(max_decompressed + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > max_decompressed {
+        return Err(PprofError::TooLarge {
+            limit: max_decompressed,
+        });
+    }
+    Ok(std::borrow::Cow::Owned(out))
+}
+
+/// What a service needs to file a profile, read without building it: the
+/// labels (its `key=value` comments), the total sample count, the number of
+/// pprof samples (stacks) and the period's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PprofSummary {
+    /// Labels from the profile's comments, as [`from_pprof`] reads them.
+    pub labels: BTreeMap<String, String>,
+    /// Sum of the sample counts ([`StackProfile::total`] of the profile).
+    pub samples: u64,
+    /// pprof samples (stacks as written; equal stacks are not merged).
+    pub stacks: usize,
+    /// Start of the period, Unix ns.
+    pub start_unix_ns: u64,
+}
+
+/// Checks a pprof profile as [`from_pprof_limited`] does, accepting and
+/// rejecting exactly the same bytes with the same errors, and returns its
+/// [`PprofSummary`] without building the profile: no frame is interned and
+/// no string copied. A server's ingest runs this on every upload (SysOM-AI
+/// §3.4: the central side stores what the agents send, and decodes it when a
+/// flame graph is asked for); building the profile was two thirds of its
+/// CPU per upload.
+pub fn pprof_summary_limited(
+    bytes: &[u8],
+    max_decompressed: u64,
+) -> Result<PprofSummary, PprofError> {
+    let raw = match inflate(bytes, max_decompressed)? {
+        std::borrow::Cow::Borrowed(b) => bytes::Bytes::copy_from_slice(b),
+        std::borrow::Cow::Owned(v) => bytes::Bytes::from(v),
+    };
+    let raw_len = raw.len();
+    let p = proto::ProfileRaw::decode(raw)?;
+    // prost checks `string` fields are UTF-8; these are bytes: check alike.
+    for t in &p.string_table {
+        if std::str::from_utf8(t).is_err() {
+            return Err(PprofError::Decode(prost::DecodeError::new(
+                "invalid string value: data is not UTF-8 encoded",
+            )));
+        }
+    }
+    let strings = &p.string_table;
+    let s = |index: i64| -> Result<&str, PprofError> {
+        if index == 0 {
+            return Ok("");
+        }
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| strings.get(i))
+            // Checked as UTF-8 above.
+            .map(|b| std::str::from_utf8(b).unwrap_or_default())
+            .ok_or(PprofError::BadString {
+                index,
+                len: strings.len(),
+            })
+    };
+
+    let mut count_index = None;
+    for (i, t) in p.sample_type.iter().enumerate() {
+        if s(t.r#type)? == "samples" || s(t.unit)? == "count" {
+            count_index = Some(i);
+            break;
+        }
+    }
+    let default_type = s(p.default_sample_type)?;
+    let count_index = match count_index {
+        Some(i) => i,
+        None if !default_type.is_empty() => {
+            let mut found = 0;
+            for (i, t) in p.sample_type.iter().enumerate() {
+                if s(t.r#type)? == default_type {
+                    found = i;
+                    break;
+                }
+            }
+            found
+        }
+        None => 0,
+    };
+
+    // Ids as from_pprof_limited resolves them: the last of equal ids wins.
+    let mappings: HashMap<u64, &proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
+    let functions: HashMap<u64, &proto::Function> = p.function.iter().map(|f| (f.id, f)).collect();
+    // Location id → frames it stands for.
+    let mut location_frames: HashMap<u64, usize> = HashMap::with_capacity(p.location.len());
+    for loc in &p.location {
+        if loc.mapping_id != 0 {
+            let m = mappings
+                .get(&loc.mapping_id)
+                .ok_or(PprofError::UnknownMapping {
+                    location: loc.id,
+                    id: loc.mapping_id,
+                })?;
+            s(m.filename)?;
+            s(m.build_id)?;
+        }
+        for line in loc.line.iter().rev() {
+            let f = functions
+                .get(&line.function_id)
+                .ok_or(PprofError::UnknownFunction {
+                    location: loc.id,
+                    id: line.function_id,
+                })?;
+            s(f.filename)?;
+            s(f.name)?;
+        }
+        location_frames.insert(loc.id, loc.line.len().max(1));
+    }
+
+    let frame_budget = raw_len.saturating_mul(8).saturating_add(1 << 20);
+    let (mut frames_seen, mut samples) = (0usize, 0u64);
+    for (i, sample) in p.sample.iter().enumerate() {
+        let value = *sample
+            .value
+            .get(count_index)
+            .ok_or(PprofError::MissingValue {
+                sample: i,
+                index: count_index,
+                len: sample.value.len(),
+            })?;
+        let count =
+            u64::try_from(value).map_err(|_| PprofError::NegativeValue { sample: i, value })?;
+        samples = samples.saturating_add(count);
+        for l in &sample.label {
+            let key = s(l.key)?;
+            let thread = match key.strip_prefix(THREAD_LABEL) {
+                Some("") => true,
+                Some(rest) => rest
+                    .strip_prefix('.')
+                    .is_some_and(|n| n.parse::<usize>().is_ok()),
+                None => false,
+            };
+            if thread {
+                s(l.str)?;
+            }
+        }
+        for id in sample.location_id.iter().rev() {
+            let n = location_frames
+                .get(id)
+                .ok_or(PprofError::UnknownLocation { sample: i, id: *id })?;
+            frames_seen = frames_seen.saturating_add(*n);
+            if frames_seen > frame_budget {
+                return Err(PprofError::TooManyFrames {
+                    limit: frame_budget,
+                });
+            }
+        }
+    }
+    let mut labels = BTreeMap::new();
+    for &c in &p.comment {
+        if let Some((k, v)) = s(c)?.split_once('=') {
+            labels.insert(k.to_string(), v.to_string());
+        }
+    }
+    if let Some(t) = &p.period_type {
+        s(t.unit)?;
+    }
+    Ok(PprofSummary {
+        labels,
+        samples,
+        stacks: p.sample.len(),
+        start_unix_ns: u64::try_from(p.time_nanos).unwrap_or(0),
+    })
+}
+
 /// [`from_pprof`] with another bound on the decompressed size (a service
 /// taking profiles from the network keeps it near what agents send).
 pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackProfile, PprofError> {
-    let inflated;
-    let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(bytes)
-            .take(max_decompressed + 1)
-            .read_to_end(&mut out)?;
-        if out.len() as u64 > max_decompressed {
-            return Err(PprofError::TooLarge {
-                limit: max_decompressed,
-            });
-        }
-        inflated = out;
-        &inflated[..]
-    } else {
-        bytes
-    };
+    let raw = inflate(bytes, max_decompressed)?;
+    let raw = &raw[..];
     let p = proto::Profile::decode(raw)?;
     let strings = &p.string_table;
     let s = |index: i64| -> Result<&str, PprofError> {
