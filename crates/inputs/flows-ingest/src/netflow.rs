@@ -22,6 +22,9 @@
 //!   and 5-tuple ([`crate::pcap::FlowletAssembler`]): message-level flows like the
 //!   RoCE flows LLMPrism analyses (§II-B), which a flow exporter's idle timeout
 //!   (≥ 1 s) cannot give for long-lived TCP connections such as gloo's.
+//! * **Fast path**: data sets of templates already known are decoded straight from
+//!   the bytes (module `fast`), with the same results as `netflow_parser`
+//!   (tests/fast_decode.rs); everything else goes through `netflow_parser`.
 //! * Bad input never panics and never stops the collector: a malformed message is
 //!   counted as an error and skipped.
 
@@ -39,6 +42,8 @@ use netflow_parser::{AutoScopedParser, NetflowPacket, NetflowParser, PendingFlow
 use whyslow_model::flow::FlowRecord;
 
 use crate::pcap::{FlowletAssembler, DEFAULT_IDLE_GAP_US};
+
+mod fast;
 use crate::FlowIngestError;
 
 /// Receive buffer asked for by [`collect_udp`].
@@ -76,6 +81,9 @@ pub struct FlowDecoder {
     init_ms: HashMap<(IpAddr, u32), u64>,
     names: HashMap<(IpAddr, u32), String>,
     flowlets: FlowletAssembler,
+    /// The fast path for data sets of known templates (see [`fast`]); `None`
+    /// when turned off.
+    fast: Option<fast::FastPath>,
     /// Counters so far.
     pub stats: DecodeStats,
 }
@@ -143,7 +151,24 @@ impl FlowDecoder {
             init_ms: HashMap::new(),
             names: HashMap::new(),
             flowlets: FlowletAssembler::new(idle_gap_us),
+            fast: Some(fast::FastPath::default()),
             stats: DecodeStats::default(),
+        }
+    }
+
+    /// Datagrams decoded by the fast path (data sets of known templates read
+    /// without `netflow_parser`; see the `fast` module), out of `stats.packets`.
+    pub fn fast_datagrams(&self) -> u64 {
+        self.fast.as_ref().map_or(0, |f| f.datagrams)
+    }
+
+    /// A decoder that hands every datagram to `netflow_parser` (no fast path):
+    /// the reference the fast path is tested against, and a way out should a
+    /// capture ever decode differently.
+    pub fn reference() -> Self {
+        FlowDecoder {
+            fast: None,
+            ..Self::new()
         }
     }
 
@@ -184,9 +209,33 @@ impl FlowDecoder {
     pub fn decode(&mut self, source: SocketAddr, data: &[u8], out: &mut Vec<FlowRecord>) -> usize {
         self.stats.packets += 1;
         let before = out.len();
+        let fast_done = match self.fast.take() {
+            Some(mut f) => {
+                let done = f.decode(self, source, data, out);
+                f.datagrams += u64::from(done);
+                self.fast = Some(f);
+                done
+            }
+            None => false,
+        };
+        if !fast_done {
+            self.decode_with_parser(source, data, out);
+        }
+        let n = out.len() - before;
+        self.stats.records += n as u64;
+        n
+    }
+
+    /// The general path: `netflow_parser` decodes the datagram (templates,
+    /// options, packet reports, anything unusual); the fast path learns the
+    /// templates it installed.
+    fn decode_with_parser(&mut self, source: SocketAddr, data: &[u8], out: &mut Vec<FlowRecord>) {
         let result = self.parser.parse_from_source(source, data);
         if result.error.is_some() {
             self.stats.errors += 1;
+        }
+        if let Some(f) = &mut self.fast {
+            f.learn(source, data, &result);
         }
         let exporter = source.ip();
         for packet in result.packets {
@@ -297,21 +346,7 @@ impl FlowDecoder {
                                         }
                                         continue;
                                     }
-                                    if r.start_us.is_none() {
-                                        if let Some(s) = r.start_up_ms {
-                                            let base = match self.init_ms.get(&(exporter, domain)) {
-                                                Some(&b) => b,
-                                                None => export_ms
-                                                    .saturating_sub(r.end_up_ms.unwrap_or(s)),
-                                            };
-                                            r.start_us =
-                                                Some(base.saturating_add(s).saturating_mul(1000));
-                                            r.end_us = r.end_up_ms.map(|e| {
-                                                base.saturating_add(e).saturating_mul(1000)
-                                            });
-                                        }
-                                    }
-                                    self.push(r, export_ms * 1000, &name, out);
+                                    self.push_ipfix(r, exporter, domain, export_ms, &name, out);
                                 }
                             }
                             _ => {}
@@ -362,9 +397,31 @@ impl FlowDecoder {
                 _ => {}
             }
         }
-        let n = out.len() - before;
-        self.stats.records += n as u64;
-        n
+    }
+
+    /// An IPFIX flow record: system-uptime times made absolute, then [`Self::push`].
+    fn push_ipfix(
+        &mut self,
+        mut r: Rec,
+        exporter: IpAddr,
+        domain: u32,
+        export_ms: u64,
+        name: &str,
+        out: &mut Vec<FlowRecord>,
+    ) {
+        if r.start_us.is_none() {
+            if let Some(s) = r.start_up_ms {
+                let base = match self.init_ms.get(&(exporter, domain)) {
+                    Some(&b) => b,
+                    None => export_ms.saturating_sub(r.end_up_ms.unwrap_or(s)),
+                };
+                r.start_us = Some(base.saturating_add(s).saturating_mul(1000));
+                r.end_us = r
+                    .end_up_ms
+                    .map(|e| base.saturating_add(e).saturating_mul(1000));
+            }
+        }
+        self.push(r, export_ms * 1000, name, out);
     }
 
     fn push(&mut self, r: Rec, fallback_us: u64, name: &str, out: &mut Vec<FlowRecord>) {
