@@ -13,6 +13,9 @@
 //! names, so each is stored (issue 31: "a real whyslow profile posted 3,000
 //! times"); its sample count is the stacks per upload.
 //!
+//! `--keep-alive`: each sending thread keeps its connection between uploads,
+//! as a pooling client does (the default opens one per upload).
+//!
 //! ```sh
 //! cargo build --release -p whyslow -p whyslow-server --example agents
 //! target/release/examples/agents target/release/whyslow --agents 1000 --period 30 --duration 60
@@ -47,6 +50,60 @@ fn post(addr: &str, path: &str, token: &str, body: &[u8]) -> u16 {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0)
+}
+
+/// One upload on a kept-alive connection (opened when `conn` has none, as
+/// a pooling HTTP client such as the agent's does); the status, 0 when the
+/// connection failed (it is dropped, the next upload opens another).
+fn post_kept(
+    conn: &mut Option<TcpStream>,
+    addr: &str,
+    path: &str,
+    token: &str,
+    body: &[u8],
+) -> u16 {
+    if conn.is_none() {
+        let Ok(s) = TcpStream::connect(addr) else {
+            return 0;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
+        let _ = s.set_nodelay(true);
+        *conn = Some(s);
+    }
+    let Some(s) = conn.as_mut() else {
+        return 0;
+    };
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let status = (|| -> Option<u16> {
+        s.write_all(head.as_bytes()).ok()?;
+        s.write_all(body).ok()?;
+        // Headers, then exactly Content-Length bytes of body.
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            if s.read(&mut byte).ok()? == 0 {
+                return None;
+            }
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+        let status = head.split_whitespace().nth(1)?.parse().ok()?;
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let mut rest = vec![0u8; len];
+        s.read_exact(&mut rest).ok()?;
+        Some(status)
+    })();
+    if status.is_none() {
+        *conn = None;
+    }
+    status.unwrap_or(0)
 }
 
 /// SplitMix64: the profiles' shapes, the same on every run.
@@ -145,6 +202,8 @@ fn main() {
         stacks = p.stacks.len();
     }
     let conc: usize = arg(&args, "--concurrency", 64);
+    // Each sending thread keeps its connection open between uploads.
+    let keep_alive = args.iter().any(|a| a == "--keep-alive");
     let clickhouse: Option<String> = arg(&args, "--clickhouse", String::new())
         .chars()
         .next()
@@ -229,6 +288,7 @@ fn main() {
                 addr.clone(),
                 token.clone(),
             );
+            let mut conn = None;
             std::thread::spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&(t, a, k)) = events.get(i) else {
@@ -238,12 +298,12 @@ fn main() {
                 if wait > 0.0 {
                     std::thread::sleep(Duration::from_secs_f64(wait));
                 }
-                let st = post(
-                    &addr,
-                    &format!("/api/v1/jobs/load/profiles/a{a}-p{k}"),
-                    &token,
-                    &bodies[i],
-                );
+                let path = format!("/api/v1/jobs/load/profiles/a{a}-p{k}");
+                let st = if keep_alive {
+                    post_kept(&mut conn, &addr, &path, &token, &bodies[i])
+                } else {
+                    post(&addr, &path, &token, &bodies[i])
+                };
                 if st == 201 {
                     ok.fetch_add(1, Ordering::Relaxed);
                     bytes.fetch_add(bodies[i].len() as u64, Ordering::Relaxed);
@@ -276,8 +336,9 @@ fn main() {
     );
     let stacks_total = ok * stacks as u64;
     println!(
-        "{} store: {agents} agents, a profile each every {period} s for {duration} s ({stacks} stacks each): {ok} acknowledged, {lost} lost, in {wall:.1} s",
-        if clickhouse.is_some() { "ClickHouse" } else { "embedded" }
+        "{} store: {agents} agents, a profile each every {period} s for {duration} s ({stacks} stacks each{}): {ok} acknowledged, {lost} lost, in {wall:.1} s",
+        if clickhouse.is_some() { "ClickHouse" } else { "embedded" },
+        if keep_alive { ", connections kept alive" } else { "" }
     );
     println!(
         "sustained: {:.0} stacks/s, {:.2} MB/s; server CPU {cpu:.2} s: {:.0} stacks and {:.2} MB per CPU-second; {hwm}",
