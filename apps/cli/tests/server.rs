@@ -1160,6 +1160,10 @@ impl Weed {
             .arg(format!("-filer.port={}", base + 2))
             .arg(format!("-s3.port={}", base + 3))
             .arg("-master.volumeSizeLimitMB=64")
+            // Its default (1 % of the disk free) refuses every volume on a
+            // big, nearly full disk, and then every object PUT fails with a
+            // 500; the test stores a few MB.
+            .arg("-volume.minFreeSpace=256MiB")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -1169,15 +1173,24 @@ impl Weed {
             endpoint: format!("http://127.0.0.1:{}", base + 3),
             dir,
         };
-        // Up when it creates the bucket (anonymous: no identities configured).
-        let deadline = Instant::now() + Duration::from_secs(90);
+        // Up when it creates the bucket (anonymous: no identities configured)
+        // and then stores an object: the bucket is the filer's and answers
+        // first, while a PUT of an object fails with a 500 until the volume
+        // server has registered with the master (seen in CI).
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let probe = format!("/{bucket}/whyslow-ready-probe");
+        let mut bucket_made = false;
         loop {
-            if w.http("PUT", &format!("/{bucket}"), b"").0 == 200 {
+            if !bucket_made {
+                bucket_made = w.http("PUT", &format!("/{bucket}"), b"").0 == 200;
+            }
+            if bucket_made && w.http("PUT", &probe, b"ready").0 == 200 {
+                let _ = w.http("DELETE", &probe, b"");
                 return Some(w);
             }
             assert!(
                 Instant::now() < deadline,
-                "SeaweedFS did not start in 90 s: {}",
+                "SeaweedFS did not start in 120 s (bucket made: {bucket_made}): {}",
                 std::fs::read_to_string(w.dir.join("weed.log")).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(300));
