@@ -530,6 +530,29 @@ fn inflate(bytes: &[u8], max_decompressed: u64) -> Result<std::borrow::Cow<'_, [
     Ok(std::borrow::Cow::Owned(out))
 }
 
+/// Which of a sample's values is the count: the first type named `samples`
+/// or with unit `count`, else the default sample type, else the first.
+fn count_index<'a>(
+    sample_type: &[proto::ValueType],
+    default_sample_type: i64,
+    s: impl Fn(i64) -> Result<&'a str, PprofError>,
+) -> Result<usize, PprofError> {
+    for (i, t) in sample_type.iter().enumerate() {
+        if s(t.r#type)? == "samples" || s(t.unit)? == "count" {
+            return Ok(i);
+        }
+    }
+    let default_type = s(default_sample_type)?;
+    if !default_type.is_empty() {
+        for (i, t) in sample_type.iter().enumerate() {
+            if s(t.r#type)? == default_type {
+                return Ok(i);
+            }
+        }
+    }
+    Ok(0)
+}
+
 /// What a service needs to file a profile, read without building it: the
 /// labels (its `key=value` comments), the total sample count, the number of
 /// pprof samples (stacks) and the period's start.
@@ -586,28 +609,7 @@ pub fn pprof_summary_limited(
             })
     };
 
-    let mut count_index = None;
-    for (i, t) in p.sample_type.iter().enumerate() {
-        if s(t.r#type)? == "samples" || s(t.unit)? == "count" {
-            count_index = Some(i);
-            break;
-        }
-    }
-    let default_type = s(p.default_sample_type)?;
-    let count_index = match count_index {
-        Some(i) => i,
-        None if !default_type.is_empty() => {
-            let mut found = 0;
-            for (i, t) in p.sample_type.iter().enumerate() {
-                if s(t.r#type)? == default_type {
-                    found = i;
-                    break;
-                }
-            }
-            found
-        }
-        None => 0,
-    };
+    let count_index = count_index(&p.sample_type, p.default_sample_type, s)?;
 
     // Ids as from_pprof_limited resolves them: the last of equal ids wins.
     // Fx, not SipHash: the ids are the profile's own small integers, and
@@ -720,29 +722,7 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
             })
     };
 
-    // Which value is the count.
-    let mut count_index = None;
-    for (i, t) in p.sample_type.iter().enumerate() {
-        if s(t.r#type)? == "samples" || s(t.unit)? == "count" {
-            count_index = Some(i);
-            break;
-        }
-    }
-    let default_type = s(p.default_sample_type)?;
-    let count_index = match count_index {
-        Some(i) => i,
-        None if !default_type.is_empty() => {
-            let mut found = 0;
-            for (i, t) in p.sample_type.iter().enumerate() {
-                if s(t.r#type)? == default_type {
-                    found = i;
-                    break;
-                }
-            }
-            found
-        }
-        None => 0,
-    };
+    let count_index = count_index(&p.sample_type, p.default_sample_type, s)?;
 
     let mappings: HashMap<u64, &proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
     let functions: HashMap<u64, &proto::Function> = p.function.iter().map(|f| (f.id, f)).collect();
