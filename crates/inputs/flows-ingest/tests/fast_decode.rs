@@ -42,22 +42,9 @@ impl Rng {
     }
 }
 
-fn message(export: u32, domain: u32, sets: &[(u16, Vec<u8>)]) -> Vec<u8> {
-    let mut b = Vec::new();
-    b.extend_from_slice(&10u16.to_be_bytes());
-    b.extend_from_slice(&0u16.to_be_bytes());
-    b.extend_from_slice(&export.to_be_bytes());
-    b.extend_from_slice(&0u32.to_be_bytes());
-    b.extend_from_slice(&domain.to_be_bytes());
-    for (id, body) in sets {
-        b.extend_from_slice(&id.to_be_bytes());
-        b.extend_from_slice(&((body.len() + 4) as u16).to_be_bytes());
-        b.extend_from_slice(body);
-    }
-    let len = b.len() as u16;
-    b[2..4].copy_from_slice(&len.to_be_bytes());
-    b
-}
+mod common;
+
+use common::ipfix_message as message;
 
 fn template_set(id: u16, fields: &[(u16, u16)]) -> Vec<u8> {
     let mut t = Vec::new();

@@ -13,21 +13,10 @@ use whyslow_flows_ingest::FlowDecoder;
 
 const SECTION: usize = 128;
 
+mod common;
+
 fn message(sets: &[(u16, Vec<u8>)]) -> Vec<u8> {
-    let mut b = Vec::new();
-    b.extend_from_slice(&10u16.to_be_bytes());
-    b.extend_from_slice(&0u16.to_be_bytes());
-    b.extend_from_slice(&1_795_000_000u32.to_be_bytes());
-    b.extend_from_slice(&0u32.to_be_bytes());
-    b.extend_from_slice(&0u32.to_be_bytes());
-    for (id, body) in sets {
-        b.extend_from_slice(&id.to_be_bytes());
-        b.extend_from_slice(&((body.len() + 4) as u16).to_be_bytes());
-        b.extend_from_slice(body);
-    }
-    let len = b.len() as u16;
-    b[2..4].copy_from_slice(&len.to_be_bytes());
-    b
+    common::ipfix_message(1_795_000_000, 0, sets)
 }
 
 fn template() -> Vec<u8> {
