@@ -31,12 +31,10 @@
 //! queried; [`objects`] (a local directory, or S3-compatible storage) for
 //! symbol files and, when configured, an archive of every raw upload.
 
-pub mod clickhouse;
+pub use whyslow_store as store;
+pub use whyslow_store::{clickhouse, objects, segments, symbols};
+
 pub mod fix;
-pub mod objects;
-pub mod segments;
-pub mod store;
-pub mod symbols;
 pub mod ui;
 pub mod verdicts;
 
@@ -56,7 +54,8 @@ use serde_json::json;
 
 pub use clickhouse::{ClickHouseConfig, ClickHouseStore};
 pub use store::{
-    conformance, JobSummary, Order, ProfileMeta, SqliteStore, Store, StoreError, TenantId,
+    conformance, BatchKind, JobSummary, Order, ProfileMeta, SqliteStore, Store, StoreError,
+    TenantId,
 };
 
 /// Largest request body accepted (one fingerprint is kilobytes to a few MB).
@@ -246,10 +245,13 @@ impl IntoResponse for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::BadName(m) => ApiError(StatusCode::BAD_REQUEST, m),
-            other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
-        }
+        let code =
+            StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let msg = match e {
+            StoreError::BadName(m) => m,
+            other => other.to_string(),
+        };
+        ApiError(code, msg)
     }
 }
 
@@ -1014,13 +1016,9 @@ pub fn stragglers_of(
     (records.len(), late, groups)
 }
 
-/// Stores one text batch (tenant, job, batch id, text); `false` when the
-/// batch was stored before.
-type PutBatch = fn(&dyn Store, TenantId, &str, &str, &str) -> Result<bool, StoreError>;
-
 /// A batch of text (collective records, a flow analysis) for a job:
 /// authenticated, named, UTF-8, parsed by `parse` into the summary the
-/// answer carries, archived, then stored once per batch by `put`.
+/// answer carries, archived, then stored once per batch as `put`.
 async fn post_text_batch<S: serde::Serialize + Send + 'static>(
     state: Arc<AppState>,
     (job, batch): (String, String),
@@ -1028,7 +1026,7 @@ async fn post_text_batch<S: serde::Serialize + Send + 'static>(
     body: Bytes,
     (kind, ext): (&'static str, &'static str),
     parse: impl FnOnce(&str) -> Result<(S, u64), String>,
-    put: PutBatch,
+    put: BatchKind,
 ) -> Response {
     let r = async {
         let t = tenant(&state, &headers).await?;
@@ -1039,7 +1037,7 @@ async fn post_text_batch<S: serde::Serialize + Send + 'static>(
         let (summary, items) = parse(&text).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
         archive(&state, t, &job, kind, &format!("{batch}.{ext}"), body).await?;
         let (st, j, b) = (state.clone(), job.clone(), batch.clone());
-        let stored = blocking(move || Ok(put(st.store.as_ref(), t, &j, &b, &text)?)).await?;
+        let stored = blocking(move || Ok(st.store.put_batch(t, &j, put, &b, &text)?)).await?;
         if stored {
             let m = &state.metrics;
             match kind {
@@ -1091,7 +1089,7 @@ async fn post_collectives(
         body,
         ("collectives", "jsonl"),
         parse,
-        |s, t, j, b, text| s.put_collectives(t, j, b, text),
+        BatchKind::Collectives,
     )
     .await
 }
@@ -1122,7 +1120,7 @@ async fn post_os_samples(
         body,
         ("os", "jsonl"),
         parse,
-        |s, t, j, b, text| s.put_os_samples(t, j, b, text),
+        BatchKind::OsSamples,
     )
     .await
 }
@@ -1155,8 +1153,8 @@ pub fn diagnosis_evidence(
             .push(format!("{bad} stored profile(s) do not decode: left out"));
     }
     let (collectives, readings) = (
-        store.collectives(tenant, job, MAX_COLLECTIVE_BATCHES)?,
-        store.os_samples(tenant, job, MAX_DIAGNOSIS_PROFILES)?,
+        store.batches(tenant, job, BatchKind::Collectives, MAX_COLLECTIVE_BATCHES)?,
+        store.batches(tenant, job, BatchKind::OsSamples, MAX_DIAGNOSIS_PROFILES)?,
     );
     let (c, bad_records) = jsonl_values(&collectives);
     let (o, bad_readings) = jsonl_values(&readings);
@@ -1295,7 +1293,7 @@ async fn post_flows(
         body,
         ("flows", "json"),
         parse,
-        |s, t, j, b, text| s.put_flows(t, j, b, text),
+        BatchKind::Flows,
     )
     .await
 }
@@ -1340,7 +1338,7 @@ async fn post_hang(
         body,
         ("hangs", "json"),
         parse,
-        |s, t, j, b, text| s.put_hang(t, j, b, text),
+        BatchKind::Hangs,
     )
     .await;
     // Stored: the job's hang gauge follows it (the alert rules read it).
@@ -1365,7 +1363,7 @@ async fn get_hang(
         &headers,
         &job,
         "hang report",
-        |s, t, j| s.hangs(t, j, 1),
+        BatchKind::Hangs,
         parse_hang_report,
     )
     .await
@@ -1374,23 +1372,20 @@ async fn get_hang(
     r.into_response()
 }
 
-/// Reads a job's latest batches of one kind from a store.
-type FetchBatches = fn(&dyn Store, TenantId, &str) -> Result<Vec<String>, StoreError>;
-
-/// The job's latest batch of one kind (`fetch`), parsed, or 404 naming
+/// The job's latest batch of `fetch`, parsed, or 404 naming
 /// `what`.
 async fn latest_batch<T: Send + 'static>(
     state: &Arc<AppState>,
     headers: &HeaderMap,
     job: &str,
     what: &str,
-    fetch: FetchBatches,
+    fetch: BatchKind,
     parse: fn(&str) -> Result<T, String>,
 ) -> ApiResult<T> {
     let t = tenant(state, headers).await?;
     store::check_name("job", job)?;
     let (st, j) = (state.clone(), job.to_string());
-    let mut latest = blocking(move || Ok(fetch(st.store.as_ref(), t, &j)?)).await?;
+    let mut latest = blocking(move || Ok(st.store.batches(t, &j, fetch, 1)?)).await?;
     let Some(text) = latest.pop() else {
         return Err(ApiError(
             StatusCode::NOT_FOUND,
@@ -1411,7 +1406,7 @@ async fn latest_flows(
         headers,
         job,
         "flow analysis",
-        |s, t, j| s.flows(t, j, 1),
+        BatchKind::Flows,
         parse_flow_report,
     )
     .await
@@ -1451,7 +1446,7 @@ async fn get_stragglers(
         let t = tenant(&state, &headers).await?;
         store::check_name("job", &job)?;
         let (st, j) = (state.clone(), job.clone());
-        let batches = blocking(move || Ok(st.store.collectives(t, &j, MAX_COLLECTIVE_BATCHES)?)).await?;
+        let batches = blocking(move || Ok(st.store.batches(t, &j, BatchKind::Collectives, MAX_COLLECTIVE_BATCHES)?)).await?;
         if batches.is_empty() {
             return Err(ApiError(
                 StatusCode::NOT_FOUND,
@@ -1469,19 +1464,6 @@ async fn get_stragglers(
     .await;
     count(&state, &r);
     r.into_response()
-}
-
-impl From<symbols::SymbolError> for ApiError {
-    fn from(e: symbols::SymbolError) -> Self {
-        match e {
-            symbols::SymbolError::Bad(m) => ApiError(StatusCode::BAD_REQUEST, m),
-            // The object store is away: the client retries later.
-            e @ symbols::SymbolError::Objects(_) => {
-                ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-            }
-            other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
-        }
-    }
 }
 
 fn symbol_store(state: &AppState) -> ApiResult<&symbols::SymbolStore> {
@@ -1521,7 +1503,7 @@ async fn put_symbol_part(
                 .as_deref()
                 .map(whyslow_stacks::symindex::parse_layout)
                 .transpose()
-                .map_err(|e| symbols::SymbolError::Bad(format!("segments: {e}")))?;
+                .map_err(|e| StoreError::BadName(format!("segments: {e}")))?;
             Ok(store.put_part(t, &build_id, part, q.of, &body, layout.as_deref())?)
         })
         .await?;

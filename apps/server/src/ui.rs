@@ -398,8 +398,12 @@ async fn job_page(
             }
         }
         let diagnosis = crate::diagnosis_of(st.store.as_ref(), t, &j, &Default::default())?.ok();
-        let flows = st.store.flows(t, &j, 1)?;
-        let hangs = st.store.hangs(t, &j, 1)?;
+        let flows = st
+            .store
+            .batches(t, &j, whyslow_store::BatchKind::Flows, 1)?;
+        let hangs = st
+            .store
+            .batches(t, &j, whyslow_store::BatchKind::Hangs, 1)?;
         Ok((sessions, kinds, diagnosis, flows, hangs))
     })
     .await;
@@ -539,7 +543,11 @@ async fn flows_perfetto(
         Err(r) => return r,
     };
     let (st, j) = (state.clone(), job.clone());
-    let flows = match tokio::task::spawn_blocking(move || st.store.flows(t, &j, 1)).await {
+    let flows = match tokio::task::spawn_blocking(move || {
+        st.store.batches(t, &j, whyslow_store::BatchKind::Flows, 1)
+    })
+    .await
+    {
         Ok(Ok(f)) => f,
         Ok(Err(e)) => return server_error(&e.to_string()),
         Err(e) => return server_error(&e.to_string()),

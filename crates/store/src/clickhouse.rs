@@ -26,8 +26,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use whyslow_model::stack::{Frame, StackProfile, StackProfileBuilder};
 
-use crate::store::{
-    check_name, merge_stored, new_token, token_hash, JobSummary, Order, ProfileMeta,
+use crate::{
+    check_name, merge_stored, new_token, token_hash, BatchKind, JobSummary, Order, ProfileMeta,
     SessionSummary, Store, StoreError, StoredProfile, TenantId,
 };
 
@@ -606,70 +606,25 @@ impl Store for ClickHouseStore {
         Ok(true)
     }
 
-    fn put_collectives(
+    fn put_batch(
         &self,
         tenant: TenantId,
         job: &str,
+        kind: BatchKind,
         batch: &str,
-        jsonl: &str,
+        body: &str,
     ) -> Result<bool, StoreError> {
-        self.put_blob("collectives", tenant, job, batch, jsonl)
+        self.put_blob(kind.table(), tenant, job, batch, body)
     }
 
-    fn collectives(
+    fn batches(
         &self,
         tenant: TenantId,
         job: &str,
+        kind: BatchKind,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        self.blobs("collectives", tenant, job, limit)
-    }
-
-    fn put_os_samples(
-        &self,
-        tenant: TenantId,
-        job: &str,
-        batch: &str,
-        jsonl: &str,
-    ) -> Result<bool, StoreError> {
-        self.put_blob("os_samples", tenant, job, batch, jsonl)
-    }
-
-    fn os_samples(
-        &self,
-        tenant: TenantId,
-        job: &str,
-        limit: usize,
-    ) -> Result<Vec<String>, StoreError> {
-        self.blobs("os_samples", tenant, job, limit)
-    }
-
-    fn put_flows(
-        &self,
-        tenant: TenantId,
-        job: &str,
-        batch: &str,
-        json: &str,
-    ) -> Result<bool, StoreError> {
-        self.put_blob("flows", tenant, job, batch, json)
-    }
-
-    fn flows(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.blobs("flows", tenant, job, limit)
-    }
-
-    fn put_hang(
-        &self,
-        tenant: TenantId,
-        job: &str,
-        batch: &str,
-        json: &str,
-    ) -> Result<bool, StoreError> {
-        self.put_blob("hangs", tenant, job, batch, json)
-    }
-
-    fn hangs(&self, tenant: TenantId, job: &str, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.blobs("hangs", tenant, job, limit)
+        self.blobs(kind.table(), tenant, job, limit)
     }
 
     fn hour_profile(

@@ -12,25 +12,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures_util::TryStreamExt;
+
+use crate::StoreError;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-/// Errors of the object store.
-#[derive(Debug, thiserror::Error)]
-pub enum ObjectError {
-    /// The location given is not usable (URL, options).
-    #[error("object store {0}")]
-    Config(String),
-    /// An operation failed (network, permissions, disk): the message with
-    /// its causes.
-    #[error("object store: {0}")]
-    Failed(String),
-    /// A key that is not a valid object path.
-    #[error("object key {0:?}: {1}")]
-    BadKey(String, String),
-}
-
-impl From<object_store::Error> for ObjectError {
+impl From<object_store::Error> for StoreError {
     fn from(e: object_store::Error) -> Self {
         let mut msg = e.to_string();
         let mut cause = std::error::Error::source(&e);
@@ -42,7 +29,7 @@ impl From<object_store::Error> for ObjectError {
             }
             cause = c.source();
         }
-        ObjectError::Failed(msg)
+        StoreError::Backend(format!("object store: {msg}"))
     }
 }
 
@@ -67,12 +54,12 @@ pub enum ObjectLocation {
 
 impl ObjectLocation {
     /// Parses `s3://bucket/prefix`, `file:///dir` or a plain directory path.
-    pub fn parse(url: &str, endpoint: Option<&str>) -> Result<Self, ObjectError> {
+    pub fn parse(url: &str, endpoint: Option<&str>) -> Result<Self, StoreError> {
         if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
-                return Err(ObjectError::Config(format!(
-                    "{url:?}: expected s3://BUCKET[/PREFIX]"
+                return Err(StoreError::Config(format!(
+                    "object store {url:?}: expected s3://BUCKET[/PREFIX]"
                 )));
             }
             return Ok(ObjectLocation::S3 {
@@ -82,14 +69,14 @@ impl ObjectLocation {
             });
         }
         if endpoint.is_some() {
-            return Err(ObjectError::Config(format!(
-                "{url:?}: an endpoint is only for s3:// locations"
+            return Err(StoreError::Config(format!(
+                "object store {url:?}: an endpoint is only for s3:// locations"
             )));
         }
         let dir = url.strip_prefix("file://").unwrap_or(url);
         if dir.is_empty() || url.contains("://") && !url.starts_with("file://") {
-            return Err(ObjectError::Config(format!(
-                "{url:?}: expected s3://BUCKET[/PREFIX], file:///DIR or a directory"
+            return Err(StoreError::Config(format!(
+                "object store {url:?}: expected s3://BUCKET[/PREFIX], file:///DIR or a directory"
             )));
         }
         Ok(ObjectLocation::Dir(PathBuf::from(dir)))
@@ -128,20 +115,21 @@ pub struct Objects {
 
 impl Objects {
     /// Opens (and for a directory, creates) the store.
-    pub fn open(location: &ObjectLocation) -> Result<Self, ObjectError> {
+    pub fn open(location: &ObjectLocation) -> Result<Self, StoreError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("whyslow-objects")
             .enable_all()
             .build()
-            .map_err(|e| ObjectError::Config(format!("runtime: {e}")))?;
+            .map_err(|e| StoreError::Config(format!("object store runtime: {e}")))?;
         let (store, prefix, dir): (Arc<dyn ObjectStore>, String, Option<PathBuf>) = match location {
             ObjectLocation::Dir(d) => {
-                std::fs::create_dir_all(d)
-                    .map_err(|e| ObjectError::Config(format!("{}: {e}", d.display())))?;
-                let d = d
-                    .canonicalize()
-                    .map_err(|e| ObjectError::Config(format!("{}: {e}", d.display())))?;
+                std::fs::create_dir_all(d).map_err(|e| {
+                    StoreError::Config(format!("object store {}: {e}", d.display()))
+                })?;
+                let d = d.canonicalize().map_err(|e| {
+                    StoreError::Config(format!("object store {}: {e}", d.display()))
+                })?;
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&d)?
                     .with_automatic_cleanup(true);
                 (Arc::new(fs), String::new(), Some(d))
@@ -200,13 +188,14 @@ impl Objects {
         &self.location
     }
 
-    fn path(&self, key: &str) -> Result<ObjectPath, ObjectError> {
+    fn path(&self, key: &str) -> Result<ObjectPath, StoreError> {
         let full = if self.prefix.is_empty() {
             key.to_string()
         } else {
             format!("{}/{key}", self.prefix)
         };
-        ObjectPath::parse(&full).map_err(|e| ObjectError::BadKey(key.to_string(), e.to_string()))
+        ObjectPath::parse(&full)
+            .map_err(|e| StoreError::BadName(format!("object key {key:?}: {e}")))
     }
 
     fn run<T>(&self, f: impl std::future::Future<Output = T>) -> T {
@@ -217,14 +206,14 @@ impl Objects {
     }
 
     /// Writes one object (atomically: readers see the old or the new one).
-    pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), ObjectError> {
+    pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         let p = self.path(key)?;
         self.run(self.store.put(&p, PutPayload::from(bytes)))?;
         Ok(())
     }
 
     /// Reads one object; `None` when there is none.
-    pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, ObjectError> {
+    pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let p = self.path(key)?;
         self.run(async {
             match self.store.get(&p).await {
@@ -236,7 +225,7 @@ impl Objects {
     }
 
     /// Whether an object exists.
-    pub fn exists(&self, key: &str) -> Result<bool, ObjectError> {
+    pub fn exists(&self, key: &str) -> Result<bool, StoreError> {
         let p = self.path(key)?;
         self.run(async {
             match self.store.head(&p).await {
@@ -248,7 +237,7 @@ impl Objects {
     }
 
     /// The keys under `prefix/` (the full key, sorted), with their sizes.
-    pub fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, ObjectError> {
+    pub fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, StoreError> {
         let p = self.path(prefix)?;
         let skip = if self.prefix.is_empty() {
             0
@@ -269,7 +258,7 @@ impl Objects {
     }
 
     /// Deletes one object (none there is not an error).
-    pub fn delete(&self, key: &str) -> Result<(), ObjectError> {
+    pub fn delete(&self, key: &str) -> Result<(), StoreError> {
         let p = self.path(key)?;
         self.run(async {
             match self.store.delete(&p).await {
@@ -310,7 +299,7 @@ pub fn conformance(o: &Objects) -> Result<(), String> {
             .map(|d| d.as_nanos())
             .unwrap_or(0)
     );
-    let e = |what: &str, err: ObjectError| format!("{what}: {err}");
+    let e = |what: &str, err: StoreError| format!("{what}: {err}");
     let check = |ok: bool, what: &str| if ok { Ok(()) } else { Err(what.to_string()) };
     let binary: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
     o.put(&format!("{base}/a/1"), binary.clone())

@@ -22,8 +22,9 @@ use whyslow_model::stack::{FrameKind, StackProfile};
 use whyslow_stacks::elf::Segment;
 use whyslow_stacks::symindex::{build_index, SymbolIndex};
 
-use crate::objects::{ObjectError, Objects};
-use crate::store::TenantId;
+use crate::objects::Objects;
+use crate::StoreError;
+use crate::TenantId;
 
 /// Largest part of an upload.
 pub const MAX_PART_BYTES: usize = 64 << 20;
@@ -42,20 +43,6 @@ pub enum PartStatus {
     Indexed { symbols: u64 },
 }
 
-/// Why a symbol upload or lookup failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SymbolError {
-    /// The request itself is wrong (Build-ID, part numbers, the file).
-    #[error("{0}")]
-    Bad(String),
-    /// The local disk failed.
-    #[error("symbol store {0}: {1}")]
-    Io(String, std::io::Error),
-    /// The object store failed.
-    #[error("symbol store: {0}")]
-    Objects(#[from] ObjectError),
-}
-
 /// Symbol indexes in object storage.
 pub struct SymbolStore {
     objects: Arc<Objects>,
@@ -72,7 +59,7 @@ pub struct SymbolStore {
 }
 
 /// Checks a Build-ID: 2–128 lowercase hex digits.
-pub fn check_build_id(id: &str) -> Result<(), SymbolError> {
+pub fn check_build_id(id: &str) -> Result<(), StoreError> {
     if (2..=128).contains(&id.len())
         && id
             .bytes()
@@ -80,19 +67,19 @@ pub fn check_build_id(id: &str) -> Result<(), SymbolError> {
     {
         Ok(())
     } else {
-        Err(SymbolError::Bad(format!(
+        Err(StoreError::BadName(format!(
             "Build-ID {id:?}: expected 2-128 lowercase hex digits"
         )))
     }
 }
 
-fn io(p: &Path, e: std::io::Error) -> SymbolError {
-    SymbolError::Io(p.display().to_string(), e)
+fn io(p: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Io(format!("symbol store {}", p.display()), e)
 }
 
 impl SymbolStore {
     /// A store in a local directory (created): the embedded default.
-    pub fn open(root: &Path) -> Result<Self, SymbolError> {
+    pub fn open(root: &Path) -> Result<Self, StoreError> {
         let objects = Objects::open(&crate::objects::ObjectLocation::Dir(root.to_path_buf()))?;
         Self::with_objects(Arc::new(objects), "", &root.join(".cache"))
     }
@@ -103,7 +90,7 @@ impl SymbolStore {
         objects: Arc<Objects>,
         prefix: &str,
         cache: &Path,
-    ) -> Result<Self, SymbolError> {
+    ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(cache).map_err(|e| io(cache, e))?;
         Ok(SymbolStore {
             objects,
@@ -136,15 +123,15 @@ impl SymbolStore {
         of: u32,
         bytes: &[u8],
         layout: Option<&[Segment]>,
-    ) -> Result<PartStatus, SymbolError> {
+    ) -> Result<PartStatus, StoreError> {
         check_build_id(build_id)?;
         if of == 0 || of > MAX_PARTS || part >= of {
-            return Err(SymbolError::Bad(format!(
+            return Err(StoreError::BadName(format!(
                 "part {part} of {of}: expected 0 <= part < of <= {MAX_PARTS}"
             )));
         }
         if bytes.len() > MAX_PART_BYTES {
-            return Err(SymbolError::Bad(format!(
+            return Err(StoreError::BadName(format!(
                 "a part holds at most {MAX_PART_BYTES} bytes, not {}",
                 bytes.len()
             )));
@@ -199,14 +186,14 @@ impl SymbolStore {
             Ok(x) => x,
             Err(e) => {
                 cleanup(&elf);
-                return Err(SymbolError::Bad(format!(
+                return Err(StoreError::BadName(format!(
                     "the uploaded file is not a readable ELF file: {e}"
                 )));
             }
         };
         if summary.build_id.as_deref() != Some(build_id) {
             cleanup(&elf);
-            return Err(SymbolError::Bad(format!(
+            return Err(StoreError::BadName(format!(
                 "the uploaded file's Build-ID is {:?}, not {build_id}",
                 summary.build_id
             )));
@@ -225,7 +212,7 @@ impl SymbolStore {
 
     /// The index file to map: in place for a local store, else a local copy
     /// fetched once.
-    fn index_file(&self, tenant: TenantId, build_id: &str) -> Result<Option<PathBuf>, SymbolError> {
+    fn index_file(&self, tenant: TenantId, build_id: &str) -> Result<Option<PathBuf>, StoreError> {
         let key = self.key(tenant, build_id, "index");
         if let Some(p) = self.objects.local_file(&key) {
             return Ok(p.is_file().then_some(p));
@@ -249,7 +236,7 @@ impl SymbolStore {
         &self,
         tenant: TenantId,
         build_id: &str,
-    ) -> Result<Option<Arc<memmap2::Mmap>>, SymbolError> {
+    ) -> Result<Option<Arc<memmap2::Mmap>>, StoreError> {
         let key = (tenant.0, build_id.to_string());
         if let Some(m) = self
             .open
@@ -293,7 +280,7 @@ impl SymbolStore {
     }
 
     /// Symbols indexed for this Build-ID, or `None` when it was not uploaded.
-    pub fn symbols(&self, tenant: TenantId, build_id: &str) -> Result<Option<u64>, SymbolError> {
+    pub fn symbols(&self, tenant: TenantId, build_id: &str) -> Result<Option<u64>, StoreError> {
         check_build_id(build_id)?;
         Ok(self
             .index(tenant, build_id)?

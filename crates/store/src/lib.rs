@@ -1,0 +1,635 @@
+//! whyslow's storage (issue 31): one [`Store`] trait, tenant-scoped in
+//! every method (isolation lives here, not only in the handlers), and its
+//! backends:
+//!
+//! - [`sqlite::SqliteStore`], the embedded default: SQLite in
+//!   `DATA/whyslow.db` with profiles moved to columnar [`segments`];
+//! - [`clickhouse::ClickHouseStore`], the scale-out store: ClickHouse used as
+//!   a column store (a stack dictionary and one row per sample);
+//! - [`objects`] (S3-compatible object storage or a directory) and
+//!   [`symbols`] (symbol indexes kept there).
+//!
+//! Both stores pass one [`conformance`] suite (their tests, and `whyslow
+//! server check-store` on a live backend). Errors are one [`StoreError`]
+//! that knows the HTTP status a server answers it with, so every door
+//! reports a store failure the same way.
+
+pub mod clickhouse;
+pub mod objects;
+pub mod segments;
+pub mod sqlite;
+pub mod symbols;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+pub use sqlite::SqliteStore;
+
+/// Everything a store can fail with, for every backend.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The embedded database failed.
+    #[error("database: {0}")]
+    Db(#[from] rusqlite::Error),
+    /// A local file or directory could not be used.
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    /// The request itself is wrong: a name that cannot be a tenant, job,
+    /// session or batch, a Build-ID, an object key, a part number.
+    #[error("{0}")]
+    BadName(String),
+    /// A location or option that cannot be used (object store URL).
+    #[error("{0}")]
+    Config(String),
+    /// A remote backend (ClickHouse, the object store) failed or could not
+    /// be reached: the message with its causes.
+    #[error("{0}")]
+    Backend(String),
+}
+
+impl StoreError {
+    /// The HTTP status a server answers this error with: 400 for a request
+    /// the store refuses, 503 for a remote backend that failed (the client
+    /// may retry), 500 otherwise.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            StoreError::BadName(_) => 400,
+            StoreError::Backend(_) => 503,
+            StoreError::Db(_) | StoreError::Io(..) | StoreError::Config(_) => 500,
+        }
+    }
+}
+
+/// The kinds of data stored as uploaded batches of text (one batch-put and
+/// one read for all of them; each its own table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BatchKind {
+    /// JSON lines of `whyslow_model::collective::CollectiveRecord`, as the
+    /// agents write them.
+    Collectives,
+    /// JSON lines of `whyslow_model::os::OsSample` (TCP counters among
+    /// them), as the agents write them.
+    OsSamples,
+    /// One flow analysis: the JSON of `whyslow flows analyze --format json`
+    /// (LLMPrism's jobs, steps, timelines and findings).
+    Flows,
+    /// One hang report: the JSON of `whyslow hang --format json`, as the
+    /// online package uploads it after a stall.
+    Hangs,
+}
+
+impl BatchKind {
+    /// Every kind.
+    pub const ALL: [BatchKind; 4] = [
+        BatchKind::Collectives,
+        BatchKind::OsSamples,
+        BatchKind::Flows,
+        BatchKind::Hangs,
+    ];
+
+    /// Its table's name in every backend.
+    pub fn table(self) -> &'static str {
+        match self {
+            BatchKind::Collectives => "collectives",
+            BatchKind::OsSamples => "os_samples",
+            BatchKind::Flows => "flows",
+            BatchKind::Hangs => "hangs",
+        }
+    }
+}
+
+/// A tenant's id (row id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantId(pub i64);
+
+/// One job of a tenant, as `GET /api/v1/jobs` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobSummary {
+    /// Job id as uploaded.
+    pub job: String,
+    /// Sessions with at least one fingerprint.
+    pub sessions: u64,
+    /// Fingerprints stored (all sessions).
+    pub fingerprints: u64,
+    /// Stack profiles stored (the node agents').
+    pub profiles: u64,
+    /// Last upload, Unix seconds.
+    pub updated_unix_s: i64,
+}
+
+/// What is known of an uploaded profile without reading it again.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProfileMeta {
+    /// The uploader's batch id: the same batch again is not stored twice.
+    pub batch: String,
+    /// `cpu` (samples), `offcpu` (µs blocked) or `host` (every process of a
+    /// node).
+    pub kind: String,
+    /// The rank's label, when the profile is of one rank.
+    pub rank: Option<String>,
+    /// The host's label.
+    pub host: Option<String>,
+    /// Start of the profiled period, Unix ns.
+    pub start_unix_ns: i64,
+    /// Samples (or µs for `offcpu`).
+    pub samples: u64,
+}
+
+/// Which end of a job's profiles to read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The latest first.
+    NewestFirst,
+    /// The earliest first (a job's own baseline: how it ran at the start).
+    OldestFirst,
+}
+
+/// A stored profile as a store hands it back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredProfile {
+    /// The pprof bytes as uploaded.
+    Pprof(Vec<u8>),
+    /// Read back from a columnar segment ([`crate::segments`]).
+    Decoded(whyslow_model::stack::StackProfile),
+}
+
+impl StoredProfile {
+    /// The profile; `None` for pprof bytes that do not decode within
+    /// `max_decompressed` bytes.
+    pub fn into_profile(self, max_decompressed: u64) -> Option<whyslow_model::stack::StackProfile> {
+        match self {
+            StoredProfile::Pprof(b) => {
+                whyslow_stack_output::from_pprof_limited(&b, max_decompressed).ok()
+            }
+            StoredProfile::Decoded(p) => Some(p),
+        }
+    }
+}
+
+/// One session of a job, as the web UI lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionSummary {
+    /// Session id as uploaded.
+    pub session: String,
+    /// Workers whose fingerprint is stored.
+    pub fingerprints: u64,
+    /// Last upload, Unix seconds.
+    pub updated_unix_s: i64,
+}
+
+/// What a store offers the service: the embedded [`SqliteStore`] and the
+/// scale-out [`crate::clickhouse::ClickHouseStore`], both checked by
+/// [`conformance`].
+pub trait Store: Send + Sync {
+    /// Creates `tenant` if needed and a new token for it; returns the token
+    /// (only its hash is kept).
+    fn create_token(&self, tenant: &str) -> Result<String, StoreError>;
+    /// The tenant a bearer token belongs to.
+    fn tenant_of_token(&self, token: &str) -> Result<Option<TenantId>, StoreError>;
+    /// Stores (or replaces: uploads are idempotent per worker) one worker's
+    /// fingerprint JSON.
+    fn put_fingerprint(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        session: &str,
+        worker: u32,
+        json: &str,
+    ) -> Result<(), StoreError>;
+    /// The fingerprints of one session, by worker.
+    fn fingerprints(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        session: &str,
+    ) -> Result<Vec<String>, StoreError>;
+    /// The tenant's jobs.
+    fn jobs(&self, tenant: TenantId) -> Result<Vec<JobSummary>, StoreError>;
+    /// Whether the tenant has this job.
+    fn has_job(&self, tenant: TenantId, job: &str) -> Result<bool, StoreError>;
+    /// The sessions of one of the tenant's jobs, newest upload first (empty
+    /// when the tenant has no such job).
+    fn sessions(&self, tenant: TenantId, job: &str) -> Result<Vec<SessionSummary>, StoreError>;
+    /// Stores one uploaded stack profile (pprof bytes as uploaded) of a
+    /// job; `false` when its batch was stored before (a retry, not counted
+    /// twice).
+    fn put_profile(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        meta: &ProfileMeta,
+        pprof: &[u8],
+    ) -> Result<bool, StoreError>;
+    /// The job's most recent `limit` profiles of `kind`, newest first.
+    fn profiles(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<StoredProfile>, StoreError> {
+        self.profiles_in_order(tenant, job, kind, limit, Order::NewestFirst)
+    }
+    /// `limit` profiles of `kind` of the job from one end of its history.
+    fn profiles_in_order(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        limit: usize,
+        order: Order,
+    ) -> Result<Vec<StoredProfile>, StoreError>;
+    /// How many profiles of `kind` the job has.
+    fn profile_count(&self, tenant: TenantId, job: &str, kind: &str) -> Result<u64, StoreError>;
+    /// The job's profiles of `kind` that began in the hour starting at
+    /// `hour_unix_s` (a multiple of 3600), merged; `None` when there are
+    /// none. ClickHouse answers from its hourly rollups once they are
+    /// complete (a baseline over weeks reads one row per stack and hour);
+    /// pprof bytes that do not decode are left out.
+    fn hour_profile(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: &str,
+        hour_unix_s: i64,
+    ) -> Result<Option<whyslow_model::stack::StackProfile>, StoreError>;
+    /// Stores one uploaded batch of `kind` of a job (text as uploaded);
+    /// `false` when the tenant stored that batch before (a retry, not
+    /// counted twice).
+    fn put_batch(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: BatchKind,
+        batch: &str,
+        body: &str,
+    ) -> Result<bool, StoreError>;
+    /// The job's most recent `limit` batches of `kind`, newest first.
+    fn batches(
+        &self,
+        tenant: TenantId,
+        job: &str,
+        kind: BatchKind,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
+    /// Moves profiles uploaded before `before_unix_s` into the store's
+    /// long-term layout; returns (profiles moved, segments written). The
+    /// embedded store writes columnar segments ([`SqliteStore::compact`]);
+    /// ClickHouse is columnar already.
+    fn compact(&self, before_unix_s: i64) -> Result<(u64, u64), StoreError> {
+        let _ = before_unix_s;
+        Ok((0, 0))
+    }
+    /// Bytes and files of the long-term layout on local disk.
+    fn segment_usage(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    /// Deletes fingerprints, profiles, collective records and flow analyses
+    /// uploaded before `before_unix_s` (retention); returns how many. A store with
+    /// its own expiry (ClickHouse's TTL) does nothing here.
+    fn expire(&self, before_unix_s: i64) -> Result<u64, StoreError> {
+        let _ = before_unix_s;
+        Ok(0)
+    }
+}
+
+/// Checks a job, session or tenant name: 1–200 bytes of letters, digits,
+/// `-_.:@`, not starting with a dot.
+pub fn check_name(what: &str, s: &str) -> Result<(), StoreError> {
+    let ok = !s.is_empty()
+        && s.len() <= 200
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:@".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::BadName(format!(
+            "{what} {s:?}: expected 1-200 characters of letters, digits and -_.:@"
+        )))
+    }
+}
+
+/// A new random token: `wsk_` and 48 hex digits.
+pub(crate) fn new_token() -> Result<String, StoreError> {
+    let mut raw = [0u8; 24];
+    getrandom::fill(&mut raw)
+        .map_err(|e| StoreError::Io("getrandom".into(), std::io::Error::other(e.to_string())))?;
+    Ok(std::iter::once("wsk_".to_string())
+        .chain(raw.iter().map(|b| format!("{b:02x}")))
+        .collect())
+}
+
+/// `n` random bytes as hex (names that must not collide, as segments').
+pub(crate) fn random_hex(n: usize) -> String {
+    let mut raw = vec![0u8; n];
+    // A failed getrandom leaves zeros: the name then comes from the clock.
+    if getrandom::fill(&mut raw).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        raw.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (t >> (8 * (i % 16))) as u8);
+    }
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(crate) fn token_hash(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+pub(crate) fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// `profiles` decoded and merged; `None` when none decodes.
+pub fn merge_stored(profiles: Vec<StoredProfile>) -> Option<whyslow_model::stack::StackProfile> {
+    let decoded: Vec<_> = profiles
+        .into_iter()
+        .filter_map(|p| p.into_profile(whyslow_stack_output::MAX_PPROF_DECOMPRESSED))
+        .collect();
+    (!decoded.is_empty()).then(|| whyslow_model::stack::StackProfile::merged(&decoded))
+}
+
+/// The conformance checks every backend must pass (run by the tests on
+/// SQLite and by `whyslow server check-store` on any backend), on a fresh,
+/// empty store: the first failure, named by its check.
+pub fn conformance(s: &dyn Store) -> Result<(), String> {
+    macro_rules! check {
+        ($cond:expr) => {
+            if !$cond {
+                return Err(format!("conformance check failed: {}", stringify!($cond)));
+            }
+        };
+    }
+    macro_rules! ok {
+        ($e:expr) => {
+            $e.map_err(|e| format!("conformance: {}: {e}", stringify!($e)))?
+        };
+    }
+    let ta = ok!(s.create_token("team-a"));
+    let ta2 = ok!(s.create_token("team-a"));
+    let tb = ok!(s.create_token("team-b"));
+    check!(ta != ta2);
+    let a = ok!(s.tenant_of_token(&ta)).ok_or("conformance: a new token has no tenant")?;
+    check!(ok!(s.tenant_of_token(&ta2)) == Some(a));
+    let b = ok!(s.tenant_of_token(&tb)).ok_or("conformance: a new token has no tenant")?;
+    check!(a != b);
+    check!(ok!(s.tenant_of_token("wsk_nope")).is_none());
+    ok!(s.put_fingerprint(a, "job1", "s1", 1, "{\"w\":1}"));
+    ok!(s.put_fingerprint(a, "job1", "s1", 0, "{\"w\":0}"));
+    ok!(s.put_fingerprint(a, "job1", "s1", 1, "{\"w\":1,\"again\":'yes'}"));
+    check!(ok!(s.fingerprints(a, "job1", "s1")) == vec!["{\"w\":0}", "{\"w\":1,\"again\":'yes'}"]);
+    // Tenant b sees nothing of tenant a's, even by name.
+    check!(ok!(s.fingerprints(b, "job1", "s1")).is_empty());
+    check!(!ok!(s.has_job(b, "job1")));
+    check!(ok!(s.jobs(b)).is_empty());
+    let jobs = ok!(s.jobs(a));
+    check!(jobs.len() == 1);
+    check!((jobs[0].sessions, jobs[0].fingerprints) == (1, 2));
+    ok!(s.put_fingerprint(a, "job1", "s2", 0, "{\"w\":0}"));
+    let sessions = ok!(s.sessions(a, "job1"));
+    let mut names: Vec<_> = sessions
+        .iter()
+        .map(|x| (x.session.as_str(), x.fingerprints))
+        .collect();
+    names.sort();
+    check!(names == vec![("s1", 2), ("s2", 1)]);
+    check!(ok!(s.sessions(b, "job1")).is_empty());
+    check!(ok!(s.sessions(a, "no-such-job")).is_empty());
+    // Profiles: a batch is stored once; newest first; per tenant; any bytes.
+    let meta = |batch: &str, t: i64| ProfileMeta {
+        batch: batch.into(),
+        kind: "cpu".into(),
+        rank: Some("0".into()),
+        host: Some("h0".into()),
+        start_unix_ns: t,
+        samples: 10,
+    };
+    let binary: Vec<u8> = (0..=255u8).collect();
+    check!(ok!(s.put_profile(a, "job2", &meta("b1", 1), &binary)));
+    check!(ok!(s.put_profile(a, "job2", &meta("b2", 2), b"two")));
+    check!(!ok!(s.put_profile(a, "job2", &meta("b1", 1), &binary)));
+    check!(
+        ok!(s.profiles(a, "job2", "cpu", 10))
+            == vec![
+                StoredProfile::Pprof(b"two".to_vec()),
+                StoredProfile::Pprof(binary.clone())
+            ]
+    );
+    check!(ok!(s.profiles(a, "job2", "cpu", 1)).len() == 1);
+    check!(
+        ok!(s.profiles_in_order(a, "job2", "cpu", 1, Order::OldestFirst))
+            == vec![StoredProfile::Pprof(binary.clone())]
+    );
+    check!(ok!(s.profile_count(a, "job2", "cpu")) == 2);
+    check!(ok!(s.profile_count(a, "job2", "offcpu")) == 0);
+    check!(ok!(s.profile_count(b, "job2", "cpu")) == 0);
+    check!(ok!(s.profiles(a, "job2", "offcpu", 10)).is_empty());
+    check!(ok!(s.profiles(b, "job2", "cpu", 10)).is_empty());
+    check!(ok!(s.has_job(a, "job2")) && !ok!(s.has_job(b, "job2")));
+    let jobs = ok!(s.jobs(a));
+    let job2 = jobs
+        .iter()
+        .find(|j| j.job == "job2")
+        .ok_or("conformance: job2 is not listed")?;
+    check!((job2.sessions, job2.fingerprints, job2.profiles) == (0, 0, 2));
+    check!(s.put_profile(a, "job2", &meta("../x", 3), b"x").is_err());
+    // Hour profiles (baselines): the profiles that began in one hour,
+    // merged, the same before and after the store's compaction (ClickHouse:
+    // its hourly rollup), and a late profile counted once it is there.
+    // A few hours ago: stores keep rollups only within their retention.
+    let hour = (now_unix() / 3600 - 3) * 3600;
+    let work = |at_s: i64, stacks: &[(&str, u64)]| {
+        use whyslow_model::stack::{Frame, StackProfileBuilder};
+        let mut b = StackProfileBuilder::new();
+        for (leaf, n) in stacks {
+            let ids = vec![b.frame(Frame::label("main")), b.frame(Frame::label(*leaf))];
+            b.add(ids, *n);
+        }
+        whyslow_stack_output::to_pprof(&b.finish(
+            99.0,
+            (at_s * 1_000_000_000) as u64,
+            1_000_000_000,
+        ))
+    };
+    let at = |s: i64| (hour + s) * 1_000_000_000;
+    check!(ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h1", at(10)),
+        &work(hour + 10, &[("a", 3)])
+    )));
+    check!(ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h2", at(20)),
+        &work(hour + 20, &[("a", 2), ("b", 5)])
+    )));
+    check!(ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h0", at(-5)),
+        &work(hour - 5, &[("c", 7)])
+    )));
+    let total = |s: &dyn Store| -> Result<Option<u64>, String> {
+        Ok(ok!(s.hour_profile(a, "job-h", "cpu", hour)).map(|p| p.total()))
+    };
+    check!(total(s)? == Some(10));
+    check!(ok!(s.hour_profile(a, "job-h", "cpu", hour + 3600)).is_none());
+    check!(ok!(s.hour_profile(a, "job-h", "offcpu", hour)).is_none());
+    check!(ok!(s.hour_profile(b, "job-h", "cpu", hour)).is_none());
+    // Something long-term was written: a segment, or the hour's rollup.
+    check!(ok!(s.compact(now_unix() + 1)).1 >= 1);
+    check!(total(s)? == Some(10));
+    check!(ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h3", at(30)),
+        &work(hour + 30, &[("b", 1)])
+    )));
+    check!(!ok!(s.put_profile(
+        a,
+        "job-h",
+        &meta("h3", at(30)),
+        &work(hour + 30, &[("b", 1)])
+    )));
+    check!(total(s)? == Some(11));
+    check!(ok!(s.compact(now_unix() + 1)).1 >= 1);
+    check!(total(s)? == Some(11));
+    let names = |p: whyslow_model::stack::StackProfile| {
+        let mut n: Vec<String> = p.frames.iter().filter_map(|f| f.name.clone()).collect();
+        n.sort();
+        n
+    };
+    check!(
+        ok!(s.hour_profile(a, "job-h", "cpu", hour)).map(names)
+            == Some(vec!["a".into(), "b".into(), "main".into()])
+    );
+    // Collective records: a batch once, newest first, per tenant.
+    check!(ok!(s.put_batch(
+        a,
+        "job3",
+        BatchKind::Collectives,
+        "c1",
+        "{\"r\":1}\n"
+    )));
+    check!(ok!(s.put_batch(
+        a,
+        "job3",
+        BatchKind::Collectives,
+        "c2",
+        "{\"r\":2}\n"
+    )));
+    check!(!ok!(s.put_batch(
+        a,
+        "job3",
+        BatchKind::Collectives,
+        "c1",
+        "{\"r\":1}\n"
+    )));
+    check!(
+        ok!(s.batches(a, "job3", BatchKind::Collectives, 10)) == vec!["{\"r\":2}\n", "{\"r\":1}\n"]
+    );
+    check!(ok!(s.batches(a, "job3", BatchKind::Collectives, 1)).len() == 1);
+    check!(ok!(s.batches(b, "job3", BatchKind::Collectives, 10)).is_empty());
+    check!(ok!(s.has_job(a, "job3")) && !ok!(s.has_job(b, "job3")));
+    check!(s
+        .put_batch(a, "job3", BatchKind::Collectives, "../c", "{}")
+        .is_err());
+    check!(ok!(s.put_batch(
+        a,
+        "job3",
+        BatchKind::OsSamples,
+        "o1",
+        "{\"o\":1}\n"
+    )));
+    check!(ok!(s.put_batch(
+        a,
+        "job3",
+        BatchKind::OsSamples,
+        "o2",
+        "{\"o\":2}\n"
+    )));
+    check!(!ok!(s.put_batch(
+        a,
+        "job3",
+        BatchKind::OsSamples,
+        "o1",
+        "{\"o\":1}\n"
+    )));
+    check!(
+        ok!(s.batches(a, "job3", BatchKind::OsSamples, 10)) == vec!["{\"o\":2}\n", "{\"o\":1}\n"]
+    );
+    check!(ok!(s.batches(b, "job3", BatchKind::OsSamples, 10)).is_empty());
+    check!(ok!(s.batches(a, "job3", BatchKind::Collectives, 10)).len() == 2);
+    // Flow analyses: the same rules.
+    check!(ok!(s.put_batch(
+        a,
+        "job4",
+        BatchKind::Flows,
+        "f1",
+        "{\"n\":1}"
+    )));
+    check!(ok!(s.put_batch(
+        a,
+        "job4",
+        BatchKind::Flows,
+        "f2",
+        "{\"n\":2}"
+    )));
+    check!(!ok!(s.put_batch(
+        a,
+        "job4",
+        BatchKind::Flows,
+        "f1",
+        "{\"n\":1}"
+    )));
+    check!(ok!(s.batches(a, "job4", BatchKind::Flows, 10)) == vec!["{\"n\":2}", "{\"n\":1}"]);
+    check!(ok!(s.batches(a, "job4", BatchKind::Flows, 1)).len() == 1);
+    check!(ok!(s.batches(b, "job4", BatchKind::Flows, 10)).is_empty());
+    check!(ok!(s.has_job(a, "job4")) && !ok!(s.has_job(b, "job4")));
+    check!(s
+        .put_batch(a, "job4", BatchKind::Flows, "../f", "{}")
+        .is_err());
+    // Hang reports: once per batch, newest first, per tenant.
+    check!(ok!(s.put_batch(
+        a,
+        "job5",
+        BatchKind::Hangs,
+        "h1",
+        "{\"n\":1}"
+    )));
+    check!(ok!(s.put_batch(
+        a,
+        "job5",
+        BatchKind::Hangs,
+        "h2",
+        "{\"n\":2}"
+    )));
+    check!(!ok!(s.put_batch(
+        a,
+        "job5",
+        BatchKind::Hangs,
+        "h1",
+        "{\"n\":1}"
+    )));
+    check!(ok!(s.batches(a, "job5", BatchKind::Hangs, 10)) == vec!["{\"n\":2}", "{\"n\":1}"]);
+    check!(ok!(s.batches(b, "job5", BatchKind::Hangs, 10)).is_empty());
+    check!(ok!(s.has_job(a, "job5")));
+    check!(s
+        .put_batch(a, "job5", BatchKind::Hangs, "../h", "{}")
+        .is_err());
+    for bad in ["", "../x", ".hidden", "a/b", "a'b", &"x".repeat(201)] {
+        check!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err());
+    }
+    Ok(())
+}
