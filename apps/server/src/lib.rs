@@ -639,41 +639,56 @@ fn meta_of(
     }
 }
 
-/// The flame graph (SVG) of `profiles` (pprof bytes as stored) merged,
-/// frames that came without a name symbolized from the tenant's uploaded
-/// symbols (SysOM-AI §3.4); unreadable profiles are left out.
-pub fn flamegraph_of(
-    profiles: Vec<store::StoredProfile>,
-    title: &str,
-    symbols: Option<(&symbols::SymbolStore, TenantId)>,
-) -> String {
-    let merged = merged_profile(profiles, symbols);
-    whyslow_stack_output::to_flamegraph_svg(
+/// The flame graph (SVG) of a job's latest `limit` profiles of `kind`,
+/// merged by the store (ClickHouse sums samples per stack itself), frames
+/// that came without a name symbolized from the tenant's uploaded symbols
+/// (SysOM-AI §3.4); `None` when the job has no such profiles. The API and
+/// the web UI both draw it here.
+pub fn job_flamegraph(
+    state: &AppState,
+    tenant: TenantId,
+    job: &str,
+    kind: &str,
+    limit: usize,
+) -> Result<Option<String>, StoreError> {
+    let Some((mut merged, n)) =
+        state
+            .store
+            .merged_profiles(tenant, job, kind, limit, Order::NewestFirst)?
+    else {
+        return Ok(None);
+    };
+    if let Some(s) = &state.symbols {
+        s.symbolize(tenant, &mut merged);
+    }
+    Ok(Some(whyslow_stack_output::to_flamegraph_svg(
         &merged,
         &whyslow_stack_output::FlameOptions {
-            title: title.to_string(),
+            title: format!("job {job}: {kind}, latest {n} profiles"),
             ..Default::default()
         },
-    )
+    )))
 }
 
-/// `profiles` decoded, their unnamed frames named from the tenant's
-/// symbols, merged into one.
-fn merged_profile(
-    profiles: Vec<store::StoredProfile>,
-    symbols: Option<(&symbols::SymbolStore, TenantId)>,
-) -> whyslow_model::stack::StackProfile {
-    let parsed: Vec<_> = profiles
-        .into_iter()
-        .filter_map(|p| p.into_profile(MAX_PROFILE_DECOMPRESSED))
-        .map(|mut p| {
-            if let Some((store, t)) = symbols {
-                store.symbolize(t, &mut p);
-            }
-            p
-        })
-        .collect();
-    whyslow_model::stack::StackProfile::merged(&parsed)
+/// The job's `limit` profiles of `kind` from one end, merged by the store
+/// and symbolized, with how many there were.
+fn merged_side(
+    state: &AppState,
+    tenant: TenantId,
+    job: &str,
+    kind: &str,
+    limit: usize,
+    order: Order,
+) -> Result<Option<(whyslow_model::stack::StackProfile, usize)>, StoreError> {
+    let merged = state
+        .store
+        .merged_profiles(tenant, job, kind, limit, order)?;
+    Ok(merged.map(|(mut p, n)| {
+        if let Some(s) = &state.symbols {
+            s.symbolize(tenant, &mut p);
+        }
+        (p, n)
+    }))
 }
 
 /// `?kind=&limit=&base_job=` of the differential flame graph routes.
@@ -715,7 +730,6 @@ pub fn diff_flamegraph(
     .map_err(bad)?;
     store::check_name("job", job).map_err(|e| bad(e.to_string()))?;
     let internal = |e: StoreError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
-    let symbols = state.symbols.as_ref().map(|s| (s, tenant));
     if let Some(h) = q.base_hour {
         // The stores keep nanoseconds in an i64: later than 2262 is no time.
         const MAX_UNIX_S: i64 = i64::MAX / 1_000_000_000;
@@ -737,26 +751,22 @@ pub fn diff_flamegraph(
                     format!("no {kind} profiles of job {other:?} began in the hour from {hour} (Unix s)"),
                 )
             })?;
-        let new = state
-            .store
-            .profiles(tenant, job, &kind, limit)
-            .map_err(internal)?;
-        if new.is_empty() {
+        let Some((new, n)) =
+            merged_side(state, tenant, job, &kind, limit, Order::NewestFirst).map_err(internal)?
+        else {
             return Err((
                 StatusCode::NOT_FOUND,
                 format!("no {kind} profiles of job {job:?}"),
             ));
-        }
+        };
         let title = format!(
-            "job {job}: {kind}, latest {} profiles against job {other}'s hour from {} UTC (red: wider now, blue: narrower)",
-            new.len(),
+            "job {job}: {kind}, latest {n} profiles against job {other}'s hour from {} UTC (red: wider now, blue: narrower)",
             utc_hour(hour)
         );
         let mut base = base;
-        if let Some((store, t)) = symbols {
-            store.symbolize(t, &mut base);
+        if let Some(store) = &state.symbols {
+            store.symbolize(tenant, &mut base);
         }
-        let new = merged_profile(new, symbols);
         return Ok(whyslow_stack_output::to_diff_flamegraph_svg(
             &base,
             &new,
@@ -781,14 +791,19 @@ pub fn diff_flamegraph(
                 ));
             }
             let n = limit.min((total / 2) as usize);
-            let new = state
-                .store
-                .profiles(tenant, job, &kind, n)
-                .map_err(internal)?;
-            let base = state
-                .store
-                .profiles_in_order(tenant, job, &kind, n, Order::OldestFirst)
-                .map_err(internal)?;
+            let side = |order| {
+                merged_side(state, tenant, job, &kind, n, order)
+                    .map_err(internal)?
+                    .map(|(p, _)| p)
+                    .ok_or_else(|| {
+                        (
+                            StatusCode::NOT_FOUND,
+                            format!("no {kind} profiles of job {job:?}"),
+                        )
+                    })
+            };
+            let new = side(Order::NewestFirst)?;
+            let base = side(Order::OldestFirst)?;
             let title = format!(
                 "job {job}: {kind}, latest {n} profiles against its first {n} (red: wider now, blue: narrower)"
             );
@@ -796,32 +811,24 @@ pub fn diff_flamegraph(
         }
         Some(other) => {
             store::check_name("job", other).map_err(|e| bad(e.to_string()))?;
-            let new = state
-                .store
-                .profiles(tenant, job, &kind, limit)
-                .map_err(internal)?;
-            let base = state
-                .store
-                .profiles(tenant, other, &kind, limit)
-                .map_err(internal)?;
-            if new.is_empty() || base.is_empty() {
-                return Err((
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "no {kind} profiles of job {:?}",
-                        if new.is_empty() { job } else { other }
-                    ),
-                ));
-            }
+            let side = |j: &str| {
+                merged_side(state, tenant, j, &kind, limit, Order::NewestFirst)
+                    .map_err(internal)?
+                    .ok_or_else(|| {
+                        (
+                            StatusCode::NOT_FOUND,
+                            format!("no {kind} profiles of job {j:?}"),
+                        )
+                    })
+            };
+            let (new, n_new) = side(job)?;
+            let (base, n_base) = side(other)?;
             let title = format!(
-                "job {job}: {kind}, latest {} profiles against job {other}'s latest {} (red: wider in {job}, blue: narrower)",
-                new.len(),
-                base.len()
+                "job {job}: {kind}, latest {n_new} profiles against job {other}'s latest {n_base} (red: wider in {job}, blue: narrower)"
             );
             (base, new, title)
         }
     };
-    let (base, new) = (merged_profile(base, symbols), merged_profile(new, symbols));
     Ok(whyslow_stack_output::to_diff_flamegraph_svg(
         &base,
         &new,
@@ -934,6 +941,140 @@ impl FlameQuery {
     }
 }
 
+/// `?kind=&jobs=&from=&to=&base_from=&base_to=&baseline=&limit=` of
+/// `GET /api/v1/functions`: times are Unix seconds.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct FunctionsParams {
+    /// `cpu` (default), `offcpu` or `host`.
+    pub kind: Option<String>,
+    /// Comma-separated jobs (default: all of the tenant's jobs).
+    pub jobs: Option<String>,
+    /// Start of the range (default: `to` minus one hour).
+    pub from: Option<i64>,
+    /// End of the range, exclusive (default: now).
+    pub to: Option<i64>,
+    /// Start of the baseline range (default: the range's length before
+    /// `from`).
+    pub base_from: Option<i64>,
+    /// End of the baseline range (default: `base_from` plus the range's
+    /// length).
+    pub base_to: Option<i64>,
+    /// `none`: no baseline.
+    pub baseline: Option<String>,
+    /// Most functions (default 50, at most 10,000).
+    pub limit: Option<usize>,
+}
+
+impl FunctionsParams {
+    /// The store's question, or why not (`now_s`: the default end).
+    pub fn query(&self, now_s: i64) -> Result<store::FunctionQuery, String> {
+        const MAX_UNIX_S: i64 = i64::MAX / 1_000_000_000;
+        let kind = self.kind.as_deref().unwrap_or("cpu");
+        if !PROFILE_KINDS.contains(&kind) {
+            return Err(format!(
+                "kind must be one of {PROFILE_KINDS:?}, not {kind:?}"
+            ));
+        }
+        let to = self.to.unwrap_or(now_s);
+        let from = self.from.unwrap_or(to.saturating_sub(3600));
+        let within = |name: &str, v: i64| {
+            if (0..=MAX_UNIX_S).contains(&v) {
+                Ok(v)
+            } else {
+                Err(format!(
+                    "{name} {v}: expected a Unix time in seconds, 0..={MAX_UNIX_S}"
+                ))
+            }
+        };
+        let (from, to) = (within("from", from)?, within("to", to)?);
+        if from >= to {
+            return Err(format!("from ({from}) must be before to ({to})"));
+        }
+        let baseline = match self.baseline.as_deref() {
+            Some("none") => None,
+            Some(other) => {
+                return Err(format!(
+                    "baseline must be \"none\" or absent, not {other:?}"
+                ))
+            }
+            None => {
+                let len = to - from;
+                let bf = within(
+                    "base_from",
+                    self.base_from.unwrap_or(from.saturating_sub(len)).max(0),
+                )?;
+                let bt = within("base_to", self.base_to.unwrap_or(bf.saturating_add(len)))?;
+                if bf >= bt {
+                    return Err(format!("base_from ({bf}) must be before base_to ({bt})"));
+                }
+                Some((bf * 1_000_000_000, bt * 1_000_000_000))
+            }
+        };
+        let limit = self.limit.unwrap_or(50);
+        if !(1..=10_000).contains(&limit) {
+            return Err(format!("limit must be 1..=10000, not {limit}"));
+        }
+        let jobs: Vec<String> = self
+            .jobs
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|j| !j.is_empty())
+            .map(str::to_string)
+            .collect();
+        for j in &jobs {
+            store::check_name("job", j).map_err(|e| e.to_string())?;
+        }
+        Ok(store::FunctionQuery {
+            kind: kind.to_string(),
+            jobs,
+            range: (from * 1_000_000_000, to * 1_000_000_000),
+            baseline,
+            limit,
+        })
+    }
+}
+
+/// `GET /api/v1/functions`: the tenant's top functions by share over a
+/// time range, across its jobs, with the change against a baseline range —
+/// answered by the store (a GROUP BY on ClickHouse).
+async fn get_functions(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Query(p): axum::extract::Query<FunctionsParams>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let t = tenant(&state, &headers).await?;
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        let q = p
+            .query(now_s)
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+        let st = state.clone();
+        let q2 = q.clone();
+        let table = blocking(move || Ok(st.store.functions(t, &q2)?)).await?;
+        let mut v = serde_json::to_value(&table)
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("kind".into(), json!(q.kind));
+            o.insert("jobs".into(), json!(q.jobs));
+            o.insert("from_unix_s".into(), json!(q.range.0 / 1_000_000_000));
+            o.insert("to_unix_s".into(), json!(q.range.1 / 1_000_000_000));
+            if let Some((bf, bt)) = q.baseline {
+                o.insert("base_from_unix_s".into(), json!(bf / 1_000_000_000));
+                o.insert("base_to_unix_s".into(), json!(bt / 1_000_000_000));
+            }
+        }
+        Ok(Json(v))
+    }
+    .await;
+    count(&state, &r);
+    r.into_response()
+}
+
 async fn get_flamegraph(
     State(state): State<Arc<AppState>>,
     UrlPath(job): UrlPath<String>,
@@ -948,19 +1089,12 @@ async fn get_flamegraph(
             .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
         let (st, j, k) = (state.clone(), job.clone(), kind.to_string());
         let svg = blocking(move || {
-            let ps = st.store.profiles(t, &j, &k, limit)?;
-            if ps.is_empty() {
-                return Err(ApiError(
+            job_flamegraph(&st, t, &j, &k, limit)?.ok_or_else(|| {
+                ApiError(
                     StatusCode::NOT_FOUND,
                     format!("no {k} profiles of job {j:?}"),
-                ));
-            }
-            let title = format!("job {j}: {k}, latest {} profiles", ps.len());
-            Ok(flamegraph_of(
-                ps,
-                &title,
-                st.symbols.as_ref().map(|s| (s, t)),
-            ))
+                )
+            })
         })
         .await?;
         Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg))
@@ -1616,6 +1750,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
         )
         .route("/api/v1/jobs", get(list_jobs))
+        .route("/api/v1/functions", get(get_functions))
         .route(
             "/api/v1/jobs/{job}/sessions/{session}/fingerprints",
             post(post_fingerprint),

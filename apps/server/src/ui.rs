@@ -607,21 +607,15 @@ async fn flamegraph(
         Err(r) => return r,
     };
     let (st, j, k) = (state.clone(), job.clone(), kind.to_string());
-    let ps = match tokio::task::spawn_blocking(move || st.store.profiles(t, &j, &k, limit)).await {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => return server_error(&e.to_string()),
-        Err(e) => return server_error(&e.to_string()),
-    };
-    if ps.is_empty() {
-        return not_found(&format!("No {kind} profiles of job {job:?}."));
-    }
-    let title = format!("job {job}: {kind}, latest {} profiles", ps.len());
-    let st = state.clone();
-    let svg = tokio::task::spawn_blocking(move || {
-        crate::flamegraph_of(ps, &title, st.symbols.as_ref().map(|s| (s, t)))
-    })
-    .await
-    .unwrap_or_default();
+    let svg =
+        match tokio::task::spawn_blocking(move || crate::job_flamegraph(&st, t, &j, &k, limit))
+            .await
+        {
+            Ok(Ok(Some(svg))) => svg,
+            Ok(Ok(None)) => return not_found(&format!("No {kind} profiles of job {job:?}.")),
+            Ok(Err(e)) => return server_error(&e.to_string()),
+            Err(e) => return server_error(&e.to_string()),
+        };
     ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response()
 }
 

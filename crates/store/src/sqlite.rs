@@ -9,8 +9,9 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::{
-    check_name, merge_stored, new_token, now_unix, random_hex, token_hash, BatchKind, JobSummary,
-    Order, ProfileMeta, SessionSummary, Store, StoreError, StoredProfile, TenantId,
+    check_name, merge_stored, new_token, now_unix, random_hex, token_hash, BatchKind,
+    FunctionQuery, FunctionSums, FunctionTable, JobSummary, Order, ProfileMeta, SessionSummary,
+    Store, StoreError, StoredProfile, TenantId,
 };
 
 /// The embedded store: SQLite for metadata and recent uploads; profiles
@@ -509,6 +510,41 @@ impl Store for SqliteStore {
             rows.collect::<Result<_, _>>()?
         };
         Ok(merge_stored(self.stored(rows)))
+    }
+
+    fn functions(&self, tenant: TenantId, q: &FunctionQuery) -> Result<FunctionTable, StoreError> {
+        for j in &q.jobs {
+            check_name("job", j)?;
+        }
+        let sums = |(from, to): (i64, i64)| -> Result<FunctionSums, StoreError> {
+            let rows: Vec<(String, Vec<u8>, Option<String>)> = {
+                let db = self.db();
+                let mut st = db.prepare_cached(
+                    "SELECT job, batch, pprof, segment FROM profiles
+                     WHERE tenant = ?1 AND kind = ?2 AND start_unix_ns >= ?3 AND start_unix_ns < ?4",
+                )?;
+                let rows = st.query_map(params![tenant.0, q.kind, from, to], |r| {
+                    Ok((r.get::<_, String>(0)?, (r.get(1)?, r.get(2)?, r.get(3)?)))
+                })?;
+                rows.filter(|r| {
+                    r.as_ref()
+                        .map(|(job, _)| q.jobs.is_empty() || q.jobs.contains(job))
+                        .unwrap_or(true)
+                })
+                .map(|r| r.map(|(_, row)| row))
+                .collect::<Result<_, _>>()?
+            };
+            let mut sums = FunctionSums::default();
+            for p in self.stored(rows) {
+                if let Some(p) = p.into_profile(whyslow_stack_output::MAX_PPROF_DECOMPRESSED) {
+                    sums.add_profile(&p);
+                }
+            }
+            Ok(sums)
+        };
+        let now = sums(q.range)?;
+        let base = q.baseline.map(sums).transpose()?;
+        Ok(FunctionTable::from_sums(&now, base.as_ref(), q.limit))
     }
 
     fn put_batch(

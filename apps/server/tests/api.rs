@@ -1,0 +1,348 @@
+//! The server's API called in-process (its router over a store, no
+//! process, no socket): uploads, retries, flame graphs, the cross-job
+//! function query, isolation and refusals — on the embedded store, and on
+//! ClickHouse when `WHYSLOW_CLICKHOUSE_URL` names one (the chdb stand-in
+//! of tests/python/chdb_http.py, or a server). Issue 31.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use tower::ServiceExt;
+use whyslow_model::stack::{Frame, FrameKind, StackProfileBuilder};
+use whyslow_server::{AppState, Store};
+
+/// The stores to run on: SQLite always, ClickHouse when given.
+fn stores(name: &str) -> Vec<(String, Box<dyn Store>, Option<tempfile::TempDir>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut out: Vec<(String, Box<dyn Store>, Option<tempfile::TempDir>)> = vec![(
+        "sqlite".into(),
+        Box::new(whyslow_server::SqliteStore::open(dir.path()).unwrap()),
+        Some(dir),
+    )];
+    match std::env::var("WHYSLOW_CLICKHOUSE_URL") {
+        Ok(url) => out.push((
+            "clickhouse".into(),
+            Box::new(
+                whyslow_server::ClickHouseStore::open(whyslow_server::ClickHouseConfig {
+                    url,
+                    database: format!("whyslow_api_{name}_{}", std::process::id()),
+                    user: None,
+                    password: None,
+                    retention_days: 30,
+                })
+                .unwrap(),
+            ),
+            None,
+        )),
+        Err(_) => whyslow_testkit::skip(
+            "ClickHouse half: set WHYSLOW_CLICKHOUSE_URL to a ClickHouse HTTP endpoint",
+        ),
+    }
+    out
+}
+
+fn app(store: Box<dyn Store>) -> (axum::Router, String, String) {
+    let a = store.create_token("tenant-a").unwrap();
+    let b = store.create_token("tenant-b").unwrap();
+    let state = Arc::new(AppState {
+        retention_days: 30,
+        compact_after_s: 3600,
+        store,
+        symbols: None,
+        raw: None,
+        metrics: Default::default(),
+        fix: None,
+    });
+    (whyslow_server::router(state), a, b)
+}
+
+async fn call(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    token: &str,
+    body: Vec<u8>,
+) -> (StatusCode, Vec<u8>) {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("authorization", format!("Bearer {token}"))
+        .body(Body::from(body))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 26)
+        .await
+        .unwrap();
+    (status, bytes.to_vec())
+}
+
+fn json(b: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(b).unwrap_or(serde_json::Value::Null)
+}
+
+/// A CPU profile of one rank starting at `start_s`: `stacks` of native
+/// function names (root first) and their samples.
+fn profile(start_s: u64, rank: u32, stacks: &[(&[&str], u64)]) -> Vec<u8> {
+    let mut b = StackProfileBuilder::new();
+    for (names, n) in stacks {
+        let mut ids = vec![b.frame(Frame::label("python"))];
+        for name in *names {
+            ids.push(b.frame(Frame {
+                kind: FrameKind::Native,
+                name: Some((*name).into()),
+                module: Some("/usr/lib/libtorch_cpu.so".into()),
+                build_id: None,
+                offset: 0x1000,
+                line: None,
+            }));
+        }
+        b.add(ids, *n);
+    }
+    b.label("rank", rank.to_string());
+    b.label("host", "node-1");
+    whyslow_stack_output::to_pprof(&b.finish(99.0, start_s * 1_000_000_000, 10_000_000_000))
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profiles_flame_graphs_and_the_cross_job_function_query_answer_alike_on_every_store() {
+    let mut answers = Vec::new();
+    for (name, store, _dir) in stores("flame") {
+        let (app, a, b) = app(store);
+        let t0 = now_s() - 1800;
+        // Job 1 gets slower: its later profiles spend more in `gemm`.
+        for i in 0..6u64 {
+            let gemm = if i < 3 { 10 } else { 40 };
+            let body = profile(
+                t0 + i * 60,
+                (i % 2) as u32,
+                &[
+                    (&["train", "forward", "gemm"], gemm),
+                    (&["train", "allreduce"], 20),
+                ],
+            );
+            let (code, out) = call(
+                &app,
+                "POST",
+                &format!("/api/v1/jobs/job-1/profiles/p{i}"),
+                &a,
+                body.clone(),
+            )
+            .await;
+            assert_eq!(
+                code,
+                StatusCode::CREATED,
+                "{name}: {}",
+                String::from_utf8_lossy(&out)
+            );
+            // A retry is answered, not stored twice.
+            let (code, out) = call(
+                &app,
+                "POST",
+                &format!("/api/v1/jobs/job-1/profiles/p{i}"),
+                &a,
+                body,
+            )
+            .await;
+            assert_eq!(code, StatusCode::OK, "{name}");
+            assert_eq!(json(&out)["stored"], false, "{name}");
+        }
+        let body = profile(t0 + 30, 0, &[(&["train", "dataloader"], 30)]);
+        assert_eq!(
+            call(&app, "POST", "/api/v1/jobs/job-2/profiles/q0", &a, body)
+                .await
+                .0,
+            StatusCode::CREATED
+        );
+
+        // Flame graph: the latest profiles merged by the store.
+        let (code, svg) = call(
+            &app,
+            "GET",
+            "/api/v1/jobs/job-1/flamegraph.svg?limit=3",
+            &a,
+            vec![],
+        )
+        .await;
+        assert_eq!(code, StatusCode::OK, "{name}");
+        let svg = String::from_utf8(svg).unwrap();
+        assert!(
+            svg.contains("<svg") && svg.contains("gemm") && svg.contains("latest 3 profiles"),
+            "{name}"
+        );
+        // Differential: the job's latest against its first.
+        let (code, diff) = call(&app, "GET", "/api/v1/jobs/job-1/diff.svg", &a, vec![]).await;
+        assert_eq!(
+            code,
+            StatusCode::OK,
+            "{name}: {}",
+            String::from_utf8_lossy(&diff)
+        );
+        // Tenant b sees none of it.
+        assert_eq!(
+            call(&app, "GET", "/api/v1/jobs/job-1/flamegraph.svg", &b, vec![])
+                .await
+                .0,
+            StatusCode::NOT_FOUND
+        );
+
+        // The cross-job query: the last 10 minutes against the 10 before.
+        let (from, to) = (t0 + 180, t0 + 360);
+        let uri = format!(
+            "/api/v1/functions?from={from}&to={to}&base_from={}&base_to={from}",
+            t0 - 60
+        );
+        let (code, out) = call(&app, "GET", &uri, &a, vec![]).await;
+        assert_eq!(
+            code,
+            StatusCode::OK,
+            "{name}: {}",
+            String::from_utf8_lossy(&out)
+        );
+        let t = json(&out);
+        assert_eq!(t["samples"], 180, "{name}: {t}");
+        assert_eq!(t["profiles"], 3, "{name}: {t}");
+        assert_eq!(t["base_samples"], 120, "{name}: {t}");
+        let top = &t["functions"][0];
+        assert_eq!(top["function"], "gemm", "{name}: {t}");
+        assert_eq!(top["self_samples"], 120, "{name}: {t}");
+        let change = top["self_share_change"].as_f64().unwrap();
+        assert!(
+            (change - (120.0 / 180.0 - 30.0 / 120.0)).abs() < 1e-9,
+            "{name}: {t}"
+        );
+        // Only job-2, no baseline.
+        let uri = format!(
+            "/api/v1/functions?jobs=job-2&from={}&to={to}&baseline=none",
+            t0 - 60
+        );
+        let t = json(&call(&app, "GET", &uri, &a, vec![]).await.1);
+        assert_eq!(t["samples"], 30, "{name}: {t}");
+        assert_eq!(t["functions"][0]["function"], "dataloader", "{name}: {t}");
+        assert!(t.get("base_samples").is_none(), "{name}: {t}");
+        // Isolation and refusals.
+        let t = json(
+            &call(
+                &app,
+                "GET",
+                &format!("/api/v1/functions?from={}&to={to}", t0 - 60),
+                &b,
+                vec![],
+            )
+            .await
+            .1,
+        );
+        assert_eq!(t["samples"], 0, "{name}: {t}");
+        for bad in [
+            "kind=gpu",
+            "from=10&to=5",
+            "jobs=../x",
+            "limit=0",
+            "baseline=yes",
+            "from=-1",
+        ] {
+            let (code, out) =
+                call(&app, "GET", &format!("/api/v1/functions?{bad}"), &a, vec![]).await;
+            assert_eq!(code, StatusCode::BAD_REQUEST, "{name} {bad}");
+            assert!(
+                json(&out)["error"].as_str().is_some_and(|e| !e.is_empty()),
+                "{name} {bad}"
+            );
+        }
+        assert_eq!(
+            call(&app, "GET", "/api/v1/functions", "wsk_nope", vec![])
+                .await
+                .0,
+            StatusCode::UNAUTHORIZED
+        );
+        answers.push(json(
+            &call(
+                &app,
+                "GET",
+                &format!(
+                    "/api/v1/functions?from={from}&to={to}&base_from={}&base_to={from}",
+                    t0 - 60
+                ),
+                &a,
+                vec![],
+            )
+            .await
+            .1,
+        ));
+    }
+    // Both stores give the same answer.
+    if answers.len() == 2 {
+        let strip = |mut v: serde_json::Value| {
+            v.as_object_mut().unwrap().remove("to_unix_s");
+            v
+        };
+        assert_eq!(strip(answers[0].clone()), strip(answers[1].clone()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_batches_are_stored_once_and_bad_uploads_are_refused_with_the_reason() {
+    for (name, store, _dir) in stores("batches") {
+        let (app, a, b) = app(store);
+        let (code, _) = call(
+            &app,
+            "POST",
+            "/api/v1/jobs/j/profiles/x",
+            &a,
+            b"not a profile".to_vec(),
+        )
+        .await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{name}");
+        let (code, out) = call(
+            &app,
+            "POST",
+            "/api/v1/jobs/..%2Fx/profiles/x",
+            &a,
+            profile(1, 0, &[(&["f"], 1)]),
+        )
+        .await;
+        assert_eq!(
+            code,
+            StatusCode::BAD_REQUEST,
+            "{name}: {}",
+            String::from_utf8_lossy(&out)
+        );
+        let (code, _) = call(&app, "POST", "/api/v1/jobs/j/profiles/x", &a, vec![]).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{name}");
+        // OS readings: JSON lines; stored once; per tenant.
+        let line = br#"{"t_unix_ns":1,"host":"n1","signal":"cpu_busy","value":0.5}"#.to_vec();
+        let first = call(&app, "POST", "/api/v1/jobs/j/os/o1", &a, line.clone()).await;
+        if first.0 == StatusCode::CREATED {
+            assert_eq!(
+                call(&app, "POST", "/api/v1/jobs/j/os/o1", &a, line).await.0,
+                StatusCode::OK,
+                "{name}"
+            );
+        } else {
+            assert_eq!(
+                first.0,
+                StatusCode::BAD_REQUEST,
+                "{name}: {}",
+                String::from_utf8_lossy(&first.1)
+            );
+        }
+        assert_eq!(
+            call(&app, "GET", "/api/v1/jobs/j/hang", &b, vec![]).await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            call(&app, "GET", "/api/v1/jobs/j/flows", &a, vec![])
+                .await
+                .0,
+            StatusCode::NOT_FOUND
+        );
+    }
+}
