@@ -112,3 +112,25 @@ def test_the_server_runs_on_clickhouse(clickhouse, tmp_path):
     finally:
         srv.kill()
         srv.wait(timeout=30)
+
+
+def test_the_stores_rust_tests_pass_on_clickhouse(clickhouse):
+    """The Rust tests whose ClickHouse half needs a server (the Rust phase
+    skips it, with that reason): the store's conformance suite, and the
+    server's API in-process (flame graphs, the cross-job function query,
+    racing retries against the group commit, the same answer as the
+    embedded store), here against the stand-in (or WHYSLOW_CLICKHOUSE_URL).
+    Same workspace features as the Rust phase, so nothing is rebuilt."""
+    root = os.path.join(HERE, "..", "..")
+    env = dict(os.environ, WHYSLOW_CLICKHOUSE_URL=clickhouse)
+    env.pop("WHYSLOW_SKIP_LOG", None)
+    p = subprocess.run(
+        ["cargo", "test", "--workspace", "--locked", "--lib", "--test", "api", "--",
+         "passes_the_conformance_checks_when_a_server_is_given", "every_store",
+         "exactly_once", "refused_with_the_reason"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-6000:]
+    assert "skipped:" not in out, out[-6000:]
+    ran = sum(int(n) for n in __import__("re").findall(r"test result: ok\. (\d+) passed", out))
+    assert ran >= 4, out[-6000:]

@@ -21,14 +21,17 @@
 //!   per batch id (SysOM-AI §3.4: profiles go to the central service);
 //! - `GET /api/v1/jobs/{job}/flamegraph.svg?kind=cpu|offcpu|host&limit=N` —
 //!   the flame graph of the job's latest N profiles of that kind;
+//! - `GET /api/v1/functions?kind=&jobs=&from=&to=&base_from=&base_to=` —
+//!   the tenant's top functions by share over a time range across its jobs,
+//!   with the change against a baseline range, answered by the store;
 //! - `GET /healthz`, `GET /metrics` (Prometheus text) and
 //!   `GET /api/v1/openapi.json` (this API's OpenAPI 3 description,
 //!   `api/openapi.json`) need no token.
 //!
 //! The web UI ([`ui`]) lives under `/ui/`: jobs, sessions, reports.
 //!
-//! Storage: [`store`] (SQLite embedded, or [`clickhouse`]) for what is
-//! queried; [`objects`] (a local directory, or S3-compatible storage) for
+//! Storage (the `whyslow-store` crate): [`store`] (SQLite embedded, or
+//! [`clickhouse`] as a column store) for what is queried; [`objects`] (a local directory, or S3-compatible storage) for
 //! symbol files and, when configured, an archive of every raw upload.
 
 pub use whyslow_store as store;

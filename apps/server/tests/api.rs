@@ -36,7 +36,7 @@ fn stores(name: &str) -> Vec<(String, Box<dyn Store>, Option<tempfile::TempDir>)
             None,
         )),
         Err(_) => whyslow_testkit::skip(
-            "ClickHouse half: set WHYSLOW_CLICKHOUSE_URL to a ClickHouse HTTP endpoint",
+            "ClickHouse half: needs WHYSLOW_CLICKHOUSE_URL (tests/python/test_server_clickhouse.py runs it against the chdb stand-in)",
         ),
     }
     out
@@ -344,5 +344,53 @@ async fn text_batches_are_stored_once_and_bad_uploads_are_refused_with_the_reaso
                 .0,
             StatusCode::NOT_FOUND
         );
+    }
+}
+
+/// Many agents at once, each batch sent twice at the same time (a retry
+/// racing the first try): every batch is stored once and answered once as
+/// stored — through the embedded store's transactions and ClickHouse's
+/// group commits alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_uploads_and_racing_retries_are_stored_exactly_once() {
+    for (name, store, _dir) in stores("racing") {
+        let (app, a, _) = app(store);
+        let t0 = now_s() - 600;
+        let mut tasks = Vec::new();
+        for i in 0..40u64 {
+            let body = profile(t0 + i, (i % 8) as u32, &[(&["train", "step"], 1 + i % 5)]);
+            for _ in 0..2 {
+                let (app, a, body) = (app.clone(), a.clone(), body.clone());
+                tasks.push(tokio::spawn(async move {
+                    call(
+                        &app,
+                        "POST",
+                        &format!("/api/v1/jobs/job-r/profiles/r{i}"),
+                        &a,
+                        body,
+                    )
+                    .await
+                    .0
+                }));
+            }
+        }
+        let mut created = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                StatusCode::CREATED => created += 1,
+                StatusCode::OK => {}
+                other => panic!("{name}: {other}"),
+            }
+        }
+        assert_eq!(created, 40, "{name}");
+        let uri = format!(
+            "/api/v1/functions?jobs=job-r&from={}&to={}&baseline=none",
+            t0 - 1,
+            t0 + 60
+        );
+        let t = json(&call(&app, "GET", &uri, &a, vec![]).await.1);
+        let want: u64 = (0..40u64).map(|i| 1 + i % 5).sum();
+        assert_eq!(t["samples"], want, "{name}: {t}");
+        assert_eq!(t["profiles"], 40, "{name}: {t}");
     }
 }
