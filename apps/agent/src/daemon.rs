@@ -24,7 +24,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +35,8 @@ use clap::Args;
 use serde_json::json;
 
 use crate::events::{init_logging, AgentEvent};
+use crate::registry::proc_start_ticks;
+use crate::spool::tmp_path;
 use whyslow_model::wire::{AgentDone, AgentRequest};
 use whyslow_sampler::{NetInterface, Sampler, SamplerConfig, Samples, TimeBase};
 
@@ -100,34 +101,9 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Field 22 (`starttime`, clock ticks since boot) of `/proc/PID/stat`: with
-/// the pid it identifies a process (pids are reused).
-pub(crate) fn proc_start_ticks(pid: i32) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 1..];
-    // After ')': field 3 is index 0, so field 22 is index 19.
-    rest.split_ascii_whitespace().nth(19)?.parse().ok()
-}
-
-/// Writes `bytes` to `path` atomically: a temporary file in the same
-/// directory, then rename.
+/// Writes `bytes` to `path` atomically (tmp + rename, [`crate::spool`]).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = tmp_path(path);
-    let mut f = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
-}
-
-/// `.NAME.tmp` next to `path` (names starting with '.' are never read as
-/// requests; stale ones are removed at startup).
-fn tmp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+    crate::spool::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The rank of `rank-<r>.<suffix>`.
@@ -563,12 +539,11 @@ pub fn run(args: AgentArgs) -> Result<u8> {
             .context("installing the SIGINT/SIGTERM handler")?;
     }
     let poll = Duration::from_millis(args.poll_ms.clamp(1, 10_000));
+    // The collectors' options, shared by reference from here on.
+    let cfg = Arc::new(args.profiler.clone());
     // Its own stop, set once the profiler wrote its last profiles.
     let upload_stop = Arc::new(AtomicBool::new(false));
-    let uploader = match (
-        crate::profiler::upload_target(&args.profiler)?,
-        &args.profiler.profile_spool,
-    ) {
+    let uploader = match (crate::profiler::upload_target(&cfg)?, &cfg.profile_spool) {
         (Some(up), Some(spool)) => {
             let (spool, regs, stop) = (spool.clone(), dir.clone(), upload_stop.clone());
             Some(std::thread::spawn(move || {
@@ -584,7 +559,7 @@ pub fn run(args: AgentArgs) -> Result<u8> {
         let (caps, stop) = (args.caps.clone(), stop.clone());
         std::thread::spawn(move || crate::governor::watch(caps, stop))
     };
-    let profiler = crate::profiler::run(dir.clone(), args.profiler.clone(), stop.clone());
+    let profiler = crate::profiler::run(dir.clone(), cfg, stop.clone());
     let mut agent = Agent {
         dir,
         pause_file,

@@ -284,9 +284,9 @@ pub fn run(
     loop {
         let last = stop.load(Ordering::Relaxed);
         let (mut stored, mut dup) = (0usize, 0usize);
-        let mut jobs: Vec<String> = crate::profiler::registrations(&registrations)
+        let mut jobs: Vec<String> = crate::registry::live(&registrations)
             .into_iter()
-            .filter(|r| !r.job.is_empty() && crate::profiler::alive(r))
+            .filter(|r| !r.job.is_empty())
             .map(|r| r.job)
             .collect();
         jobs.sort();
@@ -299,8 +299,8 @@ pub fn run(
             if done.contains(&key) {
                 continue;
             }
-            // A file is written whole by one fs::write; skip one that is
-            // still being written (younger than a second).
+            // Profiles are written atomically, record files appended to:
+            // skip one that may still be written to (younger than a second).
             let fresh = fs::metadata(&path)
                 .and_then(|m| m.modified())
                 .map(|t| t.elapsed().unwrap_or_default() < Duration::from_secs(1))

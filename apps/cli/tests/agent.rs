@@ -504,7 +504,7 @@ fn registered_processes_are_profiled_into_a_bounded_spool() {
         "a recycled pid was profiled"
     );
     // The spool stays under its cap: the oldest profiles go.
-    let removed = whyslow_agent::profiler::enforce_cap(&spool, 0);
+    let removed = whyslow_agent::spool::enforce_cap(&spool, 0);
     assert!(removed >= 1);
     assert_eq!(fs::read_dir(spool.join("job-a")).unwrap().count(), 0);
     assert!(agent.terminate().success());
