@@ -28,10 +28,11 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clickhouse::{Client, Row};
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use whyslow_model::stack::{Frame, StackProfile, StackProfileBuilder};
@@ -70,7 +71,7 @@ pub struct ClickHouseStore {
     /// (tenant, stack id) → the day (Unix s / 86400) it was last written,
     /// so a profile writes only the stacks the dictionary lacks, and
     /// renews a used stack's TTL once a day.
-    known: Mutex<HashMap<(i64, u64), i64>>,
+    known: Mutex<FxHashMap<(i64, u64), i64>>,
     commits: GroupCommit,
 }
 
@@ -99,13 +100,43 @@ fn tenant_id(name: &str) -> i64 {
     (u64::from_le_bytes(b) >> 1) as i64
 }
 
-/// A stack's id: from its frames' JSON, so every server computes the same
-/// one without a shared counter.
-fn stack_id(frames_json: &str) -> u64 {
-    let d = Sha256::digest(frames_json.as_bytes());
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&d[..8]);
-    u64::from_le_bytes(b)
+/// A frame's digest: SHA-256 of its fields, each length-prefixed (stable
+/// across servers and versions; computed once per distinct frame of a
+/// profile).
+fn frame_digest(f: &Frame) -> [u64; 2] {
+    let mut h = Sha256::new();
+    let field = |h: &mut Sha256, s: Option<&str>| match s {
+        Some(s) => {
+            h.update((s.len() as u64 + 1).to_le_bytes());
+            h.update(s.as_bytes());
+        }
+        None => h.update(0u64.to_le_bytes()),
+    };
+    h.update([f.kind as u8]);
+    field(&mut h, f.name.as_deref());
+    field(&mut h, f.module.as_deref());
+    field(&mut h, f.build_id.as_deref());
+    h.update(f.offset.to_le_bytes());
+    h.update(f.line.map_or(0, |l| u64::from(l) + 1).to_le_bytes());
+    let d = h.finalize();
+    let word = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().unwrap_or([0; 8]));
+    [word(0), word(8)]
+}
+
+/// A stack's id from its frames' digests, root first: every server
+/// computes the same one without a shared counter. Each step folds a
+/// 128-bit product (as wyhash does), so order matters and equal frames at
+/// different depths differ.
+fn stack_id(digests: impl IntoIterator<Item = [u64; 2]>) -> u64 {
+    let fold = |a: u64, b: u64| {
+        let m = u128::from(a) * u128::from(b);
+        (m as u64) ^ ((m >> 64) as u64)
+    };
+    let mut h: u64 = 0x243f_6a88_85a3_08d3;
+    for (depth, [a, b]) in digests.into_iter().enumerate() {
+        h = fold(h ^ a, b ^ 0x9e37_79b9_7f4a_7c15 ^ depth as u64);
+    }
+    fold(h, 0xbf58_476d_1ce4_e5b9)
 }
 
 #[derive(Row, Serialize)]
@@ -198,24 +229,48 @@ struct PendingProfile {
 }
 
 /// Group commit of profiles (issue 31: ingest at the speed of the data):
-/// an upload queues its rows; whichever upload finds no commit running
+/// an upload queues its rows; the upload that finds no commit running
 /// writes everything queued so far — one duplicate check and three
 /// inserts for all of them — and every upload answers once its rows are
-/// written (or not). Under load, commits grow with the uploads that
-/// arrived during the previous one; alone, an upload commits at once.
+/// written (or not). When a commit ends and uploads wait, the first of
+/// them is woken to write the next group (one wake-up, not a herd). Under
+/// load, groups grow with the uploads that arrived during the previous
+/// commit; alone, an upload commits at once.
 #[derive(Default)]
 struct GroupCommit {
     state: Mutex<CommitState>,
-    done: std::sync::Condvar,
 }
 
 #[derive(Default)]
 struct CommitState {
     next_seq: u64,
-    queue: Vec<PendingProfile>,
+    queue: Vec<(PendingProfile, Arc<Slot>)>,
     committing: bool,
-    /// seq → stored (true), a retry (false), or why not.
-    results: HashMap<u64, Result<bool, String>>,
+}
+
+/// Where one waiting upload learns its outcome, or that it leads the
+/// next commit.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+    ready: std::sync::Condvar,
+}
+
+#[derive(Default)]
+enum SlotState {
+    #[default]
+    Waiting,
+    /// Write the queued group.
+    Lead,
+    /// Stored (true), a retry (false), or why not.
+    Done(Result<bool, String>),
+}
+
+impl Slot {
+    fn set(&self, s: SlotState) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = s;
+        self.ready.notify_one();
+    }
 }
 
 #[derive(Row, Deserialize)]
@@ -315,7 +370,7 @@ impl ClickHouseStore {
             cfg,
             client,
             rt: Some(rt),
-            known: Mutex::new(HashMap::new()),
+            known: Mutex::new(FxHashMap::default()),
             commits: GroupCommit::default(),
         };
         s.create_tables()?;
@@ -462,27 +517,54 @@ impl ClickHouseStore {
     /// them ([`GroupCommit`]).
     fn commit(&self, mut p: PendingProfile) -> Result<bool, StoreError> {
         let g = &self.commits;
-        let mut st = g.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.next_seq += 1;
-        let seq = st.next_seq;
-        p.seq = seq;
-        st.queue.push(p);
+        let slot = Arc::new(Slot::default());
+        let lead = {
+            let mut st = g.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.next_seq += 1;
+            p.seq = st.next_seq;
+            st.queue.push((p, slot.clone()));
+            !std::mem::replace(&mut st.committing, true)
+        };
+        if lead {
+            self.lead_commit();
+        }
         loop {
-            if let Some(r) = st.results.remove(&seq) {
-                return r.map_err(StoreError::Backend);
+            let mut state = slot.state.lock().unwrap_or_else(|e| e.into_inner());
+            while matches!(*state, SlotState::Waiting) {
+                state = slot.ready.wait(state).unwrap_or_else(|e| e.into_inner());
             }
-            if !st.committing && !st.queue.is_empty() {
-                st.committing = true;
-                let batch = std::mem::take(&mut st.queue);
-                drop(st);
-                let results = self.write_group(batch);
-                st = g.state.lock().unwrap_or_else(|e| e.into_inner());
-                st.results.extend(results);
-                st.committing = false;
-                g.done.notify_all();
-                continue;
+            match std::mem::take(&mut *state) {
+                SlotState::Done(r) => return r.map_err(StoreError::Backend),
+                SlotState::Lead => {
+                    drop(state);
+                    self.lead_commit();
+                }
+                SlotState::Waiting => {}
             }
-            st = g.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Writes the queued group (this thread holds `committing`), answers
+    /// its uploads, then hands `committing` to the first upload queued
+    /// meanwhile, or lets it go.
+    fn lead_commit(&self) {
+        let g = &self.commits;
+        let group = std::mem::take(&mut g.state.lock().unwrap_or_else(|e| e.into_inner()).queue);
+        let (profiles, slots): (Vec<_>, Vec<_>) = group.into_iter().unzip();
+        let by_seq: HashMap<u64, Arc<Slot>> = profiles.iter().map(|p| p.seq).zip(slots).collect();
+        let mut results: HashMap<u64, Result<bool, String>> =
+            self.write_group(profiles).into_iter().collect();
+        // Every upload of the group is answered, whatever happened.
+        for (seq, slot) in by_seq {
+            let r = results
+                .remove(&seq)
+                .unwrap_or_else(|| Err("the group commit gave no answer".into()));
+            slot.set(SlotState::Done(r));
+        }
+        let mut st = g.state.lock().unwrap_or_else(|e| e.into_inner());
+        match st.queue.first() {
+            Some((_, next)) => next.set(SlotState::Lead),
+            None => st.committing = false,
         }
     }
 
@@ -961,13 +1043,27 @@ impl Store for ClickHouseStore {
         let now = now_ns();
         let today = (now / 86_400_000_000_000) as i64;
         let mut stacks: Vec<StackRow> = Vec::new();
-        let mut samples: HashMap<u64, u64> = HashMap::with_capacity(p.stacks.len());
+        let mut samples: FxHashMap<u64, u64> = FxHashMap::default();
+        // Each distinct frame is digested once; a stack's id folds them.
+        let digests: Vec<[u64; 2]> = p.frames.iter().map(frame_digest).collect();
         {
             let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
             if known.len() > KNOWN_STACKS {
                 known.clear();
             }
             for s in &p.stacks {
+                let id = stack_id(
+                    s.frames
+                        .iter()
+                        .filter_map(|&i| digests.get(i as usize).copied()),
+                );
+                *samples.entry(id).or_default() += s.count;
+                // Written at most once a day per stack (its TTL renewed);
+                // forgotten again if the commit fails.
+                if known.get(&(tenant.0, id)) == Some(&today) {
+                    continue;
+                }
+                known.insert((tenant.0, id), today);
                 let frames: Vec<&Frame> = s
                     .frames
                     .iter()
@@ -975,20 +1071,13 @@ impl Store for ClickHouseStore {
                     .collect();
                 let json = serde_json::to_string(&frames)
                     .map_err(|e| StoreError::Backend(format!("a stack as JSON: {e}")))?;
-                let id = stack_id(&json);
-                *samples.entry(id).or_default() += s.count;
-                // Written at most once a day per stack (its TTL renewed);
-                // forgotten again if the commit fails.
-                if known.get(&(tenant.0, id)) != Some(&today) {
-                    known.insert((tenant.0, id), today);
-                    stacks.push(StackRow {
-                        tenant: tenant.0,
-                        stack_id: id,
-                        functions: stack_functions(frames.iter().copied()),
-                        frames: json,
-                        seen_ns: now,
-                    });
-                }
+                stacks.push(StackRow {
+                    tenant: tenant.0,
+                    stack_id: id,
+                    functions: stack_functions(frames.iter().copied()),
+                    frames: json,
+                    seen_ns: now,
+                });
             }
         }
         let (host, rank) = (
@@ -1234,8 +1323,18 @@ mod tests {
     fn ids_are_stable_and_tell_names_apart() {
         assert_eq!(tenant_id("team-a"), tenant_id("team-a"));
         assert!(tenant_id("team-a") >= 0 && tenant_id("team-a") != tenant_id("team-b"));
-        assert_eq!(stack_id("[1]"), stack_id("[1]"));
-        assert_ne!(stack_id("[1]"), stack_id("[2]"));
+        let (a, b) = (
+            frame_digest(&Frame::label("a")),
+            frame_digest(&Frame::label("b")),
+        );
+        assert_eq!(stack_id([a, b]), stack_id([a, b]));
+        assert_ne!(stack_id([a, b]), stack_id([b, a]));
+        assert_ne!(stack_id([a]), stack_id([a, a]));
+        assert_ne!(frame_digest(&Frame::label("ab")), {
+            let mut f = Frame::label("a");
+            f.module = Some("b".into());
+            frame_digest(&f)
+        });
     }
 
     /// The conformance suite against a live server (`WHYSLOW_CLICKHOUSE_URL`,
