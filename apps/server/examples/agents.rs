@@ -16,6 +16,11 @@
 //! `--keep-alive`: each sending thread keeps its connection between uploads,
 //! as a pooling client does (the default opens one per upload).
 //!
+//! `--query`: once the uploads are in, times what a user asks of them
+//! (issue 31's "answered within a second"): the flame graph of the job's
+//! latest 1,000 profiles, and the cross-job function query over all of
+//! them with and without a baseline range (best and worst of 3 each).
+//!
 //! ```sh
 //! cargo build --release -p whyslow -p whyslow-server --example agents
 //! target/release/examples/agents target/release/whyslow --agents 1000 --period 30 --duration 60
@@ -30,6 +35,30 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use whyslow_model::stack::{Frame, FrameKind, StackProfileBuilder};
+
+/// GET `path`: (status, body bytes).
+fn get(addr: &str, path: &str, token: &str) -> (u16, usize) {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return (0, 0);
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    if s.write_all(head.as_bytes()).is_err() {
+        return (0, 0);
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.find("\r\n\r\n").map_or(0, |i| out.len() - i - 4);
+    (status, body)
+}
 
 fn post(addr: &str, path: &str, token: &str, body: &[u8]) -> u16 {
     let Ok(mut s) = TcpStream::connect(addr) else {
@@ -318,6 +347,44 @@ fn main() {
     }
     let wall = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds(srv.id()) - cpu0;
+    if args.iter().any(|a| a == "--query") {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let far = now + 86_400;
+        for (what, path) in [
+            (
+                "flame graph of the latest 1,000 profiles",
+                "/api/v1/jobs/load/flamegraph.svg?limit=1000".to_string(),
+            ),
+            (
+                "functions over all profiles, no baseline",
+                format!("/api/v1/functions?from=0&to={far}&baseline=none"),
+            ),
+            (
+                "functions over all profiles against a baseline range",
+                format!(
+                    "/api/v1/functions?from={}&to={far}&base_from=0&base_to={}",
+                    far / 2,
+                    far / 2
+                ),
+            ),
+        ] {
+            let mut times = Vec::new();
+            let mut answer = (0, 0);
+            for _ in 0..3 {
+                let t = Instant::now();
+                answer = get(&addr, &path, &token);
+                times.push(t.elapsed().as_secs_f64());
+            }
+            times.sort_by(f64::total_cmp);
+            println!(
+                "query: {what}: HTTP {} ({} bytes) in {:.3}-{:.3} s",
+                answer.0, answer.1, times[0], times[2]
+            );
+        }
+    }
     let hwm = std::fs::read_to_string(format!("/proc/{}/status", srv.id()))
         .ok()
         .and_then(|s| {

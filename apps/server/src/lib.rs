@@ -604,7 +604,7 @@ pub const OPENAPI: &str = include_str!("../api/openapi.json");
 pub const PROFILE_KINDS: [&str; 3] = ["cpu", "offcpu", "host"];
 
 /// Most profiles one flame graph merges.
-pub const MAX_FLAME_PROFILES: usize = 500;
+pub const MAX_FLAME_PROFILES: usize = 1000;
 
 /// What the service records of an uploaded profile: its kind (`offcpu`
 /// from the agent's `kind` label, `host` for node-wide profiles, else

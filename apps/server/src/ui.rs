@@ -243,6 +243,24 @@ async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
             Ok(Err(e)) => return server_error(&e.to_string()),
             Err(e) => return server_error(&e.to_string()),
         };
+    // The cross-job view a cluster's SRE opens first: which functions take
+    // the CPU across the tenant's jobs now, and which grew.
+    let st = state.clone();
+    let functions = tokio::task::spawn_blocking(move || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        let q = crate::FunctionsParams {
+            limit: Some(15),
+            ..Default::default()
+        }
+        .query(now)
+        .map_err(|e| e.to_string())?;
+        st.store.functions(t, &q).map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
     let body = if jobs.is_empty() {
         "<p>No job has uploaded yet. Ranks upload when <code>WHYSLOW_SERVER</code> and \
          <code>WHYSLOW_TOKEN</code> are set in the training job's environment.</p>"
@@ -284,7 +302,49 @@ async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
             "<table><tr><th>job</th><th>scheduler</th><th>sessions</th><th>worker fingerprints</th><th>last upload</th></tr>{rows}</table>"
         )
     };
+    let body = body + &functions_section(&functions);
     page("Jobs", &body).into_response()
+}
+
+/// The top functions across the tenant's jobs over the last hour, against
+/// the hour before (`GET /api/v1/functions`'s defaults).
+fn functions_section(t: &Result<whyslow_store::FunctionTable, String>) -> String {
+    let t = match t {
+        Err(e) => return format!("<p class=\"muted\">Functions across jobs: {}</p>", esc(e)),
+        Ok(t) if t.samples == 0 => return String::new(),
+        Ok(t) => t,
+    };
+    let pct = |x: f64| format!("{:.1} %", 100.0 * x);
+    let rows: String = t
+        .functions
+        .iter()
+        .map(|f| {
+            let change = match f.self_share_change {
+                Some(c) if c > 0.005 => {
+                    format!("<span style=\"color:#c62828\">+{:.1} pp</span>", 100.0 * c)
+                }
+                Some(c) if c < -0.005 => {
+                    format!("<span style=\"color:#1565c0\">{:.1} pp</span>", 100.0 * c)
+                }
+                Some(c) => format!("{:+.1} pp", 100.0 * c),
+                None => String::new(),
+            };
+            format!(
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{change}</td></tr>",
+                esc(&f.function),
+                pct(f.self_share),
+                pct(f.total_share)
+            )
+        })
+        .collect();
+    format!(
+        "<h2>Functions across your jobs</h2><p class=\"muted\">CPU profiles of the last hour: {} samples in {} profiles, against the hour before ({} samples). \
+         <code>GET /api/v1/functions</code> asks the same for any range, kind and jobs.</p>\
+         <table><tr><th>function</th><th>self</th><th>total</th><th>self, change</th></tr>{rows}</table>",
+        t.samples,
+        t.profiles,
+        t.base_samples.unwrap_or(0)
+    )
 }
 
 /// The job's stragglers (SysOM-AI §3.1) and the per-rank entry-time plot

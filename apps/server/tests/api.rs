@@ -263,6 +263,23 @@ async fn profiles_flame_graphs_and_the_cross_job_function_query_answer_alike_on_
                 .0,
             StatusCode::UNAUTHORIZED
         );
+        // The web UI's jobs page shows the same cross-job view (the last
+        // hour against the one before: these profiles are 30 minutes old).
+        let req = Request::builder()
+            .uri("/ui/")
+            .header("cookie", format!("whyslow_token={a}"))
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{name}");
+        let html = axum::body::to_bytes(resp.into_body(), 1 << 24)
+            .await
+            .unwrap();
+        let html = String::from_utf8_lossy(&html);
+        assert!(
+            html.contains("Functions across your jobs") && html.contains("<code>gemm</code>"),
+            "{name}: {html}"
+        );
         answers.push(json(
             &call(
                 &app,

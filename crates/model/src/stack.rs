@@ -122,23 +122,66 @@ impl StackProfile {
     /// equal stacks summed): from the earliest start, the longest period,
     /// the last one's rate; no labels.
     pub fn merged<'a>(profiles: impl IntoIterator<Item = &'a StackProfile>) -> StackProfile {
-        let mut b = StackProfileBuilder::new();
-        let (mut hz, mut start, mut dur) = (0.0, u64::MAX, 0u64);
+        let mut m = StackProfileMerger::default();
         for p in profiles {
-            hz = p.hz;
-            start = start.min(p.start_unix_ns);
-            dur = dur.max(p.duration_ns);
-            for s in &p.stacks {
-                let ids = s
-                    .frames
-                    .iter()
-                    .filter_map(|&i| p.frames.get(i as usize))
-                    .map(|f| b.frame(f.clone()))
-                    .collect();
-                b.add(ids, s.count);
-            }
+            m.add(p);
         }
-        b.finish(hz, if start == u64::MAX { 0 } else { start }, dur)
+        m.finish()
+    }
+}
+
+/// [`StackProfile::merged`] one profile at a time, so a caller that decodes
+/// thousands of profiles holds one of them at once, not all.
+#[derive(Debug, Default)]
+pub struct StackProfileMerger {
+    b: StackProfileBuilder,
+    hz: f64,
+    start: Option<u64>,
+    duration: u64,
+    profiles: usize,
+}
+
+impl StackProfileMerger {
+    /// Adds one profile's stacks.
+    pub fn add(&mut self, p: &StackProfile) {
+        self.profiles += 1;
+        self.hz = p.hz;
+        self.start = Some(
+            self.start
+                .map_or(p.start_unix_ns, |s| s.min(p.start_unix_ns)),
+        );
+        self.duration = self.duration.max(p.duration_ns);
+        // Each of the profile's frames interned once, not once per stack.
+        let ids: Vec<u32> = p.frames.iter().map(|f| self.b.frame_ref(f)).collect();
+        for s in &p.stacks {
+            let frames = s
+                .frames
+                .iter()
+                .filter_map(|&i| ids.get(i as usize).copied())
+                .collect();
+            self.b.add(frames, s.count);
+        }
+    }
+
+    /// Adds what another merger gathered (merging in parallel).
+    pub fn absorb(&mut self, other: StackProfileMerger) {
+        if other.profiles == 0 {
+            return;
+        }
+        let (hz, start, duration, n) = (other.hz, other.start, other.duration, other.profiles);
+        self.add(&other.b.finish(hz, start.unwrap_or(0), duration));
+        self.profiles += n - 1;
+    }
+
+    /// Profiles added.
+    pub fn profiles(&self) -> usize {
+        self.profiles
+    }
+
+    /// The merged profile.
+    pub fn finish(self) -> StackProfile {
+        self.b
+            .finish(self.hz, self.start.unwrap_or(0), self.duration)
     }
 }
 
@@ -146,8 +189,8 @@ impl StackProfile {
 #[derive(Debug, Default)]
 pub struct StackProfileBuilder {
     profile: StackProfile,
-    frame_ids: std::collections::HashMap<Frame, u32>,
-    stack_ids: std::collections::HashMap<Vec<u32>, usize>,
+    frame_ids: rustc_hash::FxHashMap<Frame, u32>,
+    stack_ids: rustc_hash::FxHashMap<Vec<u32>, usize>,
 }
 
 impl StackProfileBuilder {
@@ -165,6 +208,14 @@ impl StackProfileBuilder {
         self.profile.frames.push(frame.clone());
         self.frame_ids.insert(frame, id);
         id
+    }
+
+    /// [`Self::frame`] of a borrowed frame: cloned only when new.
+    pub fn frame_ref(&mut self, frame: &Frame) -> u32 {
+        match self.frame_ids.get(frame) {
+            Some(&id) => id,
+            None => self.frame(frame.clone()),
+        }
     }
 
     /// Adds `count` samples of the stack `frames` (ids, root first).

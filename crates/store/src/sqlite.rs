@@ -534,13 +534,11 @@ impl Store for SqliteStore {
                 .map(|r| r.map(|(_, row)| row))
                 .collect::<Result<_, _>>()?
             };
-            let mut sums = FunctionSums::default();
-            for p in self.stored(rows) {
-                if let Some(p) = p.into_profile(whyslow_stack_output::MAX_PPROF_DECOMPRESSED) {
-                    sums.add_profile(&p);
-                }
-            }
-            Ok(sums)
+            Ok(crate::fold_decoded(
+                self.stored(rows),
+                |sums: &mut FunctionSums, p| sums.add_profile(p),
+                |a, b| a.absorb(b),
+            ))
         };
         let now = sums(q.range)?;
         let base = q.baseline.map(sums).transpose()?;

@@ -778,7 +778,10 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
                 }
                 frame.line = u32::try_from(line.line).ok().filter(|&l| l > 0);
                 let name = s(f.name)?;
-                if !name.is_empty() && name != frame.display() {
+                // A nameless frame's pprof name is its display
+                // (`module+0x…`); only such a name needs the comparison.
+                let is_display = name.contains("+0x") && name == frame.display();
+                if !name.is_empty() && !is_display {
                     frame.name = Some(name.to_string());
                 }
                 ids.push(builder.frame(frame));
