@@ -453,23 +453,24 @@ impl ClickHouseStore {
             .rt
             .as_ref()
             .expect("the runtime lives as long as the store");
-        // Called from async code (a test, a caller's runtime), blocking on
-        // another runtime is refused: wait from a thread of its own.
-        let in_async = tokio::runtime::Handle::try_current().is_ok();
-        let mut once = || {
-            if in_async {
-                std::thread::scope(|s| {
-                    s.spawn(|| rt.block_on(request()))
-                        .join()
-                        .unwrap_or_else(|_| {
-                            Err(clickhouse::error::Error::Custom(
-                                "the request panicked".into(),
-                            ))
-                        })
-                })
-            } else {
-                rt.block_on(request())
+        // Called from a caller's runtime (the server's blocking threads, an
+        // async test), blocking on another runtime needs leave: in place on
+        // a multi-threaded runtime, else from a thread of its own.
+        let flavor = tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor());
+        let mut once = || match flavor {
+            Err(_) => rt.block_on(request()),
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(|| rt.block_on(request()))
             }
+            Ok(_) => std::thread::scope(|s| {
+                s.spawn(|| rt.block_on(request()))
+                    .join()
+                    .unwrap_or_else(|_| {
+                        Err(clickhouse::error::Error::Custom(
+                            "the request panicked".into(),
+                        ))
+                    })
+            }),
         };
         let mut attempt = 0;
         loop {

@@ -659,22 +659,26 @@ pub fn fold_decoded<A: Default + Send>(
     total
 }
 
+/// A conformance check: the condition, or the error naming it.
+macro_rules! check {
+    ($cond:expr) => {
+        if !$cond {
+            return Err(format!("conformance check failed: {}", stringify!($cond)));
+        }
+    };
+}
+
+/// A store call that must succeed in a conformance check.
+macro_rules! ok {
+    ($e:expr) => {
+        $e.map_err(|e| format!("conformance: {}: {e}", stringify!($e)))?
+    };
+}
+
 /// The conformance checks every backend must pass (run by the tests on
 /// SQLite and by `whyslow server check-store` on any backend), on a fresh,
 /// empty store: the first failure, named by its check.
 pub fn conformance(s: &dyn Store) -> Result<(), String> {
-    macro_rules! check {
-        ($cond:expr) => {
-            if !$cond {
-                return Err(format!("conformance check failed: {}", stringify!($cond)));
-            }
-        };
-    }
-    macro_rules! ok {
-        ($e:expr) => {
-            $e.map_err(|e| format!("conformance: {}: {e}", stringify!($e)))?
-        };
-    }
     let ta = ok!(s.create_token("team-a"));
     let ta2 = ok!(s.create_token("team-a"));
     let tb = ok!(s.create_token("team-b"));
@@ -859,120 +863,27 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
         ok!(s.hour_profile(a, "job-h", "cpu", hour)).map(names)
             == Some(vec!["a".into(), "b".into(), "main".into()])
     );
-    // Collective records: a batch once, newest first, per tenant.
-    check!(ok!(s.put_batch(
-        a,
-        "job3",
-        BatchKind::Collectives,
-        "c1",
-        "{\"r\":1}\n"
-    )));
-    check!(ok!(s.put_batch(
-        a,
-        "job3",
-        BatchKind::Collectives,
-        "c2",
-        "{\"r\":2}\n"
-    )));
-    check!(!ok!(s.put_batch(
-        a,
-        "job3",
-        BatchKind::Collectives,
-        "c1",
-        "{\"r\":1}\n"
-    )));
-    check!(
-        ok!(s.batches(a, "job3", BatchKind::Collectives, 10)) == vec!["{\"r\":2}\n", "{\"r\":1}\n"]
-    );
-    check!(ok!(s.batches(a, "job3", BatchKind::Collectives, 1)).len() == 1);
-    check!(ok!(s.batches(b, "job3", BatchKind::Collectives, 10)).is_empty());
-    check!(ok!(s.has_job(a, "job3")) && !ok!(s.has_job(b, "job3")));
-    check!(s
-        .put_batch(a, "job3", BatchKind::Collectives, "../c", "{}")
-        .is_err());
-    check!(ok!(s.put_batch(
-        a,
-        "job3",
-        BatchKind::OsSamples,
-        "o1",
-        "{\"o\":1}\n"
-    )));
-    check!(ok!(s.put_batch(
-        a,
-        "job3",
-        BatchKind::OsSamples,
-        "o2",
-        "{\"o\":2}\n"
-    )));
-    check!(!ok!(s.put_batch(
-        a,
-        "job3",
-        BatchKind::OsSamples,
-        "o1",
-        "{\"o\":1}\n"
-    )));
-    check!(
-        ok!(s.batches(a, "job3", BatchKind::OsSamples, 10)) == vec!["{\"o\":2}\n", "{\"o\":1}\n"]
-    );
-    check!(ok!(s.batches(b, "job3", BatchKind::OsSamples, 10)).is_empty());
-    check!(ok!(s.batches(a, "job3", BatchKind::Collectives, 10)).len() == 2);
-    // Flow analyses: the same rules.
-    check!(ok!(s.put_batch(
-        a,
-        "job4",
-        BatchKind::Flows,
-        "f1",
-        "{\"n\":1}"
-    )));
-    check!(ok!(s.put_batch(
-        a,
-        "job4",
-        BatchKind::Flows,
-        "f2",
-        "{\"n\":2}"
-    )));
-    check!(!ok!(s.put_batch(
-        a,
-        "job4",
-        BatchKind::Flows,
-        "f1",
-        "{\"n\":1}"
-    )));
-    check!(ok!(s.batches(a, "job4", BatchKind::Flows, 10)) == vec!["{\"n\":2}", "{\"n\":1}"]);
-    check!(ok!(s.batches(a, "job4", BatchKind::Flows, 1)).len() == 1);
-    check!(ok!(s.batches(b, "job4", BatchKind::Flows, 10)).is_empty());
-    check!(ok!(s.has_job(a, "job4")) && !ok!(s.has_job(b, "job4")));
-    check!(s
-        .put_batch(a, "job4", BatchKind::Flows, "../f", "{}")
-        .is_err());
-    // Hang reports: once per batch, newest first, per tenant.
-    check!(ok!(s.put_batch(
-        a,
-        "job5",
-        BatchKind::Hangs,
-        "h1",
-        "{\"n\":1}"
-    )));
-    check!(ok!(s.put_batch(
-        a,
-        "job5",
-        BatchKind::Hangs,
-        "h2",
-        "{\"n\":2}"
-    )));
-    check!(!ok!(s.put_batch(
-        a,
-        "job5",
-        BatchKind::Hangs,
-        "h1",
-        "{\"n\":1}"
-    )));
-    check!(ok!(s.batches(a, "job5", BatchKind::Hangs, 10)) == vec!["{\"n\":2}", "{\"n\":1}"]);
-    check!(ok!(s.batches(b, "job5", BatchKind::Hangs, 10)).is_empty());
-    check!(ok!(s.has_job(a, "job5")));
-    check!(s
-        .put_batch(a, "job5", BatchKind::Hangs, "../h", "{}")
-        .is_err());
+    // Text batches of every kind (collective records, OS readings, flow
+    // analyses, hang reports): a batch once, newest first, per tenant, per
+    // kind; bodies as uploaded (JSON lines keep their newlines).
+    for (i, kind) in BatchKind::ALL.into_iter().enumerate() {
+        let job = format!("job-b{i}");
+        let (one, two) = (
+            format!("{{\"k\":{i},\"n\":1}}\n"),
+            format!("{{\"k\":{i},\"n\":2}}\n"),
+        );
+        check!(ok!(s.put_batch(a, &job, kind, "x1", &one)));
+        check!(ok!(s.put_batch(a, &job, kind, "x2", &two)));
+        check!(!ok!(s.put_batch(a, &job, kind, "x1", &one)));
+        check!(ok!(s.batches(a, &job, kind, 10)) == vec![two.clone(), one.clone()]);
+        check!(ok!(s.batches(a, &job, kind, 1)) == vec![two.clone()]);
+        check!(ok!(s.batches(b, &job, kind, 10)).is_empty());
+        check!(ok!(s.has_job(a, &job)) && !ok!(s.has_job(b, &job)));
+        check!(s.put_batch(a, &job, kind, "../x", "{}").is_err());
+        for other in BatchKind::ALL.into_iter().filter(|&k| k != kind) {
+            check!(ok!(s.batches(a, &job, other, 10)).is_empty());
+        }
+    }
     for bad in ["", "../x", ".hidden", "a/b", "a'b", &"x".repeat(201)] {
         check!(s.put_fingerprint(a, bad, "s1", 0, "{}").is_err());
     }
@@ -983,18 +894,6 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
 /// function across jobs, a job filter, a baseline, isolation.
 fn conformance_functions(s: &dyn Store, a: TenantId, b: TenantId) -> Result<(), String> {
     use whyslow_model::stack::{Frame, FrameKind, StackProfileBuilder};
-    macro_rules! check {
-        ($cond:expr) => {
-            if !$cond {
-                return Err(format!("conformance check failed: {}", stringify!($cond)));
-            }
-        };
-    }
-    macro_rules! ok {
-        ($e:expr) => {
-            $e.map_err(|e| format!("conformance: {}: {e}", stringify!($e)))?
-        };
-    }
     // Two hours before the hour profiles' hour, apart from them.
     let hour = (now_unix() / 3600 - 6) * 3600;
     let native = |name: &str| Frame {
