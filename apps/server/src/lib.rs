@@ -1002,10 +1002,12 @@ impl FunctionsParams {
             }
             None => {
                 let len = to - from;
-                let bf = within(
-                    "base_from",
-                    self.base_from.unwrap_or(from.saturating_sub(len)).max(0),
-                )?;
+                // A given base_from must be a time; the default (the
+                // range's length before `from`) stops at the epoch.
+                let bf = match self.base_from {
+                    Some(v) => within("base_from", v)?,
+                    None => from.saturating_sub(len).max(0),
+                };
                 let bt = within("base_to", self.base_to.unwrap_or(bf.saturating_add(len)))?;
                 if bf >= bt {
                     return Err(format!("base_from ({bf}) must be before base_to ({bt})"));

@@ -249,6 +249,9 @@ async fn profiles_flame_graphs_and_the_cross_job_function_query_answer_alike_on_
             "limit=0",
             "baseline=yes",
             "from=-1",
+            "base_from=-1",
+            "to=-5",
+            "base_from=10&base_to=10",
         ] {
             let (code, out) =
                 call(&app, "GET", &format!("/api/v1/functions?{bad}"), &a, vec![]).await;
