@@ -60,11 +60,15 @@ pub struct ProfilerArgs {
     /// Percent of the host profiler's ticks that take a stack (1-100).
     #[arg(long, default_value_t = 100.0, value_name = "PCT")]
     pub profile_sampling_rate: f64,
-    /// How the eBPF profilers (host, cgroup, off-CPU) walk user stacks:
-    /// `fp` the kernel's frame-pointer walk; `hybrid` DWARF rows from each
-    /// module's .eh_frame in BPF maps, else validated frame-pointer steps
-    /// (full stacks for code without frame pointers, such as CPython; costs
-    /// compiling and loading each new module's rows, once per file).
+    /// How the eBPF profilers (host, cgroup, off-CPU) walk user stacks.
+    /// Default `fp`: the kernel's frame-pointer walk. `hybrid`: DWARF rows
+    /// from each module's .eh_frame in BPF maps, else validated
+    /// frame-pointer steps (full stacks for code without frame pointers,
+    /// such as CPython; costs compiling each module's rows once per file,
+    /// when a process mapping it is first sampled or, for large ones, when a
+    /// sample lands in it; rows capped at 4 Mi, 64 MiB of kernel memory,
+    /// modules no process maps and those not sampled for a minute evicted
+    /// first). `dwarf`: rows only.
     #[arg(long, default_value = "fp", value_name = "fp|dwarf|hybrid")]
     pub profile_unwind: whyslow_stacks::ebpf::UserUnwind,
     /// Also profile the registered processes' off-CPU time (eBPF on

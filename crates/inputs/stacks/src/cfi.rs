@@ -101,13 +101,36 @@ pub fn compile_eh_frame(
     eh_frame_svma: u64,
     text_svma: u64,
 ) -> (Vec<CfiRow>, CfiSummary) {
+    let mut rows = Vec::new();
+    let summary = stream_eh_frame(bytes, eh_frame_svma, text_svma, |r| {
+        rows.push(r);
+        true
+    });
+    (rows, summary)
+}
+
+/// [`compile_eh_frame`] without holding the rows: each row goes to `emit`
+/// as soon as it is final, in increasing `pc` (`emit` returns false to stop
+/// early). What it holds meanwhile is one entry per FDE (its start address
+/// and offset, 16 bytes) and one FDE's rows, so a 17 MiB `.eh_frame`
+/// (libtorch_cpu.so) compiles in a few MB, not hundreds.
+///
+/// FDEs are evaluated in the order of their start address. Where FDEs
+/// overlap (malformed input), the one that starts first keeps its rows up to
+/// its end; the other's rows below that are dropped.
+pub fn stream_eh_frame(
+    bytes: &[u8],
+    eh_frame_svma: u64,
+    text_svma: u64,
+    mut emit: impl FnMut(CfiRow) -> bool,
+) -> CfiSummary {
     let eh = EhFrame::new(bytes, LittleEndian);
     let bases = BaseAddresses::default()
         .set_eh_frame(eh_frame_svma)
         .set_text(text_svma);
-    let mut ctx = UnwindContext::new();
-    let mut rows: Vec<CfiRow> = Vec::new();
     let mut summary = CfiSummary::default();
+    // Pass 1: where each FDE starts, by address.
+    let mut fdes: Vec<(u64, usize)> = Vec::new();
     let mut entries = eh.entries(&bases);
     loop {
         let entry = match entries.next() {
@@ -122,7 +145,23 @@ pub fn compile_eh_frame(
         let CieOrFde::Fde(partial) = entry else {
             continue;
         };
-        let Ok(fde) = partial.parse(|s, b, o| s.cie_from_offset(b, o)) else {
+        match partial.parse(|s, b, o| s.cie_from_offset(b, o)) {
+            Ok(fde) => fdes.push((fde.initial_address(), partial.offset())),
+            Err(_) => summary.bad_fdes += 1,
+        }
+    }
+    // Stable: FDEs at the same address keep the section's order.
+    fdes.sort_by_key(|f| f.0);
+    // Pass 2: each FDE's rows, in address order, normalized on the fly.
+    let mut ctx = UnwindContext::new();
+    let mut out = Normalizer::default();
+    let mut one: Vec<CfiRow> = Vec::new();
+    for (_, offset) in fdes {
+        let Ok(fde) = eh.fde_from_offset(
+            &bases,
+            gimli::EhFrameOffset(offset),
+            EhFrame::cie_from_offset,
+        ) else {
             summary.bad_fdes += 1;
             continue;
         };
@@ -135,7 +174,8 @@ pub fn compile_eh_frame(
             summary.bad_fdes += 1;
             continue;
         };
-        let first = rows.len();
+        one.clear();
+        let mut ok = true;
         loop {
             match table.next_row() {
                 Ok(Some(row)) => {
@@ -143,7 +183,7 @@ pub fn compile_eh_frame(
                     if r.cfa == CfaKind::Unsupported {
                         summary.unsupported += 1;
                     }
-                    rows.push(CfiRow {
+                    one.push(CfiRow {
                         pc: row.start_address(),
                         ..r
                     });
@@ -151,16 +191,68 @@ pub fn compile_eh_frame(
                 Ok(None) => break,
                 Err(_) => {
                     summary.bad_fdes += 1;
-                    rows.truncate(first);
+                    ok = false;
                     break;
                 }
             }
         }
-        if rows.len() > first {
-            rows.push(CfiRow::gap(fde.end_address()));
+        if !ok || one.is_empty() {
+            continue;
+        }
+        one.push(CfiRow::gap(fde.end_address()));
+        for r in one.drain(..) {
+            if !out.push(r, &mut emit) {
+                return summary;
+            }
         }
     }
-    (normalize(rows), summary)
+    out.finish(&mut emit);
+    summary
+}
+
+/// The normalization of rows (see `normalize`) on rows that come in increasing `pc` (within an FDE, and
+/// FDEs by start address), one at a time: the row last seen is held until
+/// the next one shows it is final.
+#[derive(Default)]
+struct Normalizer {
+    last: Option<CfiRow>,
+    stopped: bool,
+}
+
+impl Normalizer {
+    /// Takes `r`; false once `emit` asked to stop.
+    fn push(&mut self, r: CfiRow, emit: &mut impl FnMut(CfiRow) -> bool) -> bool {
+        if self.stopped {
+            return false;
+        }
+        let Some(last) = &mut self.last else {
+            self.last = Some(r);
+            return true;
+        };
+        if last.pc == r.pc {
+            if last.cfa == CfaKind::NoCfi || r.cfa != CfaKind::NoCfi {
+                *last = r;
+            }
+            return true;
+        }
+        // Below a row already final (overlapping FDEs), or the same rule.
+        if r.pc < last.pc || last.same_rule(&r) {
+            return true;
+        }
+        let done = std::mem::replace(last, r);
+        if !emit(done) {
+            self.stopped = true;
+        }
+        !self.stopped
+    }
+
+    fn finish(&mut self, emit: &mut impl FnMut(CfiRow) -> bool) {
+        if let Some(last) = self.last.take() {
+            if !self.stopped {
+                emit(last);
+            }
+        }
+    }
 }
 
 fn convert<S: gimli::UnwindContextStorage<usize>>(
@@ -220,6 +312,7 @@ fn convert<S: gimli::UnwindContextStorage<usize>>(
     out
 }
 
+#[cfg(test)]
 /// Sorts rows by address; where an FDE starts where the previous one ended,
 /// the real rule wins over the gap marker; consecutive rows with the same
 /// rule become one.
@@ -228,20 +321,15 @@ fn normalize(mut rows: Vec<CfiRow>) -> Vec<CfiRow> {
     // FDE's end marker.
     rows.sort_by_key(|r| r.pc);
     let mut out: Vec<CfiRow> = Vec::with_capacity(rows.len());
-    for r in rows {
-        if let Some(last) = out.last_mut() {
-            if last.pc == r.pc {
-                if last.cfa == CfaKind::NoCfi || r.cfa != CfaKind::NoCfi {
-                    *last = r;
-                }
-                continue;
-            }
-            if last.same_rule(&r) {
-                continue;
-            }
-        }
+    let mut n = Normalizer::default();
+    let mut emit = |r| {
         out.push(r);
+        true
+    };
+    for r in rows {
+        n.push(r, &mut emit);
     }
+    n.finish(&mut emit);
     out
 }
 
@@ -316,6 +404,67 @@ mod tests {
             let (rows, _) = compile_eh_frame(bytes, 0x1000, 0x2000);
             assert!(rows.iter().all(|r| r.cfa != CfaKind::Rsp || r.pc > 0));
         }
+    }
+
+    /// The whole-table compile this module did before rows were streamed
+    /// (every FDE's rows in section order, then sorted and normalized): the
+    /// streamed rows are the same on this test binary's `.eh_frame`.
+    #[test]
+    fn streamed_rows_equal_the_sorted_whole_table() {
+        use object::{Object, ObjectSection};
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let obj = object::File::parse(&exe[..]).unwrap();
+        let eh = obj.section_by_name(".eh_frame").unwrap();
+        let text = obj.section_by_name(".text").unwrap();
+        let bytes = eh.data().unwrap();
+        let section = EhFrame::new(bytes, LittleEndian);
+        let bases = BaseAddresses::default()
+            .set_eh_frame(eh.address())
+            .set_text(text.address());
+        let mut ctx = UnwindContext::new();
+        let mut all = Vec::new();
+        let mut entries = section.entries(&bases);
+        while let Ok(Some(e)) = entries.next() {
+            let CieOrFde::Fde(p) = e else { continue };
+            let fde = p.parse(|s, b, o| s.cie_from_offset(b, o)).unwrap();
+            if fde.cie().return_address_register() != X86_64::RA {
+                continue;
+            }
+            let mut t = fde.rows(&section, &bases, &mut ctx).unwrap();
+            let first = all.len();
+            while let Some(row) = t.next_row().unwrap() {
+                all.push(CfiRow {
+                    pc: row.start_address(),
+                    ..convert(row, &section)
+                });
+            }
+            if all.len() > first {
+                all.push(CfiRow::gap(fde.end_address()));
+            }
+        }
+        let whole = normalize(all);
+        let (streamed, _) = compile_eh_frame(bytes, eh.address(), text.address());
+        assert!(whole.len() > 1000);
+        // The same rule at every address, except where an FDE starts where
+        // a same-rule row ended and another FDE's end marker at that address
+        // came after it in the section: the whole-table compile lost that
+        // FDE (NoCfi), streaming keeps it.
+        let mut lost = 0;
+        for r in streamed.iter().chain(&whole) {
+            let (a, b) = (lookup(&streamed, r.pc), lookup(&whole, r.pc));
+            if a != b {
+                assert_eq!(b.map(|x| x.cfa), Some(CfaKind::NoCfi), "{a:?} vs {b:?}");
+                lost += 1;
+            }
+        }
+        assert!(lost * 100 < whole.len(), "{lost}");
+        // Stopping early stops the compile.
+        let mut n = 0;
+        stream_eh_frame(bytes, eh.address(), text.address(), |_| {
+            n += 1;
+            n < 10
+        });
+        assert_eq!(n, 10);
     }
 
     /// This test binary's own `.eh_frame` (Rust code built with CFI): every

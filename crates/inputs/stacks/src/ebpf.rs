@@ -473,6 +473,9 @@ impl EbpfSampler {
                 .collect();
             hits.sort_unstable();
             hits.dedup();
+            for &(pid, ip) in &hits {
+                t.touch(pid, ip);
+            }
             for (pid, ip) in hits {
                 t.hit(&mut self.ebpf, pid, ip)?;
             }

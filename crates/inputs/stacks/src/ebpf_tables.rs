@@ -1,18 +1,35 @@
 //! The unwind tables of the in-kernel unwinder (`bpf/unwind.bpf.h`,
 //! SysOM-AI §3.3 Algorithm 1): each executable module's `.eh_frame` compiled
-//! into rows ([`crate::cfi`]) once per file and stored in the `cfi_rows`
-//! array; each target process's executable mappings, sorted, with the slice
-//! of rows that describes each, in `proc_maps`. Processes are re-read at
-//! every drain, so a library loaded since (dlopen) gets its rows, and an
-//! exited process leaves the map. Anonymous executable mappings (JIT code)
-//! get no rows: the hybrid walk takes validated frame-pointer steps there.
+//! into rows ([`crate::cfi`]) once per file (keyed by device, inode, size
+//! and modification time), stored once in the `cfi_rows` array and shared by
+//! every process that maps the file; each target process's executable
+//! mappings, sorted, with the slice of rows that describes each, in
+//! `proc_maps`. Processes are re-read at every drain, so a library loaded
+//! since (dlopen) gets its rows, and an exited process leaves the map.
+//! Anonymous executable mappings (JIT code) get no rows: the hybrid walk
+//! takes validated frame-pointer steps there.
+//!
+//! Bounded, as the OTel eBPF profiler and parca-agent do it:
+//! * lazily: a module's rows are compiled when a process mapping it is first
+//!   seen (small `.eh_frame`s) or when a sample first lands in it (large
+//!   ones, such as libtorch_cpu.so's 17 MiB);
+//! * streamed: rows go from the `.eh_frame` parser straight into the
+//!   kernel's array through a 1 MiB window of it, so compiling a module
+//!   holds a few MB (one entry per FDE), whatever its size, and the 64 MiB
+//!   array never counts in the process's resident memory;
+//! * capped: the array holds `max_cfi_rows` rows; when a module does not
+//!   fit, modules no process maps any more are evicted, then those not
+//!   sampled for a minute, least recent first (their processes fall back to
+//!   frame-pointer steps there until a sample lands in them again and
+//!   reloads them), counted in [`TableStats::evictions`]; a module that
+//!   still does not fit waits for a later sample ([`TableStats::deferred`]).
 
 use std::collections::{HashMap, HashSet};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::{Ebpf, Pod};
 
-use crate::cfi::{compile_eh_frame, CfiRow};
+use crate::cfi::{stream_eh_frame, CfiRow};
 use crate::ebpf::EbpfError;
 use crate::elf::{ElfModule, Segment};
 use crate::maps::{self, Mapping};
@@ -103,25 +120,45 @@ const EAGER_EH_FRAME_BYTES: usize = 2 << 20;
 /// What the tables hold, for the command's summary line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableStats {
-    /// Modules whose rows are in the kernel.
+    /// Modules whose rows are in the kernel now.
     pub modules: u64,
-    /// Rows stored.
+    /// Rows stored now.
     pub rows: u64,
     /// Modules left to frame-pointer steps: no `.eh_frame`, unreadable, or
-    /// the row array was full.
+    /// more rows than the whole array holds.
     pub modules_without_rows: u64,
-    /// Large modules mapped but not loaded: no sample has landed in them.
+    /// Modules mapped but not loaded: large ones no sample has landed in,
+    /// and evicted ones not sampled since.
     pub modules_waiting: u64,
     /// Processes with tables.
     pub processes: u64,
+    /// Module rows compiled and loaded (a module evicted and sampled again
+    /// counts again).
+    pub loads: u64,
+    /// Modules whose rows were evicted to make room for another's.
+    pub evictions: u64,
+    /// Loads put off: no room without evicting a module sampled recently
+    /// (retried at the module's next sample in a later drain).
+    pub deferred: u64,
+    /// Largest number of rows held at once.
+    pub peak_rows: u64,
 }
 
 /// One module (file) the tables know.
 struct ModuleEntry {
     path: std::path::PathBuf,
     segments: Vec<Segment>,
-    /// Its rows in `cfi_rows`; None until loaded; (0, 0) when it has none.
+    /// Its rows in `cfi_rows`; None until loaded (or once evicted); (0, 0)
+    /// when it has none.
     rows: Option<(u32, u32)>,
+    /// How many rows it compiles to, once known (a reload needs that room).
+    count: Option<u32>,
+    /// The drain a sample last landed in it (or it was loaded): the
+    /// least recent goes first.
+    used: u64,
+    /// The drain its load was last put off for lack of room (retried at a
+    /// sample in a later drain).
+    put_off: Option<u64>,
 }
 
 /// One executable mapping of a process.
@@ -133,18 +170,25 @@ struct ProcMapping {
     module: Option<FileKey>,
 }
 
-/// `cfi_rows`, memory-mapped: a module's rows are written with one copy.
-struct RowsMmap {
-    ptr: *mut RowC,
-    len: usize,
-    bytes: usize,
+/// Drains without a sample after which a module still mapped may be
+/// evicted for another's rows (a minute of the agent's 5 s drains).
+const STALE_DRAINS: u64 = 12;
+
+/// Rows of `cfi_rows` mapped at once while writing (1 MiB; a multiple of
+/// the 256 rows of a page).
+const WINDOW_ROWS: usize = 64 << 10;
+
+/// Writes rows into `cfi_rows` (created with BPF_F_MMAPABLE) through a
+/// window of it mapped at a time: the kernel maps every page of a mapped
+/// BPF array at once, and they count in this process's resident memory.
+struct RowWriter {
+    fd: std::os::fd::RawFd,
+    capacity: usize,
+    /// The first row of the mapped window, the mapping, its length in bytes.
+    window: Option<(usize, *mut RowC, usize)>,
 }
 
-// SAFETY: the mapping is owned by this value and only written through
-// `&mut self` (the tables are used from one thread at a time).
-unsafe impl Send for RowsMmap {}
-
-impl RowsMmap {
+impl RowWriter {
     fn new(ebpf: &Ebpf, capacity: u32) -> Result<Self, EbpfError> {
         use std::os::fd::{AsFd, AsRawFd};
         let map = ebpf
@@ -153,53 +197,137 @@ impl RowsMmap {
         let aya::maps::Map::Array(data) = map else {
             return Err(EbpfError::Map("cfi_rows", "not an array".into()));
         };
-        let fd = data.fd().as_fd().as_raw_fd();
-        let page = 4096usize;
-        let bytes = (capacity as usize * std::mem::size_of::<RowC>()).div_ceil(page) * page;
-        // SAFETY: mapping a BPF array created with BPF_F_MMAPABLE, shared,
-        // for its full (page-rounded) size; checked for MAP_FAILED.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(EbpfError::Map(
-                "cfi_rows",
-                format!("mmap: {}", std::io::Error::last_os_error()),
-            ));
-        }
-        Ok(RowsMmap {
-            ptr: ptr.cast(),
-            len: capacity as usize,
-            bytes,
+        Ok(RowWriter {
+            fd: data.fd().as_fd().as_raw_fd(),
+            capacity: capacity as usize,
+            window: None,
         })
     }
 
-    fn write(&mut self, at: usize, rows: &[RowC]) {
-        assert!(at + rows.len() <= self.len);
-        // SAFETY: in bounds (checked), the mapping lives as long as self.
-        unsafe { std::ptr::copy_nonoverlapping(rows.as_ptr(), self.ptr.add(at), rows.len()) };
+    /// Stores `row` at index `at` (< capacity).
+    fn put(&mut self, at: usize, row: RowC) -> Result<(), EbpfError> {
+        debug_assert!(at < self.capacity);
+        let ptr = match self.window {
+            Some((first, ptr, _)) if (first..first + WINDOW_ROWS).contains(&at) => {
+                // SAFETY: `at` is inside the mapped window (and the array).
+                unsafe { ptr.add(at - first) }
+            }
+            _ => {
+                self.unmap();
+                let first = at / WINDOW_ROWS * WINDOW_ROWS;
+                let rows = WINDOW_ROWS.min(self.capacity - first);
+                let bytes = (rows * std::mem::size_of::<RowC>()).div_ceil(4096) * 4096;
+                // SAFETY: mapping `bytes` of the array from a page-aligned
+                // offset inside it, shared; checked for MAP_FAILED.
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        bytes,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                        self.fd,
+                        (first * std::mem::size_of::<RowC>()) as libc::off_t,
+                    )
+                };
+                if p == libc::MAP_FAILED {
+                    return Err(EbpfError::Map(
+                        "cfi_rows",
+                        format!("mmap: {}", std::io::Error::last_os_error()),
+                    ));
+                }
+                let p: *mut RowC = p.cast();
+                self.window = Some((first, p, bytes));
+                // SAFETY: as above.
+                unsafe { p.add(at - first) }
+            }
+        };
+        // SAFETY: in the mapped window; RowC is plain data.
+        unsafe { ptr.write(row) };
+        Ok(())
+    }
+
+    fn unmap(&mut self) {
+        if let Some((_, ptr, bytes)) = self.window.take() {
+            // SAFETY: unmapping what `put` mapped, once.
+            unsafe { libc::munmap(ptr.cast(), bytes) };
+        }
     }
 }
 
-impl Drop for RowsMmap {
+impl Drop for RowWriter {
     fn drop(&mut self) {
-        // SAFETY: unmapping what `new` mapped, once.
-        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
+        self.unmap();
+    }
+}
+
+/// The free ranges of `cfi_rows` (start → length), merged with their
+/// neighbours.
+#[derive(Debug, Default)]
+struct FreeRows(std::collections::BTreeMap<u32, u32>);
+
+impl FreeRows {
+    fn new(capacity: u32) -> Self {
+        let mut f = FreeRows::default();
+        if capacity > 0 {
+            f.0.insert(0, capacity);
+        }
+        f
+    }
+
+    /// The largest free range.
+    fn largest(&self) -> Option<(u32, u32)> {
+        self.0
+            .iter()
+            .max_by_key(|(s, l)| (**l, std::cmp::Reverse(**s)))
+            .map(|(s, l)| (*s, *l))
+    }
+
+    /// The smallest free range of at least `len` rows.
+    fn fit(&self, len: u32) -> Option<(u32, u32)> {
+        self.0
+            .iter()
+            .filter(|(_, l)| **l >= len)
+            .min_by_key(|(s, l)| (**l, **s))
+            .map(|(s, l)| (*s, *l))
+    }
+
+    /// Takes `len` rows at the start of the free range at `start`.
+    fn take(&mut self, start: u32, len: u32) {
+        let Some(have) = self.0.remove(&start) else {
+            return;
+        };
+        if have > len {
+            self.0.insert(start + len, have - len);
+        }
+    }
+
+    /// Gives back `len` rows at `start`.
+    fn give(&mut self, mut start: u32, mut len: u32) {
+        if len == 0 {
+            return;
+        }
+        if let Some((&s, &l)) = self.0.range(..start).next_back() {
+            if s + l == start {
+                self.0.remove(&s);
+                start = s;
+                len += l;
+            }
+        }
+        if let Some(l) = self.0.remove(&(start + len)) {
+            len += l;
+        }
+        self.0.insert(start, len);
     }
 }
 
 /// The userspace side of the in-kernel unwinder's maps.
 pub struct UnwindTables {
     capacity: u32,
-    next_row: u32,
-    rows_map: Option<RowsMmap>,
+    free: FreeRows,
+    /// Rows held now.
+    held: u64,
+    /// Drains so far: the clock of [`ModuleEntry::used`].
+    clock: u64,
     modules: HashMap<FileKey, ModuleEntry>,
     /// Each loaded process's executable mappings.
     processes: HashMap<u32, Vec<ProcMapping>>,
@@ -215,8 +343,9 @@ impl UnwindTables {
     pub fn new(capacity: u32) -> Self {
         UnwindTables {
             capacity,
-            next_row: 0,
-            rows_map: None,
+            free: FreeRows::new(capacity),
+            held: 0,
+            clock: 0,
             modules: HashMap::new(),
             processes: HashMap::new(),
             written: HashMap::new(),
@@ -230,6 +359,12 @@ impl UnwindTables {
         TableStats {
             processes: self.processes.len() as u64,
             modules_waiting: self.modules.values().filter(|m| m.rows.is_none()).count() as u64,
+            modules: self
+                .modules
+                .values()
+                .filter(|m| m.rows.is_some_and(|(_, n)| n > 0))
+                .count() as u64,
+            rows: self.held,
             ..self.stats
         }
     }
@@ -266,21 +401,45 @@ impl UnwindTables {
         self.write(ebpf, pid)
     }
 
-    /// A sampled user address of `pid`: loads the rows of a large module
-    /// the first time a sample lands in it. Call [`UnwindTables::flush`]
-    /// after a batch.
+    /// A sampled user address of `pid`: marks its module used in this
+    /// drain (the least recently used are evicted first). Call it for every
+    /// address of a drain before [`UnwindTables::hit`], so that no module
+    /// sampled in the drain is evicted for another.
+    pub fn touch(&mut self, pid: u32, ip: u64) {
+        let clock = self.clock;
+        if let Some(e) = self
+            .module_at(pid, ip)
+            .and_then(|k| self.modules.get_mut(&k))
+        {
+            e.used = clock;
+        }
+    }
+
+    /// A sampled user address of `pid`: loads the rows of its module the
+    /// first time a sample lands in it (a large module, or one evicted).
+    /// Call [`UnwindTables::flush`] after a batch.
     pub fn hit(&mut self, ebpf: &mut Ebpf, pid: u32, ip: u64) -> Result<(), EbpfError> {
-        let Some(key) = self.processes.get(&pid).and_then(|ms| {
-            ms.iter()
-                .find(|m| (m.start..m.end).contains(&ip))
-                .and_then(|m| m.module)
-        }) else {
+        self.touch(pid, ip);
+        let Some(key) = self.module_at(pid, ip) else {
             return Ok(());
         };
-        if self.modules.get(&key).is_some_and(|e| e.rows.is_none()) {
+        let clock = self.clock;
+        if self
+            .modules
+            .get(&key)
+            .is_some_and(|e| e.rows.is_none() && e.put_off != Some(clock))
+        {
             self.load_rows(ebpf, key)?;
         }
         Ok(())
+    }
+
+    fn module_at(&self, pid: u32, ip: u64) -> Option<FileKey> {
+        self.processes.get(&pid).and_then(|ms| {
+            ms.iter()
+                .find(|m| (m.start..m.end).contains(&ip))
+                .and_then(|m| m.module)
+        })
     }
 
     /// Rewrites the kernel's mappings of every process whose rows changed.
@@ -294,6 +453,7 @@ impl UnwindTables {
 
     /// Re-reads the loaded processes (new libraries) and forgets exited ones.
     pub fn refresh(&mut self, ebpf: &mut Ebpf) -> Result<(), EbpfError> {
+        self.clock += 1;
         let pids: Vec<u32> = self.processes.keys().copied().collect();
         for pid in pids {
             if std::path::Path::new(&format!("/proc/{pid}")).exists() {
@@ -392,7 +552,7 @@ impl UnwindTables {
         if self.modules.contains_key(&key) {
             return Ok(Some(key));
         }
-        let (segments, eager) = match ElfModule::open(&path) {
+        let (segments, eager) = match ElfModule::open_without_symbols(&path) {
             Ok(module) => {
                 let small = module
                     .unwind
@@ -409,6 +569,9 @@ impl UnwindTables {
                         path,
                         segments: Vec::new(),
                         rows: Some((0, 0)),
+                        count: Some(0),
+                        used: self.clock,
+                        put_off: None,
                     },
                 );
                 return Ok(Some(key));
@@ -420,6 +583,9 @@ impl UnwindTables {
                 path,
                 segments,
                 rows: None,
+                count: None,
+                used: self.clock,
+                put_off: None,
             },
         );
         if eager {
@@ -428,50 +594,155 @@ impl UnwindTables {
         Ok(Some(key))
     }
 
-    /// Compiles and stores a module's rows; (0, 0) when it has none or they
-    /// do not fit.
+    /// Compiles a module's rows straight into `cfi_rows`; (0, 0) when it
+    /// has none or they do not fit in the whole array. Where the free rows
+    /// are too few, the modules sampled least recently are evicted first.
     fn load_rows(&mut self, ebpf: &mut Ebpf, key: FileKey) -> Result<(), EbpfError> {
-        let Some(path) = self.modules.get(&key).map(|e| e.path.clone()) else {
+        let Some((path, mut need)) = self.modules.get(&key).map(|e| (e.path.clone(), e.count))
+        else {
             return Ok(());
         };
-        let rows = match ElfModule::open(&path) {
-            Ok(module) => match &module.unwind.eh_frame {
-                Some((range, bytes)) => {
-                    let text = module
-                        .unwind
-                        .text
-                        .as_ref()
-                        .map(|(r, _)| r.start)
-                        .unwrap_or(0);
-                    compile_eh_frame(bytes, range.start, text).0
+        let module = ElfModule::open_without_symbols(&path).ok();
+        let eh = module.as_ref().and_then(|m| {
+            let (range, bytes) = m.unwind.eh_frame.as_ref()?;
+            let text = m.unwind.text.as_ref().map(|(r, _)| r.start).unwrap_or(0);
+            Some((&bytes[..], range.start, text))
+        });
+        let mut deferred = false;
+        let placed = 'placed: {
+            let Some((bytes, eh_svma, text)) = eh else {
+                break 'placed None;
+            };
+            // At most two compiles: into the largest free range, then, if
+            // the rows did not fit, into room made for their known number.
+            for _ in 0..2 {
+                let room = match need {
+                    Some(0) => break 'placed None,
+                    Some(n) if n > self.capacity => break 'placed None,
+                    Some(n) => self.make_room(ebpf, key, n)?,
+                    None => match self.free.largest() {
+                        Some(r) => Some(r),
+                        None => self.make_room(ebpf, key, 1)?,
+                    },
+                };
+                let Some(room) = room else {
+                    // No room without evicting modules sampled in this
+                    // drain: it waits for its next sample.
+                    deferred = true;
+                    break 'placed None;
+                };
+                let (start, avail) = room;
+                let mut writer = RowWriter::new(ebpf, self.capacity)?;
+                let mut n: u32 = 0;
+                let mut wide = false;
+                let mut failed = None;
+                stream_eh_frame(bytes, eh_svma, text, |r| {
+                    if r.pc > u64::from(u32::MAX) {
+                        wide = true;
+                        return false;
+                    }
+                    if n < avail {
+                        if let Err(e) = writer.put((start + n) as usize, row_c(&r)) {
+                            failed = Some(e);
+                            return false;
+                        }
+                    }
+                    n = n.saturating_add(1);
+                    true
+                });
+                drop(writer);
+                if let Some(e) = failed {
+                    return Err(e);
                 }
-                None => Vec::new(),
-            },
-            Err(_) => Vec::new(),
-        };
-        let fits_u32 = rows.last().is_none_or(|r| r.pc <= u64::from(u32::MAX));
-        let len = u32::try_from(rows.len()).unwrap_or(u32::MAX);
-        let placed = if rows.is_empty() || !fits_u32 || self.capacity - self.next_row < len {
-            self.stats.modules_without_rows += 1;
-            (0, 0)
-        } else {
-            if self.rows_map.is_none() {
-                self.rows_map = Some(RowsMmap::new(ebpf, self.capacity)?);
+                if wide {
+                    break 'placed None;
+                }
+                need = Some(n);
+                if n == 0 {
+                    break 'placed None;
+                }
+                if n <= avail {
+                    self.free.take(start, n);
+                    break 'placed Some((start, n));
+                }
             }
-            let start = self.next_row;
-            let packed: Vec<RowC> = rows.iter().map(row_c).collect();
-            if let Some(m) = &mut self.rows_map {
-                m.write(start as usize, &packed);
-            }
-            self.next_row += len;
-            self.stats.modules += 1;
-            self.stats.rows += u64::from(len);
-            (start, len)
+            None
         };
+        let clock = self.clock;
         if let Some(e) = self.modules.get_mut(&key) {
-            e.rows = Some(placed);
+            e.count = need;
+            e.used = clock;
+            e.rows = if deferred {
+                e.put_off = Some(clock);
+                None
+            } else {
+                Some(placed.unwrap_or((0, 0)))
+            };
+        }
+        if deferred {
+            self.stats.deferred += 1;
+            return Ok(());
+        }
+        match placed {
+            Some((_, n)) => {
+                self.held += u64::from(n);
+                self.stats.loads += 1;
+                self.stats.peak_rows = self.stats.peak_rows.max(self.held);
+            }
+            None => self.stats.modules_without_rows += 1,
         }
         Ok(())
+    }
+
+    /// A free range of at least `len` rows (`len` <= capacity), evicting
+    /// modules (not `keep`) until there is one: those no process maps,
+    /// then those not sampled for [`STALE_DRAINS`] drains, least recent
+    /// first; None when those are not enough.
+    /// Processes that mapped an evicted module are rewritten to
+    /// frame-pointer steps there before its rows are reused.
+    fn make_room(
+        &mut self,
+        ebpf: &mut Ebpf,
+        keep: FileKey,
+        len: u32,
+    ) -> Result<Option<(u32, u32)>, EbpfError> {
+        let mut evicted = false;
+        let room = loop {
+            if let Some(r) = self.free.fit(len) {
+                break Some(r);
+            }
+            // Modules no process maps any more first, then those not
+            // sampled for STALE_DRAINS drains, least recent first: a
+            // working set larger than the array is not thrashed.
+            let mapped: HashSet<FileKey> = self
+                .processes
+                .values()
+                .flat_map(|ms| ms.iter().filter_map(|m| m.module))
+                .collect();
+            let clock = self.clock;
+            let victim = self
+                .modules
+                .iter()
+                .filter(|(k, e)| **k != keep && e.rows.is_some_and(|(_, n)| n > 0))
+                .filter(|(k, e)| !mapped.contains(*k) || e.used + STALE_DRAINS <= clock)
+                .min_by_key(|(k, e)| (mapped.contains(*k), e.used))
+                .map(|(k, _)| *k);
+            let Some(victim) = victim else {
+                break None;
+            };
+            if let Some(e) = self.modules.get_mut(&victim) {
+                if let Some((s, n)) = e.rows.take() {
+                    self.free.give(s, n);
+                    self.held -= u64::from(n);
+                    self.stats.evictions += 1;
+                    evicted = true;
+                }
+            }
+        };
+        if evicted {
+            self.flush(ebpf)?;
+        }
+        Ok(room)
     }
 }
 
@@ -503,6 +774,27 @@ mod tests {
         assert_eq!(std::mem::size_of::<RowC>(), 16);
         assert_eq!(std::mem::size_of::<ExecMappingC>(), 32);
         assert_eq!(std::mem::size_of::<ProcMappingsC>(), 8 + MAX_MAPPINGS * 32);
+    }
+
+    #[test]
+    fn free_rows_fit_and_merge() {
+        let mut f = FreeRows::new(100);
+        assert_eq!(f.largest(), Some((0, 100)));
+        f.take(0, 30); // [0, 30) used
+        assert_eq!(f.largest(), Some((30, 70)));
+        f.take(30, 20); // [30, 50) used
+        f.take(50, 10); // [50, 60) used
+        assert_eq!(f.fit(41), None);
+        assert_eq!(f.fit(40), Some((60, 40)));
+        f.give(0, 30);
+        // The smallest range that fits.
+        assert_eq!(f.fit(25), Some((0, 30)));
+        f.give(50, 10); // merges with [60, 100)
+        assert_eq!(f.largest(), Some((50, 50)));
+        f.give(30, 20); // merges both sides: all free again
+        assert_eq!(f.0.len(), 1);
+        assert_eq!(f.largest(), Some((0, 100)));
+        assert_eq!(FreeRows::new(0).largest(), None);
     }
 
     #[test]

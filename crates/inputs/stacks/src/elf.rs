@@ -113,6 +113,17 @@ pub fn build_id_of(path: &Path) -> Result<Option<String>, StackError> {
 impl ElfModule {
     /// Opens and parses `path`.
     pub fn open(path: &Path) -> Result<Self, StackError> {
+        Self::open_with(path, true)
+    }
+
+    /// Opens and parses `path` for its segments and unwind sections only:
+    /// no symbol table is read (`symbols` stays empty), which for a large
+    /// library (libtorch_cpu.so) saves tens of MB and most of the time.
+    pub fn open_without_symbols(path: &Path) -> Result<Self, StackError> {
+        Self::open_with(path, false)
+    }
+
+    fn open_with(path: &Path, with_symbols: bool) -> Result<Self, StackError> {
         let shown = path.display().to_string();
         let file = std::fs::File::open(path).map_err(|e| StackError::Io(shown.clone(), e))?;
         // SAFETY: the file is mapped read-only; a concurrent truncation could
@@ -157,7 +168,12 @@ impl ElfModule {
                 .map(|s| s.address()..s.address() + s.size()),
         };
         let mut symbols = Vec::new();
-        if let Ok(elf) = object::read::elf::ElfFile64::<object::Endianness>::parse(&map[..]) {
+        let elf = if with_symbols {
+            object::read::elf::ElfFile64::<object::Endianness>::parse(&map[..]).ok()
+        } else {
+            None
+        };
+        if let Some(elf) = elf {
             let endian = elf.endian();
             for table in [elf.elf_symbol_table(), elf.elf_dynamic_symbol_table()] {
                 let Ok(strtab) = elf.elf_section_table().section(table.string_section()) else {
