@@ -770,24 +770,13 @@ impl ClickHouseStore {
         batches: &[String],
         range: (i64, i64),
     ) -> Result<Vec<StackSum>, StoreError> {
-        let cond =
-            "tenant = ? AND kind = ? AND job = ? AND start_unix_ns >= ? AND start_unix_ns < ?
-                    AND (empty(?) OR has(?, batch))";
         let sql = format!(
-            "SELECT stack_id, sum(value) AS value FROM {}.samples FINAL WHERE {cond} GROUP BY stack_id",
+            "SELECT stack_id, sum(value) AS value FROM {}.samples FINAL WHERE {JOB_SAMPLES}
+             GROUP BY stack_id",
             self.cfg.database
         );
         self.run(&sql, || {
-            self.client
-                .query(&sql)
-                .bind(tenant.0)
-                .bind(kind)
-                .bind(job)
-                .bind(range.0)
-                .bind(range.1)
-                .bind(batches)
-                .bind(batches)
-                .fetch_all()
+            bind_job_samples(self.client.query(&sql), tenant, kind, job, batches, range).fetch_all()
         })
     }
 
@@ -800,20 +789,9 @@ impl ClickHouseStore {
         batches: &[String],
         range: (i64, i64),
     ) -> Result<HashMap<u64, Vec<Frame>>, StoreError> {
-        self.stack_frames(
-            tenant,
-            "tenant = ? AND kind = ? AND job = ? AND start_unix_ns >= ? AND start_unix_ns < ?
-             AND (empty(?) OR has(?, batch))",
-            |q| {
-                q.bind(tenant.0)
-                    .bind(kind)
-                    .bind(job)
-                    .bind(range.0)
-                    .bind(range.1)
-                    .bind(batches)
-                    .bind(batches)
-            },
-        )
+        self.stack_frames(tenant, JOB_SAMPLES, |q| {
+            bind_job_samples(q, tenant, kind, job, batches, range)
+        })
     }
 
     /// Per-function sums of the tenant's profiles of `q.kind` that began
@@ -1306,6 +1284,29 @@ impl Store for ClickHouseStore {
             .transpose()?;
         Ok(FunctionTable::from_sums(&now, base.as_ref(), q.limit))
     }
+}
+
+/// The samples of a job's profiles of one kind that began in a range, of
+/// some batches (none given: all); bound by [`bind_job_samples`].
+const JOB_SAMPLES: &str = "tenant = ? AND kind = ? AND job = ? AND start_unix_ns >= ?
+     AND start_unix_ns < ? AND (empty(?) OR has(?, batch))";
+
+/// Binds [`JOB_SAMPLES`]'s values, in its order.
+fn bind_job_samples(
+    q: clickhouse::query::Query,
+    tenant: TenantId,
+    kind: &str,
+    job: &str,
+    batches: &[String],
+    (from, to): (i64, i64),
+) -> clickhouse::query::Query {
+    q.bind(tenant.0)
+        .bind(kind)
+        .bind(job)
+        .bind(from)
+        .bind(to)
+        .bind(batches)
+        .bind(batches)
 }
 
 /// The start times `[first, last]` of `metas` as a half-open range (the
