@@ -175,6 +175,49 @@ fn a_slow_link_is_named_on_its_host_alone() {
     }
 }
 
+/// The ranks' own TCP readings (issue 29), recorded on the testbed: a
+/// shaper that drops what overflows its queue is named on its host, not on
+/// the ring neighbour that receives its resends out of order; a lossy link
+/// without a queue stays `loss`. `tests/fixtures/README.md` gives the runs.
+#[test]
+fn the_network_reading_names_the_link_not_its_neighbour() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for (run, cause, words) in [
+        ("slow-link-drops", "slow", "sits behind a slow link"),
+        ("lossy-host", "loss", "loses packets"),
+    ] {
+        let dir = root.join("tests/fixtures/testbed").join(run);
+        let report = json(&whyslow(&[
+            "localize",
+            dir.to_str().unwrap(),
+            "--config",
+            root.join("testbed/localize-cpu.toml").to_str().unwrap(),
+            "--format",
+            "json",
+        ]));
+        let network = report["network"].as_array().unwrap();
+        assert_eq!(network[0]["host"], "h1", "{run}: {network:?}");
+        assert_eq!(network[0]["cause"], cause, "{run}: {network:?}");
+        let on_links: Vec<&serde_json::Value> = report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["hint"].as_str().is_some_and(|h| h.contains("Its host")))
+            .collect();
+        assert_eq!(on_links.len(), 1, "{run}: {on_links:?}");
+        assert_eq!(on_links[0]["workers"], serde_json::json!([1]), "{run}");
+        assert!(
+            on_links[0]["function"]
+                .as_str()
+                .unwrap()
+                .contains("all_reduce"),
+            "{run}"
+        );
+        let hint = on_links[0]["hint"].as_str().unwrap();
+        assert!(hint.contains(words), "{run}: {hint}");
+    }
+}
+
 #[test]
 fn bad_files_are_skipped_with_one_clear_line_each_and_the_rest_is_analyzed() {
     let dir = temp_dir("bad");

@@ -275,12 +275,14 @@ pub struct LossyHost {
     /// peer): `false` when the loss is everywhere.
     pub stands_out: bool,
     /// `loss` (its TCP counters: resent or out-of-order segments) or `slow`
-    /// (its connections deliver far below the others', with nothing lost:
-    /// a shaper, a congested or mis-negotiated link).
+    /// (its connections deliver far below the others': a shaper, a
+    /// congested or mis-negotiated link; with `resent` set when its queue
+    /// also overflows).
     #[serde(default = "loss_cause")]
     pub cause: String,
-    /// For `slow`: the measures that stand out, each against the other
-    /// connections'.
+    /// The connections' measures that stand out, each against the other
+    /// connections' (a `slow` row's, or a lossy host's whose connections
+    /// are slow too).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measures: Vec<LinkMeasure>,
 }

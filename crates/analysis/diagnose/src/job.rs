@@ -29,7 +29,10 @@ use crate::gpu::{gpu_diff, GpuConfig, KernelTime};
 use crate::layer::{
     handler_functions, mean_signals, os_diff, verdict, Layer, NetworkEvidence, OsConfig,
 };
-use crate::network::{lossy_hosts, slow_hosts, HostConnections, HostTcp, LossyHost, NetworkConfig};
+use crate::network::{
+    dropping_hosts, lossy_hosts, merge_readings, slow_hosts_dropping, HostConnections, HostTcp,
+    LossyHost, NetworkConfig,
+};
 use crate::stragglers::{instance_periods, lateness, slow_ranks, GroupLateness, StragglerConfig};
 use crate::{regressions, waterline, Config, Shares, WaterlineFlag};
 
@@ -446,17 +449,14 @@ fn host_tcp(samples: &[&OsSample]) -> Vec<HostTcp> {
 /// The network layer over the OS samples of a window (the agent's, or the
 /// ones the ranks read in-process): hosts that lose TCP segments
 /// ([`lossy_hosts`]) and hosts behind slow links ([`slow_hosts`]), a host
-/// named once (for loss, if both), those that stand out first. Called the
+/// named once ([`merge_readings`]), those that stand out first. Called the
 /// same way by `whyslow diagnose`, the server and the job pipeline.
 pub fn judge_network(samples: &[&OsSample]) -> Vec<LossyHost> {
     let cfg = NetworkConfig::default();
-    let mut rows = lossy_hosts(&host_tcp(samples), &cfg);
-    let lossy: BTreeSet<String> = rows.iter().map(|h| h.host.clone()).collect();
-    rows.extend(
-        slow_hosts(&host_connections(samples), &cfg)
-            .into_iter()
-            .filter(|h| !lossy.contains(&h.host)),
-    );
+    let loss = lossy_hosts(&host_tcp(samples), &cfg);
+    let dropping = dropping_hosts(&loss, &cfg);
+    let slow = slow_hosts_dropping(&host_connections(samples), &cfg, &dropping);
+    let mut rows = merge_readings(loss, slow);
     // Those that stand out first; among them the likeliest link first: a
     // host that both resends and receives out of order (or is behind a slow
     // link) before one at the receiving end only, before one that only

@@ -18,7 +18,7 @@
 //! and on each peer it talks to. Each finding says how it stands against
 //! the other hosts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -269,6 +269,19 @@ fn ip_of(addr: &str) -> &str {
 /// collectives "not root-caused without additional network-layer
 /// instrumentation"; this is that instrumentation's reading.
 pub fn slow_hosts(hosts: &[HostConnections], cfg: &NetworkConfig) -> Vec<LossyHost> {
+    slow_hosts_dropping(hosts, cfg, &BTreeSet::new())
+}
+
+/// [`slow_hosts`], where the hosts in `dropping` resend far more than
+/// their peers ([`dropping_hosts`]): a bottleneck in front of such a host
+/// is shown by the drops of its overflowing queue as well as by RTT, which
+/// reads little where every path queues a little (the testbed's links are
+/// all shaped: 4 ms of RTT on the healthy ones).
+pub fn slow_hosts_dropping(
+    hosts: &[HostConnections],
+    cfg: &NetworkConfig,
+    dropping: &BTreeSet<String>,
+) -> Vec<LossyHost> {
     let mut owner: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, h) in hosts.iter().enumerate() {
         for c in &h.connections {
@@ -367,7 +380,7 @@ pub fn slow_hosts(hosts: &[HostConnections], cfg: &NetworkConfig) -> Vec<LossyHo
             _ => false,
         };
         let far_below = median(my_rates).is_some_and(|r| r <= 0.1 * reference);
-        if !(queued || far_below) {
+        if !(queued || far_below || dropping.contains(&h.host)) {
             continue;
         }
         let mut measures = vec![LinkMeasure {
@@ -421,6 +434,67 @@ pub fn slow_hosts(hosts: &[HostConnections], cfg: &NetworkConfig) -> Vec<LossyHo
         .filter(|(s, _)| *s >= top)
         .map(|(_, h)| h)
         .collect()
+}
+
+/// Whether a slow row's connections queue: their smoothed RTT over its
+/// floor at least [`QUEUE_RATIO`] times the other connections'.
+fn queued(h: &LossyHost) -> bool {
+    h.measures
+        .iter()
+        .any(|m| m.name == "rtt_over_min" && m.value >= QUEUE_RATIO * m.peers)
+}
+
+/// The hosts whose resends are over the floor and stand out against their
+/// peers' ([`NetworkConfig::min_ratio`]).
+pub fn dropping_hosts(loss: &[LossyHost], cfg: &NetworkConfig) -> BTreeSet<String> {
+    loss.iter()
+        .filter(|h| {
+            h.resent.as_ref().is_some_and(|s| {
+                s.over_floor && s.peers_pct.is_none_or(|m| s.pct >= cfg.min_ratio * m)
+            })
+        })
+        .map(|h| h.host.clone())
+        .collect()
+}
+
+/// One row per host from the two readings: the TCP counters
+/// ([`lossy_hosts`]) and the connections' rates ([`slow_hosts`]).
+///
+/// A host named by both is one link seen twice. A bottleneck (a shaper, a
+/// congested port) drops only what overflows its queue, so the host behind
+/// it resends while receiving in order; random loss (a bad cable, netem)
+/// hits both ways, so the host also receives out of order. When the slow
+/// connections queue, or the host only resends, the row is `slow`,
+/// standing out, with the resends kept as evidence. Its drops show as
+/// out-of-order segments at the hosts it sends to, which without this read
+/// as a lossy receiving end (testbed, host 1 shaped to 50 Mbit/s both ways:
+/// it resent 8.9 % of its segments and its ring neighbour host 0 received
+/// 8.5 % out of order; the loss rule alone named host 0). Otherwise the
+/// loss explains the slowness: the loss row stays, with the rates added to
+/// its measures.
+pub fn merge_readings(loss: Vec<LossyHost>, slow: Vec<LossyHost>) -> Vec<LossyHost> {
+    let mut slow_by_host: BTreeMap<String, LossyHost> =
+        slow.into_iter().map(|h| (h.host.clone(), h)).collect();
+    let mut out: Vec<LossyHost> = loss
+        .into_iter()
+        .map(|l| match slow_by_host.remove(&l.host) {
+            Some(mut s) if queued(&s) || l.side == "sends" => {
+                s.resent = l.resent;
+                s.out_of_order = l.out_of_order;
+                s.out_segs_per_s = l.out_segs_per_s;
+                s.in_segs_per_s = l.in_segs_per_s;
+                s
+            }
+            Some(s) => {
+                let mut l = l;
+                l.measures.extend(s.measures);
+                l
+            }
+            None => l,
+        })
+        .collect();
+    out.extend(slow_by_host.into_values());
+    out
 }
 
 #[cfg(test)]
@@ -754,5 +828,66 @@ mod tests {
         assert_eq!(one.len(), 1);
         assert!(one[0].stands_out);
         assert_eq!(one[0].resent.as_ref().unwrap().peers_pct, None);
+    }
+
+    /// A shaper on h1 both ways that drops what overflows its queue: h1
+    /// resends, its ring neighbour h0 receives out of order (the shape of
+    /// the testbed's 50 Mbit/s run). The loss rule alone puts h0 first;
+    /// with the rates, h1 is the one slow link, its resends kept.
+    #[test]
+    fn a_shaper_that_drops_is_named_on_its_own_host() {
+        let cfg = NetworkConfig::default();
+        let tcp = vec![
+            host("h0", 0, 5_000.0, 0.6, 8.5),
+            host("h1", 1, 5_000.0, 8.9, 0.02),
+            host("h2", 2, 5_000.0, 0.5, 0.1),
+            host("h3", 3, 5_000.0, 0.5, 0.05),
+        ];
+        let loss = lossy_hosts(&tcp, &cfg);
+        let first = loss.iter().find(|h| h.stands_out).unwrap();
+        assert_eq!(first.host, "h0", "{loss:?}");
+        let links = ring(4, |a, b| if a == 1 || b == 1 { 6.0 } else { 600.0 });
+        let slow = slow_hosts(&links, &cfg);
+        assert_eq!(slow_names(&slow), [("h1", "both")]);
+
+        let rows = merge_readings(loss, slow);
+        let h1 = rows.iter().find(|h| h.host == "h1").unwrap();
+        assert_eq!(h1.cause, "slow");
+        assert!(h1.stands_out);
+        assert!(h1.resent.as_ref().unwrap().over_floor, "{h1:?}");
+        assert_eq!(rows.iter().filter(|h| h.host == "h1").count(), 1);
+        // h0 stays named as the receiving end, behind the link itself.
+        assert!(rows.iter().any(|h| h.host == "h0" && h.cause == "loss"));
+    }
+
+    /// Loss without a queue (a lossy cable, netem): the connections of the
+    /// lossy host are slow too, but the loss explains it, and the row stays
+    /// `loss` with the rates added.
+    #[test]
+    fn loss_without_a_queue_stays_loss() {
+        let cfg = NetworkConfig::default();
+        let tcp = vec![
+            host("h0", 0, 20_000.0, 0.3, 0.6),
+            host("h1", 1, 20_000.0, 1.8, 51.0),
+            host("h2", 2, 20_000.0, 2.3, 0.7),
+            host("h3", 3, 20_000.0, 0.2, 0.6),
+        ];
+        let mut links = ring(4, |a, b| if a == 1 || b == 1 { 6.0 } else { 600.0 });
+        for c in links.iter_mut().flat_map(|h| h.connections.iter_mut()) {
+            c.rtt_us = 150.0; // no queue anywhere
+        }
+        let slow = slow_hosts(&links, &cfg);
+        assert_eq!(slow_names(&slow), [("h1", "both")], "far below: named");
+        let rows = merge_readings(lossy_hosts(&tcp, &cfg), slow);
+        let h1 = rows.iter().find(|h| h.host == "h1").unwrap();
+        assert_eq!(h1.cause, "loss");
+        assert!(h1.measures.iter().any(|m| m.name == "slow_connections"));
+        assert_eq!(rows.iter().filter(|h| h.host == "h1").count(), 1);
+
+        // Each reading alone passes through unchanged.
+        let only_loss = lossy_hosts(&tcp, &cfg);
+        assert_eq!(merge_readings(only_loss.clone(), Vec::new()), only_loss);
+        let only_slow = slow_hosts(&links, &cfg);
+        assert_eq!(merge_readings(Vec::new(), only_slow.clone()), only_slow);
     }
 }

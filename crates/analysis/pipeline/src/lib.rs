@@ -514,9 +514,16 @@ fn network_hint(row: &whyslow_model::diagnosis::LossyHost) -> String {
                 )
             })
             .unwrap_or_default();
+        let lost = match row.resent.as_ref().filter(|s| s.over_floor) {
+            Some(s) => format!(
+                "with a queue in front of it that overflows (it resends {:.2} % of its TCP segments)",
+                s.pct
+            ),
+            None => "and nothing is lost".to_string(),
+        };
         return format!(
             "Its host {} sits behind a slow link: its connections deliver far below the others'{rate} \
-             and nothing is lost (a shaped, congested or mis-negotiated link). The collective waits \
+             {lost} (a shaped, congested or mis-negotiated link). The collective waits \
              on the network, not on the workers' code.",
             row.host
         );

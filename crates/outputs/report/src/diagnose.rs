@@ -298,9 +298,13 @@ fn write_table(
         for h in &r.network_diff {
             let ranks: Vec<String> = h.ranks.iter().map(u32::to_string).collect();
             if h.cause == "slow" {
+                let lost = match h.resent.as_ref().filter(|s| s.over_floor) {
+                    Some(s) => format!("its queue overflows, {:.2} % of segments resent", s.pct),
+                    None => "nothing lost".to_string(),
+                };
                 writeln!(
                     out,
-                    "  {} ({} {}): its connections deliver far below the others', nothing lost \
+                    "  {} ({} {}): its connections deliver far below the others', {lost} \
                      (a shaped, congested or mis-negotiated link; {})",
                     h.host,
                     if ranks.len() == 1 { "rank" } else { "ranks" },

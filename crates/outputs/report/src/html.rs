@@ -835,7 +835,9 @@ fn cross_layer_section(d: &whyslow_model::diagnosis::DiagnoseReport, page: Optio
             out,
             "<li>network: host <code>{}</code> {}</li>",
             escape(&n.host),
-            if n.cause == "slow" {
+            if n.cause == "slow" && n.resent.as_ref().is_some_and(|s| s.over_floor) {
+                "has slow connections (its queue overflows)"
+            } else if n.cause == "slow" {
                 "has slow connections (nothing lost)"
             } else {
                 "loses TCP segments"
