@@ -300,6 +300,7 @@ pub fn run(args: ServerArgs) -> Result<u8> {
                 raw: objects,
                 metrics: Default::default(),
                 fix,
+                tokens: Default::default(),
             });
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

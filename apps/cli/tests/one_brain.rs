@@ -49,6 +49,7 @@ fn server(dir: &Path) -> (axum::Router, String) {
         raw: None,
         metrics: Default::default(),
         fix: None,
+        tokens: Default::default(),
     });
     (whyslow_server::router(state), token)
 }

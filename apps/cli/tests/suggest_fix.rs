@@ -277,6 +277,7 @@ fn the_server_asks_what_the_command_line_asks() {
             raw: None,
             metrics: Default::default(),
             fix,
+            tokens: Default::default(),
         });
         (whyslow_server::router(state), token)
     };

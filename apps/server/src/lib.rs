@@ -45,6 +45,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, State};
@@ -235,6 +236,39 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Fix proposals from a model (None: off, the default).
     pub fix: Option<fix::FixSetting>,
+    /// Tokens already looked up.
+    pub tokens: TokenCache,
+}
+
+/// Bearer tokens the store has answered for, each for [`TokenCache::TTL`]:
+/// a lookup was a blocking task and a query on every upload. Only known
+/// tokens are kept (an unknown one is asked again), at most
+/// [`TokenCache::MAX`] (the cache is emptied when full). Tokens are never
+/// revoked today; the time to live bounds how long a revoked one would
+/// still work.
+#[derive(Debug, Default)]
+pub struct TokenCache(std::sync::Mutex<std::collections::HashMap<String, (TenantId, Instant)>>);
+
+impl TokenCache {
+    /// How long an answer is used.
+    pub const TTL: Duration = Duration::from_secs(60);
+    /// Most tokens kept.
+    pub const MAX: usize = 10_000;
+
+    fn get(&self, token: &str) -> Option<TenantId> {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(token)
+            .filter(|(_, at)| at.elapsed() < Self::TTL)
+            .map(|(t, _)| *t)
+    }
+
+    fn put(&self, token: String, tenant: TenantId) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= Self::MAX {
+            map.clear();
+        }
+        map.insert(token, (tenant, Instant::now()));
+    }
 }
 
 /// An API error: status and a one-line message (JSON `{"error": …}`).
@@ -352,10 +386,14 @@ async fn tenant(state: &Arc<AppState>, headers: &HeaderMap) -> ApiResult<TenantI
         .map(|t| t.trim().to_string())
         .filter(|t| !t.is_empty() && t.len() <= 256)
         .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
+    if let Some(t) = state.tokens.get(&token) {
+        return Ok(t);
+    }
     let st = state.clone();
-    blocking(move || Ok(st.store.tenant_of_token(&token)?))
-        .await?
-        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "unknown token".into()))
+    let (t, token) = blocking(move || Ok((st.store.tenant_of_token(&token)?, token))).await?;
+    let t = t.ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "unknown token".into()))?;
+    state.tokens.put(token, t);
+    Ok(t)
 }
 
 async fn post_fingerprint(

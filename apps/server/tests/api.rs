@@ -53,6 +53,7 @@ fn app(store: Box<dyn Store>) -> (axum::Router, String, String) {
         raw: None,
         metrics: Default::default(),
         fix: None,
+        tokens: Default::default(),
     });
     (whyslow_server::router(state), a, b)
 }

@@ -191,15 +191,17 @@ struct ProfileRow {
     uploaded_ns: u64,
 }
 
+/// Borrowed from its profile's row: a profile's hundreds of samples share
+/// its names (owned copies were most of an upload's allocations).
 #[derive(Row, Serialize)]
-struct SampleRow {
+struct SampleRow<'a> {
     tenant: i64,
-    job: String,
-    kind: String,
-    host: String,
-    rank: String,
+    job: &'a str,
+    kind: &'a str,
+    host: &'a str,
+    rank: &'a str,
     start_unix_ns: i64,
-    batch: String,
+    batch: &'a str,
     stack_id: u64,
     value: u64,
     uploaded_ns: u64,
@@ -224,7 +226,8 @@ struct SeenBatch {
 struct PendingProfile {
     seq: u64,
     stacks: Vec<StackRow>,
-    samples: Vec<SampleRow>,
+    /// (stack id, value): [`SampleRow`]s once written.
+    samples: Vec<(u64, u64)>,
     profile: ProfileRow,
 }
 
@@ -617,7 +620,7 @@ impl ClickHouseStore {
         };
         let mut taken = std::collections::HashSet::new();
         let mut results = Vec::with_capacity(group.len());
-        let (mut stacks, mut samples, mut profiles) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut stacks, mut sample_sets, mut profiles) = (Vec::new(), Vec::new(), Vec::new());
         let mut new_seqs = Vec::new();
         let mut stack_ids = std::collections::HashSet::new();
         for p in group {
@@ -632,9 +635,27 @@ impl ClickHouseStore {
                     .into_iter()
                     .filter(|s| stack_ids.insert((s.tenant, s.stack_id))),
             );
-            samples.extend(p.samples);
+            sample_sets.push(p.samples);
             profiles.push(p.profile);
         }
+        let samples: Vec<SampleRow> = profiles
+            .iter()
+            .zip(&sample_sets)
+            .flat_map(|(p, set)| {
+                set.iter().map(move |&(stack_id, value)| SampleRow {
+                    tenant: p.tenant,
+                    job: &p.job,
+                    kind: &p.kind,
+                    host: p.host.as_deref().unwrap_or_default(),
+                    rank: p.rank.as_deref().unwrap_or_default(),
+                    start_unix_ns: p.start_unix_ns,
+                    batch: &p.batch,
+                    stack_id,
+                    value,
+                    uploaded_ns: p.uploaded_ns,
+                })
+            })
+            .collect();
         let written = self
             .insert::<StackRow>("stacks", &stacks)
             .and_then(|()| self.insert::<SampleRow>("samples", &samples))
@@ -1059,25 +1080,7 @@ impl Store for ClickHouseStore {
                 });
             }
         }
-        let (host, rank) = (
-            meta.host.clone().unwrap_or_default(),
-            meta.rank.clone().unwrap_or_default(),
-        );
-        let samples: Vec<SampleRow> = samples
-            .into_iter()
-            .map(|(stack_id, value)| SampleRow {
-                tenant: tenant.0,
-                job: job.to_string(),
-                kind: meta.kind.clone(),
-                host: host.clone(),
-                rank: rank.clone(),
-                start_unix_ns: meta.start_unix_ns,
-                batch: meta.batch.clone(),
-                stack_id,
-                value,
-                uploaded_ns: now,
-            })
-            .collect();
+        let samples: Vec<(u64, u64)> = samples.into_iter().collect();
         let labels = serde_json::to_string(&p.labels)
             .map_err(|e| StoreError::Backend(format!("labels as JSON: {e}")))?;
         let profile = ProfileRow {

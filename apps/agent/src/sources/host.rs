@@ -86,6 +86,9 @@ impl Host {
             Ok(c) => r.symbols.add(&c, &mut r.builder),
             Err(e) => r.failed = Some(e),
         }
+        // Once a period: the pages the period's lookups touched leave the
+        // RSS (host-wide, they grew it by ≈ 0.4 MB/s).
+        r.symbols.release_pages();
         if let Some(e) = r.failed.take() {
             AgentEvent::ProfileFailed {
                 pid: 0,

@@ -151,6 +151,9 @@ fn profile_loop(
         }
         match profiler.profile(opts.duration, stop) {
             Ok((mut profile, stats)) => {
+                // The period's unwinding and lookups touched the modules'
+                // pages: out of the RSS (read back as needed).
+                shared.release_pages();
                 for (k, v) in p.labels() {
                     profile.labels.insert(k, v);
                 }

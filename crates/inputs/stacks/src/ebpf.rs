@@ -760,6 +760,12 @@ impl Symbolizer {
         }
     }
 
+    /// Drops the modules' file pages from the resident set
+    /// ([`crate::Shared::release_pages`]).
+    pub fn release_pages(&self) {
+        self.shared.release_pages();
+    }
+
     /// Adds `stacks` to `builder`.
     pub fn add(
         &mut self,

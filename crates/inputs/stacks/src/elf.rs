@@ -25,6 +25,22 @@ pub struct MappedBytes {
     range: Range<usize>,
 }
 
+/// Drops `len` bytes of `map` from `offset` out of this process's resident
+/// set. The file's pages stay in the page cache (shared with the programs
+/// that run the file); a later read faults them back in. Reading a large
+/// library's symbol table touched 56 MB of it (libtorch_cpu), which stayed
+/// in the agent's RSS, against its memory cap, though never read again.
+fn release(map: &Mmap, offset: usize, len: usize) {
+    // SAFETY: `map` is a read-only shared mapping of a file: MADV_DONTNEED
+    // only drops this process's page-table entries for the range, and the
+    // next access reads the same bytes from the page cache; no reference
+    // into the map is invalidated.
+    let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+}
+
+/// Symbols read between two [`release`]s of the symbol table (1.5 MB).
+const SYMBOLS_PER_RELEASE: usize = 1 << 16;
+
 impl Deref for MappedBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -182,20 +198,27 @@ impl ElfModule {
                 let Some((str_off, str_len)) = strtab.file_range(endian) else {
                     continue;
                 };
-                for sym in table.symbols() {
-                    let (addr, size) = (sym.st_value(endian), sym.st_size(endian));
-                    let name = u64::from(sym.st_name(endian));
-                    if sym.st_type() == object::elf::STT_FUNC
-                        && size > 0
-                        && addr > 0
-                        && name < str_len
-                    {
-                        symbols.push(Symbol {
-                            address: addr,
-                            size,
-                            name_at: str_off + name,
-                        });
+                let all = table.symbols();
+                for chunk in all.chunks(SYMBOLS_PER_RELEASE) {
+                    for sym in chunk {
+                        let (addr, size) = (sym.st_value(endian), sym.st_size(endian));
+                        let name = u64::from(sym.st_name(endian));
+                        if sym.st_type() == object::elf::STT_FUNC
+                            && size > 0
+                            && addr > 0
+                            && name < str_len
+                        {
+                            symbols.push(Symbol {
+                                address: addr,
+                                size,
+                                name_at: str_off + name,
+                            });
+                        }
                     }
+                    // The chunk is read: its pages leave the RSS as the
+                    // table is walked, not only at the end.
+                    let at = chunk.as_ptr() as usize - map.as_ptr() as usize;
+                    release(&map, at, std::mem::size_of_val(chunk));
                 }
             }
         }
@@ -205,6 +228,8 @@ impl ElfModule {
         symbols.sort_by_key(|s| (s.address, std::cmp::Reverse(s.size)));
         symbols.dedup_by_key(|s| s.address);
         symbols.shrink_to_fit();
+        // Headers, notes and section tables read while parsing.
+        release(&map, 0, map.len());
         Ok(ElfModule {
             names: map.clone(),
             map: map.clone(),
@@ -214,6 +239,16 @@ impl ElfModule {
             unwind,
             code_in_file,
         })
+    }
+
+    /// Drops the file's pages from this process's resident set ([`release`]):
+    /// the names looked up over a period (a page each) add up, in a
+    /// long-running agent, to much of a large library's string table.
+    pub fn release_pages(&self) {
+        release(&self.map, 0, self.map.len());
+        if !Arc::ptr_eq(&self.map, &self.names) {
+            release(&self.names, 0, self.names.len());
+        }
     }
 
     /// The SVMA of file offset `offset` (through the load segment holding it).

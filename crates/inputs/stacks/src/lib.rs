@@ -130,6 +130,13 @@ impl Shared {
             kernel: std::sync::Arc::new(KernelSymbols::load()),
         }
     }
+
+    /// Drops the modules' file pages from the resident set (a long-running
+    /// agent calls it once a period, so that the pages its lookups touched
+    /// do not count against its memory cap).
+    pub fn release_pages(&self) {
+        self.modules.release_pages();
+    }
 }
 
 /// Profiles one process period after period, keeping its perf events,

@@ -30,6 +30,15 @@ pub struct ModuleCache {
 }
 
 impl ModuleCache {
+    /// Drops every cached module's file pages from the resident set
+    /// ([`ElfModule::release_pages`]); they are read back as needed.
+    pub(crate) fn release_pages(&self) {
+        let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for m in map.values() {
+            m.release_pages();
+        }
+    }
+
     pub(crate) fn get(&self, file: &std::path::Path) -> Result<Arc<ElfModule>, crate::StackError> {
         use std::os::unix::fs::MetadataExt;
         let md = std::fs::metadata(file)

@@ -585,24 +585,15 @@ pub fn pprof_summary_limited(
     };
     let raw_len = raw.len();
     let p = proto::ProfileRaw::decode(raw)?;
-    // prost checks `string` fields are UTF-8; these are bytes: check alike.
-    for t in &p.string_table {
-        if std::str::from_utf8(t).is_err() {
-            return Err(PprofError::Decode(prost::DecodeError::new(
-                "invalid string value: data is not UTF-8 encoded",
-            )));
-        }
-    }
-    let strings = &p.string_table;
+    // Once per string, not per reference (that was a sixth of an upload).
+    let strings = utf8_table(&p.string_table)?;
     let s = |index: i64| -> Result<&str, PprofError> {
         if index == 0 {
             return Ok("");
         }
         usize::try_from(index)
             .ok()
-            .and_then(|i| strings.get(i))
-            // Checked as UTF-8 above.
-            .map(|b| std::str::from_utf8(b).unwrap_or_default())
+            .and_then(|i| strings.get(i).copied())
             .ok_or(PprofError::BadString {
                 index,
                 len: strings.len(),
@@ -700,13 +691,33 @@ pub fn pprof_summary_limited(
     })
 }
 
+/// The string table as text. prost checks `string` fields are UTF-8; the
+/// table is decoded as bytes (no copy): checked alike, with prost's error.
+fn utf8_table(table: &[bytes::Bytes]) -> Result<Vec<&str>, PprofError> {
+    table
+        .iter()
+        .map(|t| std::str::from_utf8(t))
+        .collect::<Result<Vec<&str>, _>>()
+        .map_err(|_| {
+            PprofError::Decode(prost::DecodeError::new(
+                "invalid string value: data is not UTF-8 encoded",
+            ))
+        })
+}
+
 /// [`from_pprof`] with another bound on the decompressed size (a service
 /// taking profiles from the network keeps it near what agents send).
 pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackProfile, PprofError> {
-    let raw = inflate(bytes, max_decompressed)?;
-    let raw = &raw[..];
-    let p = proto::Profile::decode(raw)?;
-    let strings = &p.string_table;
+    // The string table as slices of the inflated bytes, checked as UTF-8
+    // once: an owned String per entry was a large share of a server's
+    // ingest into ClickHouse.
+    let raw = match inflate(bytes, max_decompressed)? {
+        std::borrow::Cow::Borrowed(b) => bytes::Bytes::copy_from_slice(b),
+        std::borrow::Cow::Owned(v) => bytes::Bytes::from(v),
+    };
+    let raw_len = raw.len();
+    let p = proto::ProfileRaw::decode(raw)?;
+    let strings = utf8_table(&p.string_table)?;
     let s = |index: i64| -> Result<&str, PprofError> {
         if index == 0 {
             // Always "" (an empty message has no table at all).
@@ -714,8 +725,7 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
         }
         usize::try_from(index)
             .ok()
-            .and_then(|i| strings.get(i))
-            .map(String::as_str)
+            .and_then(|i| strings.get(i).copied())
             .ok_or(PprofError::BadString {
                 index,
                 len: strings.len(),
@@ -724,11 +734,12 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
 
     let count_index = count_index(&p.sample_type, p.default_sample_type, s)?;
 
-    let mappings: HashMap<u64, &proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
-    let functions: HashMap<u64, &proto::Function> = p.function.iter().map(|f| (f.id, f)).collect();
+    let mappings: FxHashMap<u64, &proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
+    let functions: FxHashMap<u64, &proto::Function> =
+        p.function.iter().map(|f| (f.id, f)).collect();
     let mut builder = StackProfileBuilder::new();
     // Location id → frame ids, root first.
-    let mut location_frames: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut location_frames: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
     for loc in &p.location {
         let mapping = match loc.mapping_id {
             0 => None,
@@ -791,9 +802,9 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
     }
 
     let mut labels: BTreeMap<usize, u32> = BTreeMap::new();
-    let mut stacks: HashMap<Vec<u32>, u64> = HashMap::new();
+    let mut stacks: FxHashMap<Vec<u32>, u64> = FxHashMap::default();
     let mut order = Vec::new();
-    let frame_budget = raw.len().saturating_mul(8).saturating_add(1 << 20);
+    let frame_budget = raw_len.saturating_mul(8).saturating_add(1 << 20);
     let mut frames_seen = 0usize;
     for (i, sample) in p.sample.iter().enumerate() {
         let value = *sample
