@@ -8,12 +8,12 @@
 //! Each upload carries a batch id made of the node and the file's name, so
 //! a retry after a lost answer is stored once.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::events::AgentEvent;
 
@@ -88,10 +88,16 @@ fn id_part(s: &str) -> String {
 /// The spool's profiles to upload, oldest name first, as (job, file,
 /// batch id suffix): each rank profile (`<job>/<…>.pb.gz`) once under its
 /// job; each host profile (`host/…`: every process of the node) under each
-/// of `jobs`, the jobs with a rank on this node now (what ran beside them),
-/// when it is younger than [`HOST_MAX_AGE`] (an older period may be from
-/// before those jobs started).
-fn spooled(spool: &Path, jobs: &[String], last: bool) -> Vec<(String, PathBuf, String)> {
+/// of `jobs` (the jobs with a rank on this node, each with when it was last
+/// seen registered) seen at or after the profile's period began (what ran
+/// beside them: a job that ended before the next pass still gets the
+/// periods it ran in), when it is younger than [`HOST_MAX_AGE`] (an older
+/// period may be from before those jobs started).
+fn spooled(
+    spool: &Path,
+    jobs: &[(String, SystemTime)],
+    last: bool,
+) -> Vec<(String, PathBuf, String)> {
     let mut out: Vec<(String, PathBuf, String)> = rank_files(spool, last)
         .into_iter()
         .map(|(j, p)| (j, p, String::new()))
@@ -104,14 +110,25 @@ fn spooled(spool: &Path, jobs: &[String], last: bool) -> Vec<(String, PathBuf, S
                 .and_then(|m| m.modified())
                 .is_ok_and(|t| t.elapsed().unwrap_or_default() < HOST_MAX_AGE);
             if p.to_string_lossy().ends_with(".pb.gz") && young {
-                for j in jobs {
-                    out.push((j.clone(), p.clone(), format!("@{}", id_part(j))));
+                let began = period_start(&p);
+                for (j, seen) in jobs {
+                    if began.is_none_or(|b| *seen >= b) {
+                        out.push((j.clone(), p.clone(), format!("@{}", id_part(j))));
+                    }
                 }
             }
         }
     }
     out.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
     out
+}
+
+/// When a host profile's period began: the Unix seconds its name ends with
+/// (`<node>-host-<s>.pb.gz`).
+fn period_start(path: &Path) -> Option<SystemTime> {
+    let name = path.file_name()?.to_str()?.strip_suffix(".pb.gz")?;
+    let secs: u64 = name.rsplit_once('-')?.1.parse().ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(secs))
 }
 
 /// Collective records and OS readings are appended to one file per rank
@@ -279,18 +296,23 @@ pub fn run(
         }
     };
     let mut done: HashSet<(PathBuf, String)> = HashSet::new();
+    // Jobs seen registered, and when last: host profiles go to the jobs
+    // that ran in their period, though the job may have ended since.
+    let mut seen: HashMap<String, SystemTime> = HashMap::new();
     let mut failing = false;
     let mut symbols = up.symbols.clone().map(crate::symbols::SymbolUploader::new);
     loop {
         let last = stop.load(Ordering::Relaxed);
         let (mut stored, mut dup) = (0usize, 0usize);
-        let mut jobs: Vec<String> = crate::registry::live(&registrations)
-            .into_iter()
-            .filter(|r| !r.job.is_empty())
-            .map(|r| r.job)
-            .collect();
+        let now = SystemTime::now();
+        for r in crate::registry::live(&registrations) {
+            if !r.job.is_empty() {
+                seen.insert(r.job, now);
+            }
+        }
+        seen.retain(|_, t| now.duration_since(*t).unwrap_or_default() < HOST_MAX_AGE);
+        let mut jobs: Vec<(String, SystemTime)> = seen.clone().into_iter().collect();
         jobs.sort();
-        jobs.dedup();
         let files = spooled(&spool, &jobs, last);
         // Files the cap removed are forgotten.
         done.retain(|(p, _)| p.exists());
@@ -396,7 +418,9 @@ mod tests {
             fs::create_dir_all(p.parent().unwrap()).unwrap();
             fs::write(p, b"x").unwrap();
         }
-        let got: Vec<_> = spooled(&d, &["job-a".to_string(), "job b".to_string()], false)
+        let now = SystemTime::now();
+        let jobs = [("job-a".to_string(), now), ("job b".to_string(), now)];
+        let got: Vec<_> = spooled(&d, &jobs, false)
             .into_iter()
             .map(|(j, p, s)| (j, p.file_name().unwrap().to_string_lossy().into_owned(), s))
             .collect();
@@ -412,6 +436,19 @@ mod tests {
         );
         // No job on the node: host profiles wait.
         assert_eq!(spooled(&d, &[], false).len(), 2);
+        // A job last seen before a host period began does not get it; one
+        // seen since does, though it is gone now.
+        fs::write(d.join("host/h-host-2000000000.pb.gz"), b"x").unwrap();
+        let before = UNIX_EPOCH + Duration::from_secs(1_999_999_990);
+        let after = UNIX_EPOCH + Duration::from_secs(2_000_000_002);
+        let host_files = |jobs: &[(String, SystemTime)]| {
+            spooled(&d, jobs, false)
+                .into_iter()
+                .filter(|(_, p, _)| p.ends_with("h-host-2000000000.pb.gz"))
+                .count()
+        };
+        assert_eq!(host_files(&[("gone".to_string(), before)]), 0);
+        assert_eq!(host_files(&[("ended".to_string(), after)]), 1);
         let _ = fs::remove_dir_all(&d);
     }
 

@@ -115,8 +115,12 @@ pub struct Shares {
     pub total: u64,
     /// Samples whose stack holds the function.
     pub samples: HashMap<String, u64>,
-    /// The heaviest stack through the function: its functions root first,
-    /// up to the function, and that stack's samples.
+    /// The heaviest stack through the function, within the root (process,
+    /// or thread) with the most samples through it: its functions root
+    /// first, up to the function, and that stack's samples. Per root first:
+    /// a process whose samples spread over many full stacks (an
+    /// interpreter's, unwound completely) is still the one that ran the
+    /// function most.
     pub hottest: HashMap<String, (Vec<String>, u64)>,
 }
 
@@ -142,6 +146,9 @@ impl Shares {
         process: Option<&dyn Fn(&str) -> String>,
     ) -> Shares {
         let mut s = Shares::default();
+        // Function → root → (samples through it, heaviest path, its count).
+        type ByRoot = HashMap<String, (u64, Vec<String>, u64)>;
+        let mut by_root: HashMap<String, ByRoot> = HashMap::new();
         for p in profiles {
             let names: Vec<Option<String>> = p.frames.iter().map(function_of).collect();
             let roots: Vec<Option<String>> = p
@@ -166,6 +173,9 @@ impl Shares {
                             .filter_map(|&i| names.get(i as usize).and_then(Option::as_ref)),
                     )
                     .collect();
+                let Some(&first) = path.first() else {
+                    continue;
+                };
                 let mut seen: Vec<&String> = Vec::with_capacity(path.len());
                 for (depth, f) in path.iter().enumerate() {
                     if seen.contains(f) {
@@ -173,17 +183,25 @@ impl Shares {
                     }
                     seen.push(f);
                     *s.samples.entry((*f).clone()).or_insert(0) += st.count;
-                    let e = s
-                        .hottest
-                        .entry((*f).clone())
-                        .or_insert_with(|| (Vec::new(), 0));
-                    if st.count > e.1 {
-                        *e = (
-                            path[..=depth].iter().map(|x| (*x).clone()).collect(),
-                            st.count,
-                        );
+                    let roots = by_root.entry((*f).clone()).or_default();
+                    let e = match roots.get_mut(first) {
+                        Some(e) => e,
+                        None => roots.entry(first.clone()).or_default(),
+                    };
+                    e.0 += st.count;
+                    if st.count > e.2 {
+                        e.1 = path[..=depth].iter().map(|x| (*x).clone()).collect();
+                        e.2 = st.count;
                     }
                 }
+            }
+        }
+        for (f, roots) in by_root {
+            if let Some((_, (_, path, n))) = roots
+                .into_iter()
+                .max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(&a.0)))
+            {
+                s.hottest.insert(f, (path, n));
             }
         }
         s
