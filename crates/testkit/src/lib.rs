@@ -42,7 +42,10 @@ pub fn skip(reason: &str) {
             .append(true)
             .open(path)
         {
-            let _ = writeln!(f, "{test}\t{}", reason.replace(['\n', '\t'], " "));
+            // One write of the whole line: tests skipping at once in one
+            // process (threads) must not interleave their lines.
+            let line = format!("{test}\t{}\n", reason.replace(['\n', '\t'], " "));
+            let _ = f.write_all(line.as_bytes());
         }
     }
 }
