@@ -144,6 +144,22 @@ fn perfetto_export_holds_the_flagged_spans() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// `whyslow localize` (JSON) over a testbed run's recorded fingerprints
+/// (`tests/fixtures/testbed/RUN`), with the testbed's CPU config.
+fn localize_testbed_run(run: &str) -> Value {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = root.join("tests/fixtures/testbed").join(run);
+    assert!(dir.is_dir(), "fixture missing: {}", dir.display());
+    json(&whyslow(&[
+        "localize",
+        dir.to_str().unwrap(),
+        "--config",
+        root.join("testbed/localize-cpu.toml").to_str().unwrap(),
+        "--format",
+        "json",
+    ]))
+}
+
 /// Real testbed runs (tests/fixtures/README.md) of host 1's throttled link:
 /// its allreduce must be a finding of its own, on worker 1 alone, low and
 /// steady on the NIC. In `slow-link-busy-host` it must not be folded as
@@ -153,18 +169,8 @@ fn perfetto_export_holds_the_flagged_spans() {
 /// pattern of the four workers).
 #[test]
 fn a_slow_link_is_named_on_its_host_alone() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     for run in ["slow-link-busy-host", "slow-link-not-flagged"] {
-        let dir = root.join("tests/fixtures/testbed").join(run);
-        assert!(dir.is_dir(), "fixture missing: {}", dir.display());
-        let report = json(&whyslow(&[
-            "localize",
-            dir.to_str().unwrap(),
-            "--config",
-            root.join("testbed/localize-cpu.toml").to_str().unwrap(),
-            "--format",
-            "json",
-        ]));
+        let report = localize_testbed_run(run);
         let link = finding(&report, "gloo:all_reduce")
             .unwrap_or_else(|| panic!("{run}: the slow link is no finding"));
         assert_eq!(link["workers"], serde_json::json!([1]), "{run}");
@@ -181,20 +187,11 @@ fn a_slow_link_is_named_on_its_host_alone() {
 /// without a queue stays `loss`. `tests/fixtures/README.md` gives the runs.
 #[test]
 fn the_network_reading_names_the_link_not_its_neighbour() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     for (run, cause, words) in [
         ("slow-link-drops", "slow", "sits behind a slow link"),
         ("lossy-host", "loss", "loses packets"),
     ] {
-        let dir = root.join("tests/fixtures/testbed").join(run);
-        let report = json(&whyslow(&[
-            "localize",
-            dir.to_str().unwrap(),
-            "--config",
-            root.join("testbed/localize-cpu.toml").to_str().unwrap(),
-            "--format",
-            "json",
-        ]));
+        let report = localize_testbed_run(run);
         let network = report["network"].as_array().unwrap();
         assert_eq!(network[0]["host"], "h1", "{run}: {network:?}");
         assert_eq!(network[0]["cause"], cause, "{run}: {network:?}");

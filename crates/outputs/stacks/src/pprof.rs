@@ -579,12 +579,7 @@ pub fn pprof_summary_limited(
     bytes: &[u8],
     max_decompressed: u64,
 ) -> Result<PprofSummary, PprofError> {
-    let raw = match inflate(bytes, max_decompressed)? {
-        std::borrow::Cow::Borrowed(b) => bytes::Bytes::copy_from_slice(b),
-        std::borrow::Cow::Owned(v) => bytes::Bytes::from(v),
-    };
-    let raw_len = raw.len();
-    let p = proto::ProfileRaw::decode(raw)?;
+    let (p, raw_len) = decode_raw(bytes, max_decompressed)?;
     // Once per string, not per reference (that was a sixth of an upload).
     let strings = utf8_table(&p.string_table)?;
     let s = |index: i64| -> Result<&str, PprofError> {
@@ -691,6 +686,20 @@ pub fn pprof_summary_limited(
     })
 }
 
+/// The profile inflated (within `max_decompressed`) and decoded with its
+/// strings as slices of the inflated bytes, and the inflated length.
+fn decode_raw(
+    bytes: &[u8],
+    max_decompressed: u64,
+) -> Result<(proto::ProfileRaw, usize), PprofError> {
+    let raw = match inflate(bytes, max_decompressed)? {
+        std::borrow::Cow::Borrowed(b) => bytes::Bytes::copy_from_slice(b),
+        std::borrow::Cow::Owned(v) => bytes::Bytes::from(v),
+    };
+    let len = raw.len();
+    Ok((proto::ProfileRaw::decode(raw)?, len))
+}
+
 /// The string table as text. prost checks `string` fields are UTF-8; the
 /// table is decoded as bytes (no copy): checked alike, with prost's error.
 fn utf8_table(table: &[bytes::Bytes]) -> Result<Vec<&str>, PprofError> {
@@ -711,12 +720,7 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
     // The string table as slices of the inflated bytes, checked as UTF-8
     // once: an owned String per entry was a large share of a server's
     // ingest into ClickHouse.
-    let raw = match inflate(bytes, max_decompressed)? {
-        std::borrow::Cow::Borrowed(b) => bytes::Bytes::copy_from_slice(b),
-        std::borrow::Cow::Owned(v) => bytes::Bytes::from(v),
-    };
-    let raw_len = raw.len();
-    let p = proto::ProfileRaw::decode(raw)?;
+    let (p, raw_len) = decode_raw(bytes, max_decompressed)?;
     let strings = utf8_table(&p.string_table)?;
     let s = |index: i64| -> Result<&str, PprofError> {
         if index == 0 {
