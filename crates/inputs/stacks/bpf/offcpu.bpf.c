@@ -24,6 +24,7 @@
 
 #include "stacks.bpf.h"
 #include "unwind.bpf.h"
+#include "python.bpf.h"
 
 /* `stats` here (stacks.bpf.h's indices): TICKS switches seen, FILTERED left
  * out by the filter, SKIPPED preempted (still runnable), SAMPLES off-CPU
@@ -38,6 +39,7 @@ struct blocked {
 	__u64 since_ns;
 	__u64 kernel;
 	__u64 user;
+	__u64 python;
 	__u32 tgid;
 	__u32 pad;
 };
@@ -77,6 +79,7 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 				b.since_ns = now;
 				b.tgid = prev_tgid;
 				b.kernel = take_stack(ctx, s, 0, STAT_KSTACK_ERR);
+				b.python = take_python_stack(s, prev_tgid, prev_tid);
 				b.user = take_user_stack(ctx, 0, s, prev_tgid, 0);
 				bpf_map_update_elem(&off, &prev_tid, &b, BPF_ANY);
 			}
@@ -102,6 +105,7 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	key.tid = next_tid;
 	key.kernel = b->kernel;
 	key.user = b->user;
+	key.python = b->python;
 	key.generation = *generation;
 	bpf_map_delete_elem(&off, &next_tid);
 	if (us == 0)

@@ -3,9 +3,10 @@
 // whyslow's in-kernel CPU stack sampler (SysOM-AI §3.3): one program on a
 // software cpu-clock perf event per CPU. On each tick it filters the current
 // task (registered processes, cgroups or the whole host), keeps a fraction of
-// the ticks (the paper's "sampling rate"), takes the kernel stack and the
-// frame-pointer user stack, stores each stack once under its 64-bit hash and
-// counts (process, thread, kernel stack, user stack) in a hash map. Userspace
+// the ticks (the paper's "sampling rate"), takes the kernel stack, the user
+// stack and, in a CPython process, the Python frames (python.bpf.h), stores
+// each stack once under its 64-bit hash and counts (process, thread, kernel
+// stack, user stack, Python stack) in a hash map. Userspace
 // reads the counts of one generation while the program counts into the other
 // (double buffering), so there is no per-sample wake-up.
 //
@@ -22,6 +23,7 @@
 
 #include "stacks.bpf.h"
 #include "unwind.bpf.h"
+#include "python.bpf.h"
 
 SEC("perf_event")
 int on_cpu_clock(struct bpf_perf_event_data *ctx)
@@ -52,6 +54,7 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 	key.tid = tid;
 	key.generation = *generation;
 	key.kernel = take_stack(ctx, s, 0, STAT_KSTACK_ERR);
+	key.python = take_python_stack(s, tgid, tid);
 	key.user = take_user_stack(ctx, (struct pt_regs *)&ctx->regs, s, tgid, &key);
 	count(STAT_SAMPLES);
 	if (key.user == COPIED_TO_USERSPACE)

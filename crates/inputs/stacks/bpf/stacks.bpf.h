@@ -56,6 +56,7 @@ struct count_key {
 	__u32 tid;
 	__u64 kernel;
 	__u64 user;
+	__u64 python; /* the Python stack's hash (python.bpf.h), 0: none */
 	__u32 generation;
 	__u32 pad;
 };

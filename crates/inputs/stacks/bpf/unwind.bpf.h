@@ -133,6 +133,7 @@ struct copied_stack {
 	__u64 sp;
 	__u64 bp;
 	__u64 len; /* bytes of stack copied from sp */
+	__u64 python; /* the Python stack's hash (python.bpf.h) */
 	__u64 ips[MAX_DEPTH];
 	/* Up to STACK_COPY bytes, plus the rest of sp's page. */
 	__u8 stack[STACK_COPY + PAGE_BYTES];
@@ -349,6 +350,7 @@ static __always_inline int copy_to_userspace(const struct count_key *key, const 
 	c->tid = key->tid;
 	c->kernel = key->kernel;
 	c->generation = key->generation;
+	c->python = key->python;
 	__u64 n = s->depth;
 	c->depth = n > MAX_DEPTH ? MAX_DEPTH : n;
 	bpf_probe_read_kernel(c->ips, sizeof(c->ips), s->ips);

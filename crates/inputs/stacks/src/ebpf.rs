@@ -13,8 +13,9 @@
 //! validated frame-pointer steps (the paper's Algorithm 1, `bpf/unwind.bpf.h`
 //! and [`crate::cfi`]), or with the kernel's frame-pointer walk alone
 //! (complete for code built with frame pointers, 1–3 frames for a CPython
-//! without them). Python frames are stitched only by the perf path
-//! ([`crate::ProcessProfiler`]). What this path adds is reach and cost: every
+//! without them). A CPython 3.11–3.13 thread's Python frames are walked at
+//! the same tick (`bpf/python.bpf.h`, [`crate::ebpf_python`]) and put in
+//! place of the interpreter's frames. What this path adds is reach and cost: every
 //! process of the host, a cgroup or a set of processes, kernel stacks
 //! included, at a few µs per sample and a fraction of ticks (the paper's
 //! "sampling rate") taking a stack.
@@ -34,6 +35,8 @@ use aya::{Ebpf, EbpfLoader, Pod};
 
 pub use crate::ebpf_fallback::FallbackCounters;
 use crate::ebpf_fallback::{CopiedStack, Fallback};
+use crate::ebpf_python::{PythonFrames, PythonProcs};
+pub use crate::ebpf_python::PythonCounters;
 use crate::ebpf_tables::UnwindTables;
 pub use crate::ebpf_tables::{TableStats, UserUnwind};
 
@@ -145,6 +148,11 @@ pub struct EbpfStats {
     pub unwind: UnwindCounters,
     /// What the unwind tables hold.
     pub tables: TableStats,
+    /// Processes whose Python frames the program walks.
+    pub python_processes: u64,
+    /// How the Python stacks were put in (filled by [`profile`] from its
+    /// [`Symbolizer`]; zero from [`EbpfSampler::stats`]).
+    pub python: PythonCounters,
 }
 
 /// How the in-kernel user stack walks went (`bpf/unwind.bpf.h`).
@@ -189,6 +197,10 @@ pub struct CountedStack {
     pub kernel: Vec<u64>,
     /// User addresses, innermost first (frame-pointer walk).
     pub user: Vec<u64>,
+    /// The thread's Python stack at the tick: code object addresses,
+    /// innermost first, bit 0 set on a frame that began a C-level
+    /// evaluation call (empty outside CPython).
+    pub python: Vec<u64>,
     /// Samples.
     pub count: u64,
 }
@@ -200,6 +212,7 @@ struct CountKey {
     tid: u32,
     kernel: u64,
     user: u64,
+    python: u64,
     generation: u32,
     pad: u32,
 }
@@ -230,9 +243,14 @@ pub struct EbpfSampler {
     copied: Option<RingBuf<MapData>>,
     fallback: Fallback,
     /// Finished samples not drained yet, by (process, thread, kernel stack
-    /// hash, user stack).
-    pending: HashMap<(u32, u32, u64, Vec<u64>), u64>,
+    /// hash, Python stack hash, user stack).
+    pending: HashMap<PendingKey, u64>,
+    /// The processes whose Python frames the program walks.
+    python: PythonProcs,
 }
+
+/// (process, thread, kernel stack hash, Python stack hash, user stack).
+type PendingKey = (u32, u32, u64, u64, Vec<u64>);
 
 /// Processes seen in a set of cgroup directories (any version), by their
 /// `cgroup.procs` files, recursively. A process stays a member once seen:
@@ -331,11 +349,13 @@ impl EbpfSampler {
             })
             .map_err(|e| EbpfError::Load(chain(&e)))?;
         let mut tables = (opts.unwind != UserUnwind::FramePointer).then(|| UnwindTables::new(rows));
+        let mut python = PythonProcs::default();
         match &opts.target {
             Target::Host => {}
             Target::Pids(pids) => {
                 for &p in pids {
                     add_pid(&mut ebpf, p)?;
+                    python.load(&mut ebpf, p)?;
                     if let Some(t) = &mut tables {
                         t.load(&mut ebpf, p)?;
                     }
@@ -399,6 +419,7 @@ impl EbpfSampler {
             copied,
             fallback: Fallback::default(),
             pending: HashMap::new(),
+            python,
         })
     }
 
@@ -424,6 +445,7 @@ impl EbpfSampler {
     /// Adds a process to a [`Target::Pids`] sampler.
     pub fn add_pid(&mut self, pid: u32) -> Result<(), EbpfError> {
         add_pid(&mut self.ebpf, pid)?;
+        self.python.load(&mut self.ebpf, pid)?;
         if let Some(t) = &mut self.tables {
             t.load(&mut self.ebpf, pid)?;
         }
@@ -454,6 +476,19 @@ impl EbpfSampler {
                 .map_err(|e| EbpfError::Map("control", chain(&e)))?;
         }
         let out = self.drain_generation(old)?;
+        // Python frames of the processes sampled without them (host and
+        // cgroup targets): walked from their next sample on.
+        self.python.refresh(&mut self.ebpf)?;
+        let mut new: Vec<u32> = out
+            .iter()
+            .map(|s| s.pid)
+            .filter(|p| !self.python.knows(*p))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        for pid in new {
+            self.python.load(&mut self.ebpf, pid)?;
+        }
         // Tables for the processes sampled without them (host and cgroup
         // targets: walked from their next sample on), new libraries of the
         // others, and none for processes that exited.
@@ -534,15 +569,17 @@ impl EbpfSampler {
                 tid: k.tid,
                 kernel: read(k.kernel, &mut self.stacks),
                 user: read(k.user, &mut self.stacks),
+                python: read(k.python, &mut self.stacks),
                 count,
             });
         }
-        for ((pid, tid, kernel, user), count) in finished {
+        for ((pid, tid, kernel, python, user), count) in finished {
             out.push(CountedStack {
                 pid,
                 tid,
                 kernel: read(kernel, &mut self.stacks),
                 user,
+                python: read(python, &mut self.stacks),
                 count,
             });
         }
@@ -568,15 +605,14 @@ impl EbpfSampler {
             let user = self.fallback.finish(&c);
             *self
                 .pending
-                .entry((c.tgid, c.tid, c.kernel, user))
+                .entry((c.tgid, c.tid, c.kernel, c.python, user))
                 .or_default() += 1;
         }
     }
 
     /// The samples finished in userspace since the last drain, counted by
     /// (process, thread, kernel stack hash, user stack).
-    #[allow(clippy::type_complexity)]
-    fn finish_copied(&mut self) -> HashMap<(u32, u32, u64, Vec<u64>), u64> {
+    fn finish_copied(&mut self) -> HashMap<PendingKey, u64> {
         self.take_copied();
         // Mappings are read again for the next period's samples.
         self.fallback.new_drain();
@@ -637,6 +673,8 @@ impl EbpfSampler {
                 fallback: self.fallback.counters,
             },
             tables: self.tables.as_ref().map(|t| t.stats()).unwrap_or_default(),
+            python_processes: self.python.walked() as u64,
+            python: PythonCounters::default(),
         })
     }
 
@@ -745,6 +783,7 @@ pub struct Symbolizer {
     /// process that exec'd since (`ip netns exec … sh`) is another program.
     exes: HashMap<u32, Option<std::path::PathBuf>>,
     per_process_root: bool,
+    python: PythonFrames,
 }
 
 impl Symbolizer {
@@ -757,6 +796,7 @@ impl Symbolizer {
             names: HashMap::new(),
             exes: HashMap::new(),
             per_process_root,
+            python: PythonFrames::default(),
         }
     }
 
@@ -777,16 +817,19 @@ impl Symbolizer {
         let mut pids: Vec<u32> = stacks.iter().map(|s| s.pid).collect();
         pids.sort_unstable();
         pids.dedup();
+        let mut exec_changed = std::collections::HashSet::new();
         for pid in pids {
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
             match self.exes.insert(pid, exe.clone()) {
                 Some(before) if before != exe => {
                     self.names.retain(|(p, _), _| *p != pid);
                     self.walkers.remove(&pid);
+                    exec_changed.insert(pid);
                 }
                 _ => {}
             }
         }
+        self.python.new_drain(&exec_changed);
         for s in stacks {
             let mut ids = Vec::with_capacity(s.user.len() + s.kernel.len() + 2);
             if self.per_process_root {
@@ -820,9 +863,26 @@ impl Symbolizer {
                     shared.modules.clone(),
                 )
             });
-            for (i, &a) in s.user.iter().enumerate().rev() {
+            let user = s.user.iter().enumerate().rev().map(|(i, &a)| {
                 let a = if i == 0 { a } else { a.saturating_sub(1) };
-                ids.push(builder.frame(walker.native_frame(a)));
+                walker.native_frame(a)
+            });
+            let py = (!s.python.is_empty())
+                .then(|| self.python.frames(s.pid, &s.python))
+                .flatten();
+            match py {
+                Some(py) => {
+                    let native: Vec<Frame> = user.collect();
+                    let counters = &mut self.python.counters;
+                    for f in crate::ebpf_python::stitch_at_tick(native, &py, counters) {
+                        ids.push(builder.frame(f));
+                    }
+                }
+                None => {
+                    for f in user {
+                        ids.push(builder.frame(f));
+                    }
+                }
             }
             for (i, &a) in s.kernel.iter().enumerate().rev() {
                 let a = if i == 0 { a } else { a.saturating_sub(1) };
@@ -830,6 +890,11 @@ impl Symbolizer {
             }
             builder.add(ids, s.count);
         }
+    }
+
+    /// How the Python stacks were put in so far.
+    pub fn python_counters(&self) -> PythonCounters {
+        self.python.counters
     }
 
     /// Re-reads the mappings of the processes seen (new modules: dlopen).
@@ -911,6 +976,7 @@ pub fn profile(
     let counted = sampler.finish()?;
     symbols.add(&counted, &mut builder);
     let mut stats = sampler.stats()?;
+    stats.python = symbols.python_counters();
     if measuring.is_some() {
         if let Some((t, n)) = sampler.run_time() {
             stats.run_time_ns = t.as_nanos() as u64;

@@ -17,7 +17,7 @@ use crate::unwind::ModuleCache;
 const MAX_DEPTH: usize = 127;
 const PAGE_BYTES: usize = 4096;
 const STACK_COPY: usize = 4 * PAGE_BYTES;
-const HEADER: usize = 56;
+const HEADER: usize = 64;
 /// `struct copied_stack`'s size (`bpf/unwind.bpf.h`).
 pub(crate) const RECORD_BYTES: usize = HEADER + MAX_DEPTH * 8 + STACK_COPY + PAGE_BYTES;
 
@@ -27,6 +27,8 @@ pub(crate) struct CopiedStack {
     pub tgid: u32,
     pub tid: u32,
     pub kernel: u64,
+    /// The hash of the thread's Python stack (0: none).
+    pub python: u64,
     /// Frames the kernel found, innermost first; the last is the frame at
     /// `regs`.
     pub ips: Vec<u64>,
@@ -51,6 +53,7 @@ impl CopiedStack {
             tgid: u32_at(0),
             tid: u32_at(4),
             kernel: u64_at(8),
+            python: u64_at(56),
             ips: (0..depth).map(|i| u64_at(HEADER + i * 8)).collect(),
             regs: Regs {
                 ip: u64_at(24),

@@ -16,6 +16,7 @@ pub mod cfi;
 pub mod cfi_eval;
 pub mod ebpf;
 mod ebpf_fallback;
+mod ebpf_python;
 mod ebpf_tables;
 pub mod elf;
 pub mod maps;

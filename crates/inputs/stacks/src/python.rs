@@ -30,25 +30,25 @@ use crate::maps::{self, Mapping};
 pub struct Layout {
     /// CPython minor version (11, 12, 13).
     pub minor: u32,
-    runtime_interp_head: u64,
-    interp_next: u64,
-    interp_threads_head: u64,
-    tstate_next: u64,
-    tstate_native_tid: u64,
+    pub(crate) runtime_interp_head: u64,
+    pub(crate) interp_next: u64,
+    pub(crate) interp_threads_head: u64,
+    pub(crate) tstate_next: u64,
+    pub(crate) tstate_native_tid: u64,
     /// 3.11/3.12: `_ts.cframe` then `_PyCFrame.current_frame`; 3.13:
     /// `_ts.current_frame` (second is None).
-    tstate_frame: (u64, Option<u64>),
-    frame_code: u64,
-    frame_previous: u64,
+    pub(crate) tstate_frame: (u64, Option<u64>),
+    pub(crate) frame_code: u64,
+    pub(crate) frame_previous: u64,
     /// 3.11: `is_entry` (bool); 3.12+: `owner` (char, 3 = C stack shim).
-    frame_entry: (u64, bool),
-    code_qualname: u64,
-    code_filename: u64,
-    code_firstlineno: u64,
-    ascii_length: u64,
-    ascii_state: u64,
-    ascii_size: u64,
-    compact_size: u64,
+    pub(crate) frame_entry: (u64, bool),
+    pub(crate) code_qualname: u64,
+    pub(crate) code_filename: u64,
+    pub(crate) code_firstlineno: u64,
+    pub(crate) ascii_length: u64,
+    pub(crate) ascii_state: u64,
+    pub(crate) ascii_size: u64,
+    pub(crate) compact_size: u64,
 }
 
 type R<'a> = EndianSlice<'a, RunTimeEndian>;
@@ -191,6 +191,25 @@ impl Layout {
         Self::read(path, minor).ok()
     }
 
+    /// As [`Layout::from_library`], read once per library file (by device
+    /// and inode) for the life of the process: a host's Python processes
+    /// share a few libpythons, whose DWARF takes a while to walk.
+    pub fn cached(path: &Path, minor: u32) -> Option<Layout> {
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::{Mutex, OnceLock};
+        type Cache = Mutex<HashMap<(u64, u64, u32), Option<Layout>>>;
+        static CACHE: OnceLock<Cache> = OnceLock::new();
+        let meta = std::fs::metadata(path).ok()?;
+        let key = (meta.dev(), meta.ino(), minor);
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        if let Some(l) = cache.lock().ok()?.get(&key) {
+            return l.clone();
+        }
+        let l = Self::from_library(path, minor);
+        cache.lock().ok()?.insert(key, l.clone());
+        l
+    }
+
     /// As [`Layout::from_library`], saying what is missing.
     pub fn read(path: &Path, minor: u32) -> Result<Layout, String> {
         if !(11..=13).contains(&minor) {
@@ -325,7 +344,7 @@ impl PythonReader {
             .parse()
             .ok()?;
         let file = maps::file_path(pid, &lib.path);
-        let layout = Layout::from_library(&file, minor)?;
+        let layout = Layout::cached(&file, minor)?;
         // _PyRuntime's address: its SVMA plus the library's load bias.
         let data = map_file(&file).ok()?;
         let obj = object::File::parse(&data[..]).ok()?;
@@ -349,6 +368,40 @@ impl PythonReader {
     /// CPython's minor version.
     pub fn minor(&self) -> u32 {
         self.layout.minor
+    }
+
+    /// The structures' layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The address of `_PyRuntime` in the process.
+    pub fn runtime(&self) -> u64 {
+        self.runtime
+    }
+
+    /// Forgets the strings read: their memory may since hold other ones
+    /// (the eBPF path reads code objects long after the tick).
+    pub fn forget_strings(&mut self) {
+        self.strings.clear();
+    }
+
+    /// The function of the code object at `code`: qualified name, file and
+    /// first line (None when its memory cannot be read).
+    pub fn code_frame(&mut self, code: u64) -> Option<PyFrame> {
+        let l = self.layout.clone();
+        let name = self.u64_at(code + l.code_qualname)?;
+        let file = self.u64_at(code + l.code_filename)?;
+        let mut ln = [0u8; 4];
+        if !read_mem(self.pid, code + l.code_firstlineno, &mut ln) {
+            return None;
+        }
+        Some(PyFrame {
+            name: self.string(name),
+            file: self.string(file),
+            line: i32::from_ne_bytes(ln).max(0) as u32,
+            entry: false,
+        })
     }
 
     fn u64_at(&self, addr: u64) -> Option<u64> {

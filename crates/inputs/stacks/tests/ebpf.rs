@@ -25,8 +25,11 @@ impl Drop for Kill {
 }
 
 fn known_shape() -> Kill {
+    known_shape_on(&std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+}
+
+fn known_shape_on(python: &str) -> Kill {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/known_shape.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let mut child = Command::new(python)
         .arg(script)
         .arg("600") // killed when the test ends
@@ -497,14 +500,11 @@ fn cfi_rows_in_the_kernel_unwind_python_without_frame_pointers() {
     let shape = known_shape();
     let pid = shape.0.id();
     // pythread_wrapper: CPython's thread entry, under libc's (stripped,
-    // unnamed) start_thread and clone3.
-    let deflate = [
-        "pythread_wrapper",
-        "_PyEval_EvalFrameDefault",
-        "zlib_compress",
-        "deflate",
-    ];
-    let stat = ["pythread_wrapper", "_PyEval_EvalFrameDefault"];
+    // unnamed) start_thread and clone3. The interpreter's frames between it
+    // and the extension are the Python functions they ran (see
+    // python_frames_are_walked_in_the_kernel).
+    let deflate = ["pythread_wrapper", "zlib_compress", "deflate"];
+    let stat = ["pythread_wrapper"];
     let (fp, fp_stats) = run_unwind(pid, ebpf::UserUnwind::FramePointer);
     let (hy, hy_stats) = run_unwind(pid, ebpf::UserUnwind::Hybrid);
     let (fp_c, fp_c_frames, _) = reach(&fp, "compress", &deflate);
@@ -615,4 +615,111 @@ fn complex_cfi_rules_are_finished_in_userspace_on_a_copied_stack() {
         to_main as f64 >= 0.95 * in_spin as f64,
         "{to_main} of {in_spin} samples in spin reach main through realigned"
     );
+}
+
+/// Python functions of `thread`'s samples: the share whose stack holds the
+/// Python frame `function` above the native frame `below` (None: anywhere),
+/// the share still holding an interpreter frame, and the samples.
+fn python_reach(
+    p: &StackProfile,
+    thread: &str,
+    function: &str,
+    below: Option<&str>,
+) -> (f64, f64, u64) {
+    let (mut hit, mut interp, mut total) = (0u64, 0u64, 0u64);
+    for (f, c) in stacks(p) {
+        if f.first().and_then(|f| f.name.as_deref()) != Some(thread) {
+            continue;
+        }
+        total += c;
+        let at = f
+            .iter()
+            .position(|f| f.kind == FrameKind::Python && f.name.as_deref() == Some(function));
+        let under = |i: usize| match below {
+            None => true,
+            Some(b) => f[i..]
+                .iter()
+                .any(|f| f.kind == FrameKind::Native && f.name.as_deref() == Some(b)),
+        };
+        if at.is_some_and(under) {
+            hit += c;
+        }
+        if f
+            .iter()
+            .any(|f| f.name.as_deref() == Some("_PyEval_EvalFrameDefault"))
+        {
+            interp += c;
+        }
+    }
+    let t = total.max(1) as f64;
+    (hit as f64 / t, interp as f64 / t, total)
+}
+
+/// SysOM-AI §3.3, one stack from Python to the kernel on the eBPF path: the
+/// program walks each CPython thread's frame chain at the tick, and the
+/// interpreter's evaluation frames become the Python functions they ran —
+/// `compress_forever` above the zlib extension and libz, `stat_forever`
+/// above the stat syscall — on every CPython 3.11–3.13 installed here, with
+/// DWARF-unwound native stacks (hybrid) and with frame pointers alone (the
+/// Python frames then go at the root of the few native frames found).
+#[test]
+#[ignore = "system test (./scripts/test --all): eBPF sampling of live processes (root, BPF)"]
+fn python_frames_are_walked_in_the_kernel() {
+    if let Some(why) = skip_reason() {
+        whyslow_testkit::skip(&why);
+        return;
+    }
+    let mut pythons: Vec<String> = (11..=13)
+        .filter_map(|minor| {
+            let dir = std::fs::read_dir("/root/.pyenv/versions").ok()?;
+            dir.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("3.{minor}.")))
+                })
+                .map(|p| p.join(format!("bin/python3.{minor}")))
+                .find(|p| p.exists())
+                .map(|p| p.display().to_string())
+        })
+        .collect();
+    if pythons.is_empty() {
+        pythons.push(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()));
+    }
+    for python in &pythons {
+        let shape = known_shape_on(python);
+        let pid = shape.0.id();
+        for unwind in [ebpf::UserUnwind::Hybrid, ebpf::UserUnwind::FramePointer] {
+            let (p, st) = run_with(Target::Pids(vec![pid]), 1.0, 3.0, 300, unwind);
+            // With frame pointers the few native frames found need not
+            // reach libz's named code.
+            let below = (unwind == ebpf::UserUnwind::Hybrid).then_some("deflate");
+            let (c, c_interp, n_c) = python_reach(&p, "compress", "compress_forever", below);
+            let (s, _, n_s) = python_reach(&p, "stat", "stat_forever", None);
+            eprintln!(
+                "{python} {unwind:?}: compress_forever above deflate in {c:.2} of {n_c} \
+                 samples (interpreter frames left in {c_interp:.2}), stat_forever in {s:.2} \
+                 of {n_s}; {:?}",
+                st.python
+            );
+            if std::env::var_os("WHYSLOW_SHOW_STACKS").is_some() {
+                reach(&p, "compress", &[]);
+            }
+            assert_eq!(st.python_processes, 1, "{python}: {st:?}");
+            assert!(n_c >= 30 && n_s >= 30, "{python}: too few samples");
+            assert!(c >= 0.9, "{python} {unwind:?}: compress_forever in {c:.2}");
+            assert!(s >= 0.9, "{python} {unwind:?}: stat_forever in {s:.2}");
+            if unwind == ebpf::UserUnwind::Hybrid {
+                assert!(
+                    c_interp <= 0.1,
+                    "{python}: interpreter frames left in {c_interp:.2}"
+                );
+                assert!(
+                    st.python.stitched * 10 >= st.python.samples * 9,
+                    "{python}: {:?}",
+                    st.python
+                );
+            }
+        }
+    }
 }
