@@ -185,6 +185,7 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
         off_cpu: false,
         unwind: args.unwind,
         max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
+        python: !args.no_python,
     };
     let duration = Duration::from_secs_f64(args.duration.max(0.0));
     let mut unwind = args.unwind;
@@ -250,6 +251,13 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
             u.read_errors,
             u.truncated,
             u.not_loaded
+        );
+    }
+    if stats.python_processes > 0 {
+        let p = &stats.python;
+        eprintln!(
+            "whyslow: eBPF Python frames: {} CPython processes walked; {} samples with a Python stack: {} stitched in place of the interpreter's frames, {} put at the root (the native walk stopped early), {} kept the interpreter's frames",
+            stats.python_processes, p.samples, p.stitched, p.rooted, p.kept
         );
     }
     if args.bpf_stats && stats.runs > 0 {

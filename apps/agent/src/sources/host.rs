@@ -140,6 +140,7 @@ impl Collector for Host {
             off_cpu: false,
             unwind: cfg.profile_unwind,
             max_cfi_rows: ebpf::DEFAULT_MAX_CFI_ROWS,
+            python: true,
         };
         let sampler = match ebpf::EbpfSampler::open(&opts) {
             Ok(s) => s,

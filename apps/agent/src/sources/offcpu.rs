@@ -138,6 +138,7 @@ impl Collector for OffCpu {
             off_cpu: true,
             unwind: self.cfg.profile_unwind,
             max_cfi_rows: ebpf::DEFAULT_MAX_CFI_ROWS,
+            python: true,
         };
         let sampler = match ebpf::EbpfSampler::open(&opts) {
             Ok(s) => s,

@@ -35,8 +35,8 @@ use aya::{Ebpf, EbpfLoader, Pod};
 
 pub use crate::ebpf_fallback::FallbackCounters;
 use crate::ebpf_fallback::{CopiedStack, Fallback};
-use crate::ebpf_python::{PythonFrames, PythonProcs};
 pub use crate::ebpf_python::PythonCounters;
+use crate::ebpf_python::{PythonFrames, PythonProcs};
 use crate::ebpf_tables::UnwindTables;
 pub use crate::ebpf_tables::{TableStats, UserUnwind};
 
@@ -94,6 +94,9 @@ pub struct EbpfOptions {
     /// Rows the kernel's CFI table holds (16 bytes each); modules that do
     /// not fit get frame-pointer steps.
     pub max_cfi_rows: u32,
+    /// Walk the Python frames of CPython 3.11–3.13 processes at the tick
+    /// and put them in place of the interpreter's (`bpf/python.bpf.h`).
+    pub python: bool,
 }
 
 /// Default [`EbpfOptions::max_cfi_rows`]: 4 Mi rows, 64 MiB of kernel
@@ -349,7 +352,7 @@ impl EbpfSampler {
             })
             .map_err(|e| EbpfError::Load(chain(&e)))?;
         let mut tables = (opts.unwind != UserUnwind::FramePointer).then(|| UnwindTables::new(rows));
-        let mut python = PythonProcs::default();
+        let mut python = PythonProcs::new(opts.python);
         match &opts.target {
             Target::Host => {}
             Target::Pids(pids) => {

@@ -208,12 +208,13 @@ mod tests {
         b[32..40].copy_from_slice(&0x7000u64.to_ne_bytes());
         b[40..48].copy_from_slice(&0x7040u64.to_ne_bytes());
         b[48..56].copy_from_slice(&16u64.to_ne_bytes());
-        b[56..64].copy_from_slice(&0x2000u64.to_ne_bytes());
-        b[64..72].copy_from_slice(&0x1000u64.to_ne_bytes());
+        b[56..64].copy_from_slice(&0xfeedu64.to_ne_bytes());
+        b[64..72].copy_from_slice(&0x2000u64.to_ne_bytes());
+        b[72..80].copy_from_slice(&0x1000u64.to_ne_bytes());
         let at = HEADER + MAX_DEPTH * 8;
         b[at] = 0xab;
         let c = CopiedStack::parse(&b).unwrap();
-        assert_eq!((c.tgid, c.tid, c.kernel), (7, 8, 99));
+        assert_eq!((c.tgid, c.tid, c.kernel, c.python), (7, 8, 99, 0xfeed));
         assert_eq!(c.ips, vec![0x2000, 0x1000]);
         assert_eq!(c.regs.sp, 0x7000);
         assert_eq!(c.stack.len(), 16);

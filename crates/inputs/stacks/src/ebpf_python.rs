@@ -78,9 +78,19 @@ pub(crate) struct PythonProcs {
     /// Processes looked at: Some(CPython minor version) where the program
     /// walks their Python frames.
     seen: HashMap<u32, Option<u32>>,
+    /// False: no process gets an entry (Python frames are off).
+    enabled: bool,
 }
 
 impl PythonProcs {
+    /// `enabled`: whether processes get an entry at all.
+    pub fn new(enabled: bool) -> Self {
+        PythonProcs {
+            seen: HashMap::new(),
+            enabled,
+        }
+    }
+
     /// Whether `pid` was looked at.
     pub fn knows(&self, pid: u32) -> bool {
         self.seen.contains_key(&pid)
@@ -95,7 +105,7 @@ impl PythonProcs {
     /// that has debug information gets an entry (anything else, or a
     /// process that cannot be read, none: its stacks stay native).
     pub fn load(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<(), EbpfError> {
-        if self.knows(pid) {
+        if self.knows(pid) || !self.enabled {
             return Ok(());
         }
         let proc_ = maps::read_maps(pid as i32)
@@ -246,7 +256,13 @@ pub fn stitch_at_tick(
     }
     for f in native {
         if f.name.as_deref() == Some(EVAL_FRAME) {
-            out.extend(groups.next().unwrap_or_default().into_iter().map(python_frame));
+            out.extend(
+                groups
+                    .next()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(python_frame),
+            );
         } else {
             out.push(f);
         }

@@ -64,6 +64,7 @@ fn skip_reason() -> Option<String> {
         off_cpu: false,
         unwind: Default::default(),
         max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
+        python: true,
     };
     match EbpfSampler::open(&opts) {
         Ok(_) => None,
@@ -112,6 +113,7 @@ fn run_with(
             off_cpu: false,
             unwind,
             max_cfi_rows: ebpf::DEFAULT_MAX_CFI_ROWS,
+            python: true,
         };
         let got = ebpf::profile(
             &opts,
@@ -270,6 +272,7 @@ fn bad_settings_are_refused_with_the_reason() {
             off_cpu: false,
             unwind: Default::default(),
             max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
+            python: true,
         };
         let e = EbpfSampler::open(&opts).err().expect("refused");
         assert!(matches!(e, ebpf::EbpfError::Setting(_)), "{e}");
@@ -404,6 +407,7 @@ fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
         off_cpu: true,
         unwind: Default::default(),
         max_cfi_rows: whyslow_stacks::ebpf::DEFAULT_MAX_CFI_ROWS,
+        python: true,
     };
     let (p, st) = ebpf::profile(
         &opts,
@@ -444,6 +448,24 @@ fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
         st.filtered > 0,
         "the busy loop and the rest were filtered: {st:?}"
     );
+    // The Python code that blocked: the `-c` program's module frame,
+    // walked at the switch (a CPython 3.11-3.13 with a shared libpython).
+    if st.python_processes == 1 {
+        let in_module: u64 = stacks(&p)
+            .iter()
+            .filter(|(f, _)| {
+                f.iter()
+                    .any(|f| f.kind == FrameKind::Python && f.name.as_deref() == Some("<module>"))
+            })
+            .map(|(_, c)| c)
+            .sum();
+        assert!(
+            in_module * 10 > total_us * 9,
+            "<module> in {in_module} of {total_us} µs"
+        );
+    } else {
+        eprintln!("off-CPU Python frames not checked: the reader's CPython is not walked ({st:?})");
+    }
     drop(reader);
 }
 
@@ -644,8 +666,7 @@ fn python_reach(
         if at.is_some_and(under) {
             hit += c;
         }
-        if f
-            .iter()
+        if f.iter()
             .any(|f| f.name.as_deref() == Some("_PyEval_EvalFrameDefault"))
         {
             interp += c;
