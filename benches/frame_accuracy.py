@@ -14,7 +14,15 @@ right when frames 0..=i are the innermost frames of some reference stack.
 Accuracy = right frames / frames of the best-matching reference stacks (a
 walk that stops early loses the frames it did not reach). Frames of
 stripped code are compared by module (`libz.so.1+0x5f77` -> `libz.so.1`):
-the reference and the sample need not stop at the same instruction.
+the reference and the sample need not stop at the same instruction. These
+runs keep the interpreter's frames (`--no-python`).
+
+Python frames (walked in the kernel at the tick, bpf/python.bpf.h): each
+eBPF mode runs again with them, and each sample of the two threads is checked
+against the program's known Python stack, root first: Thread._bootstrap,
+Thread._bootstrap_inner, Thread.run, then compress_forever or stat_forever.
+Python frame accuracy = right Python frames (a common prefix from the root) /
+expected ones; "exact" = samples whose Python stack is exactly the known one.
 
     python3 benches/frame_accuracy.py --whyslow target/release/whyslow [--python python3.11] [--seconds 10]
 """
@@ -46,6 +54,38 @@ def read_folded(path):
             user = [re.sub(r"\+0x[0-9a-f]+$", "", x) for x in frames if not x.endswith("_[k]")]
             out[(thread, tuple(reversed(user)))] += int(n)
     return out
+
+
+PY_FRAME = re.compile(r"^(.*) \((.*):(\d+)\)$")
+KNOWN_PYTHON = {
+    "compress": ["Thread._bootstrap", "Thread._bootstrap_inner", "Thread.run", "compress_forever"],
+    "stat": ["Thread._bootstrap", "Thread._bootstrap_inner", "Thread.run", "stat_forever"],
+}
+
+
+def python_accuracy(path):
+    """(right Python frames, expected, exact samples, samples) of the two
+    threads' samples in a folded profile, against KNOWN_PYTHON."""
+    right = expected = exact = samples = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, n = line.rstrip("\n").rpartition(" ")
+            frames = stack.split(";")
+            want = KNOWN_PYTHON.get(frames[0])
+            if want is None or not n:
+                continue
+            n = int(n)
+            got = [m.group(1) for m in map(PY_FRAME.match, frames[1:]) if m]
+            common = 0
+            for a, b in zip(got, want):
+                if a != b:
+                    break
+                common += 1
+            right += common * n
+            expected += max(len(want), len(got)) * n
+            exact += n if got == want else 0
+            samples += n
+    return right, expected, exact, samples
 
 
 def accuracy(sample, reference):
@@ -83,7 +123,9 @@ def main():
         assert child.stdout.readline().strip() == "ready"
         runs = [("reference (perf, DWARF in userspace)", ["--engine", "perf", "--no-python"])]
         for mode in ("fp", "dwarf", "hybrid"):
-            runs.append((mode, ["--engine", "ebpf", "--unwind", mode]))
+            runs.append((mode, ["--engine", "ebpf", "--unwind", mode, "--no-python"]))
+        for mode in ("fp", "dwarf", "hybrid"):
+            runs.append((mode + "+python", ["--engine", "ebpf", "--unwind", mode]))
         results = {}
         for name, flags in runs:
             out = os.path.join(tmp, name.split()[0] + ".folded")
@@ -92,12 +134,13 @@ def main():
                 capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit("%s failed: %s" % (name, p.stderr))
-            results[name] = read_folded(out)
+            results[name] = python_accuracy(out) if name.endswith("+python") else read_folded(out)
             time.sleep(0.5)
     finally:
         child.kill()
         child.wait()
     ref = results.pop("reference (perf, DWARF in userspace)")
+    python = {k[: -len("+python")]: results.pop(k) for k in list(results) if k.endswith("+python")}
     print("| user stack walk | samples | frames per sample | frames right | frame accuracy |")
     print("|---|---|---|---|---|")
     for name, prof in results.items():
@@ -108,6 +151,12 @@ def main():
     rsamples = sum(ref.values())
     rframes = sum(len(f) * n for (_, f), n in ref.items())
     print("| reference | %d | %.1f | | |" % (rsamples, rframes / max(rsamples, 1)))
+    print()
+    print("| eBPF walk, Python frames on | samples of the two threads | Python frames right | Python frame accuracy | exact Python stacks |")
+    print("|---|---|---|---|---|")
+    for name, (right, expected, exact, samples) in python.items():
+        print("| %s | %d | %d of %d | **%.1f %%** | %.1f %% |" % (
+            name, samples, right, expected, 100.0 * right / max(expected, 1), 100.0 * exact / max(samples, 1)))
 
 
 if __name__ == "__main__":
