@@ -75,7 +75,10 @@ def python_accuracy(path):
             if want is None or not n:
                 continue
             n = int(n)
+            # CPython 3.10 names functions without their class (co_name).
             got = [m.group(1) for m in map(PY_FRAME.match, frames[1:]) if m]
+            if got and "." not in "".join(got):
+                want = [w.rsplit(".", 1)[-1] for w in want]
             common = 0
             for a, b in zip(got, want):
                 if a != b:

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
 //
 // Python frames in the kernel (SysOM-AI §3.3: one stack from Python down to
-// the kernel, for every process of the host). CPython 3.11–3.13 keep each
+// the kernel, for every process of the host). CPython 3.10–3.13 keep each
 // thread's frames on the heap: _PyRuntime → interpreters → thread states
-// (matched to the sampled thread by `native_thread_id`, the Linux tid) →
-// current frame → previous → …, each frame naming its code object. At the
+// (matched to the sampled thread by `native_thread_id`, the Linux tid; on
+// 3.10 by `thread_id`, its pthread_self(), which on x86-64 is the thread's
+// FS base) → current frame → previous → …, each frame naming its code
+// object. At the
 // tick the program records the chain's code object addresses, innermost
 // first, as a stack of its own (stored under its hash in `stacks`, as native
 // stacks are); userspace reads each code object's name, file and first line
@@ -14,8 +16,8 @@
 // Field offsets come from libpython's DWARF (whyslow_stacks::python::Layout),
 // written per process in `py_procs`; a process without an entry has no Python
 // stack. Bit 0 of a recorded address (code objects are 8-byte aligned) marks
-// the frame that began a C-level evaluation call (3.11: `is_entry`; 3.12+:
-// the frame below a C-stack shim frame), which splits the chain into one group
+// the frame that began a C-level evaluation call (3.10: every frame; 3.11:
+// `is_entry`; 3.12+: the frame below a C-stack shim frame), which splits the chain into one group
 // per `_PyEval_EvalFrameDefault` frame of the native stack.
 //
 // The walk runs under bpf_loop, one pointer step per iteration, so the
@@ -23,6 +25,8 @@
 
 #ifndef WHYSLOW_PYTHON_BPF_H
 #define WHYSLOW_PYTHON_BPF_H
+
+#include <bpf/bpf_core_read.h>
 
 /* One process's interpreter (whyslow_stacks::ebpf_python's PyProcC). */
 struct py_proc {
@@ -37,9 +41,19 @@ struct py_proc {
 	__u32 frame_code; /* _PyInterpreterFrame.f_code / f_executable */
 	__u32 frame_previous; /* _PyInterpreterFrame.previous */
 	__u32 frame_entry; /* .is_entry (3.11) or .owner (3.12+) */
-	__u32 entry_is_flag; /* 1: is_entry; 0: owner, PY_OWNED_BY_CSTACK a shim */
-	__u32 pad;
+	__u32 entry_is_flag; /* 1: is_entry; 0: owner, PY_OWNED_BY_CSTACK a shim;
+			      * 2: every frame (3.10) */
+	__u32 tid_is_pthread; /* 3.10: tstate_tid holds pthread_self() */
 };
+
+/* The kernel's record of the thread's FS base (x86-64: pthread_self()),
+ * found by CO-RE: only these fields are relocated. */
+struct thread_struct___py {
+	unsigned long fsbase;
+} __attribute__((preserve_access_index));
+struct task_struct___py {
+	struct thread_struct___py thread;
+} __attribute__((preserve_access_index));
 
 #define PY_NO_CFRAME 0xffffffff
 #define PY_OWNED_BY_CSTACK 3
@@ -62,8 +76,9 @@ struct py_walk {
 	__u64 interp;
 	__u64 ts;
 	__u64 frame;
-	__u32 tid;
+	__u64 self; /* the thread's id as tstate_tid holds it */
 	__u32 phase;
+	__u32 pad;
 };
 
 static __always_inline __u64 py_read(__u64 addr)
@@ -89,7 +104,10 @@ static long py_step(__u32 i, void *arg)
 			w->ts = w->interp ? py_read(w->interp + w->p.interp_threads) : 0;
 			return w->interp == 0;
 		}
-		if ((__u32)py_read(w->ts + w->p.tstate_tid) != w->tid) {
+		__u64 id = py_read(w->ts + w->p.tstate_tid);
+		if (!w->p.tid_is_pthread)
+			id = (__u32)id;
+		if (id != w->self) {
 			w->ts = py_read(w->ts + w->p.tstate_next);
 			return 0;
 		}
@@ -121,7 +139,8 @@ static long py_step(__u32 i, void *arg)
 	__u64 code = py_read(frame + w->p.frame_code);
 	if (code == 0)
 		return 0;
-	s->ips[n] = (code & ~1ULL) | (w->p.entry_is_flag && entry ? 1 : 0);
+	__u64 starts = w->p.entry_is_flag == 2 || (w->p.entry_is_flag == 1 && entry);
+	s->ips[n] = (code & ~1ULL) | starts;
 	s->depth = n + 1;
 	return 0;
 }
@@ -136,7 +155,15 @@ static __always_inline __u64 take_python_stack(struct stack *s, __u32 tgid, __u3
 		return 0;
 	struct py_walk w = {};
 	w.p = *p;
-	w.tid = tid;
+	w.self = tid;
+	if (p->tid_is_pthread) {
+#if defined(__TARGET_ARCH_x86)
+		struct task_struct___py *task = (void *)bpf_get_current_task();
+		w.self = BPF_CORE_READ(task, thread.fsbase);
+#else
+		return 0;
+#endif
+	}
 	w.interp = py_read(p->runtime + p->interp_head);
 	if (w.interp == 0)
 		return 0;

@@ -13,7 +13,7 @@
 //! validated frame-pointer steps (the paper's Algorithm 1, `bpf/unwind.bpf.h`
 //! and [`crate::cfi`]), or with the kernel's frame-pointer walk alone
 //! (complete for code built with frame pointers, 1–3 frames for a CPython
-//! without them). A CPython 3.11–3.13 thread's Python frames are walked at
+//! without them). A CPython 3.10–3.13 thread's Python frames are walked at
 //! the same tick (`bpf/python.bpf.h`, [`crate::ebpf_python`]) and put in
 //! place of the interpreter's frames. What this path adds is reach and cost: every
 //! process of the host, a cgroup or a set of processes, kernel stacks
@@ -94,7 +94,7 @@ pub struct EbpfOptions {
     /// Rows the kernel's CFI table holds (16 bytes each); modules that do
     /// not fit get frame-pointer steps.
     pub max_cfi_rows: u32,
-    /// Walk the Python frames of CPython 3.11–3.13 processes at the tick
+    /// Walk the Python frames of CPython 3.10–3.13 processes at the tick
     /// and put them in place of the interpreter's (`bpf/python.bpf.h`).
     pub python: bool,
 }

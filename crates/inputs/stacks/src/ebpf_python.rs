@@ -1,7 +1,7 @@
 //! Python frames on the eBPF path (SysOM-AI §3.3: one stack from the Python
 //! function down to the kernel, for every process of the host).
 //!
-//! `bpf/python.bpf.h` walks a CPython 3.11–3.13 thread's frame chain at the
+//! `bpf/python.bpf.h` walks a CPython 3.10–3.13 thread's frame chain at the
 //! tick and records its code objects' addresses; [`PythonProcs`] tells the
 //! program where each process's interpreter lives (the `py_procs` map, from
 //! libpython's DWARF: [`crate::python::Layout`]) and [`PythonFrames`] names
@@ -39,7 +39,7 @@ struct PyProcC {
     frame_previous: u32,
     frame_entry: u32,
     entry_is_flag: u32,
-    pad: u32,
+    tid_is_pthread: u32,
 }
 // SAFETY: plain C struct of integers, no padding holes (56 bytes, the pad
 // explicit).
@@ -66,8 +66,13 @@ impl PyProcC {
             frame_code: o(l.frame_code)?,
             frame_previous: o(l.frame_previous)?,
             frame_entry: o(l.frame_entry.0)?,
-            entry_is_flag: l.frame_entry.1 as u32,
-            pad: 0,
+            // 2: every frame began its own call (3.10's frame objects).
+            entry_is_flag: if l.pthread_ids {
+                2
+            } else {
+                l.frame_entry.1 as u32
+            },
+            tid_is_pthread: l.pthread_ids as u32,
         })
     }
 }
@@ -101,7 +106,7 @@ impl PythonProcs {
         self.seen.values().filter(|v| v.is_some()).count()
     }
 
-    /// Looks at `pid` once: a CPython 3.11–3.13 with a shared libpython
+    /// Looks at `pid` once: a CPython 3.10–3.13 with a shared libpython
     /// that has debug information gets an entry (anything else, or a
     /// process that cannot be read, none: its stacks stay native).
     pub fn load(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<(), EbpfError> {

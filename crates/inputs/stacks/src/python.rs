@@ -28,7 +28,7 @@ use crate::maps::{self, Mapping};
 /// Field offsets of the interpreter's structures, from DWARF.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Layout {
-    /// CPython minor version (11, 12, 13).
+    /// CPython minor version (10, 11, 12, 13).
     pub minor: u32,
     pub(crate) runtime_interp_head: u64,
     pub(crate) interp_next: u64,
@@ -42,6 +42,10 @@ pub struct Layout {
     pub(crate) frame_previous: u64,
     /// 3.11: `is_entry` (bool); 3.12+: `owner` (char, 3 = C stack shim).
     pub(crate) frame_entry: (u64, bool),
+    /// 3.10: the thread state names its thread by `pthread_self()`
+    /// (`thread_id`), not by its Linux tid, and each frame is one C-level
+    /// evaluation call (frame objects, no inlined calls).
+    pub(crate) pthread_ids: bool,
     pub(crate) code_qualname: u64,
     pub(crate) code_filename: u64,
     pub(crate) code_firstlineno: u64,
@@ -186,7 +190,8 @@ impl<'a> Types<'a> {
 impl Layout {
     /// Reads the layout from the debug information of `libpython` (the file
     /// at `path`, CPython 3.`minor`). None when the file has no usable DWARF
-    /// or the version is not supported (3.11–3.13).
+    /// or the version is not supported (3.10–3.13; the perf path's own
+    /// reader walks 3.11–3.13, whose thread states carry the Linux tid).
     pub fn from_library(path: &Path, minor: u32) -> Option<Layout> {
         Self::read(path, minor).ok()
     }
@@ -212,8 +217,8 @@ impl Layout {
 
     /// As [`Layout::from_library`], saying what is missing.
     pub fn read(path: &Path, minor: u32) -> Result<Layout, String> {
-        if !(11..=13).contains(&minor) {
-            return Err(format!("CPython 3.{minor} is not supported (3.11-3.13)"));
+        if !(10..=13).contains(&minor) {
+            return Err(format!("CPython 3.{minor} is not supported (3.10-3.13)"));
         }
         let data = map_file(path).map_err(|e| e.to_string())?;
         let obj = object::File::parse(&data[..]).map_err(|e| e.to_string())?;
@@ -240,15 +245,52 @@ impl Layout {
             "PyCompactUnicodeObject",
         ];
         // 3.13 has no _PyCFrame (the thread state points at the frame).
+        // 3.13 has no _PyCFrame (the thread state points at the frame);
+        // 3.10 chains frame objects (`struct _frame`).
         let wanted: Vec<&str> = wanted
             .into_iter()
             .filter(|w| minor < 13 || *w != "_PyCFrame")
+            .map(|w| match (minor, w) {
+                (10, "_PyCFrame" | "_PyInterpreterFrame") => "_frame",
+                _ => w,
+            })
             .collect();
         let t = Types::load(&sections, endian, &wanted).ok_or("no DWARF debug information")?;
         let off = |ty: &str, path: &[&str]| -> Result<u64, String> {
             t.offset(ty, path)
                 .ok_or_else(|| format!("no {ty}.{} in the debug information", path.join(".")))
         };
+        let strings = |l: Layout| -> Result<Layout, String> {
+            Ok(Layout {
+                ascii_length: off("PyASCIIObject", &["length"])?,
+                ascii_state: off("PyASCIIObject", &["state"])?,
+                ascii_size: t.size("PyASCIIObject").ok_or("no PyASCIIObject size")?,
+                compact_size: t
+                    .size("PyCompactUnicodeObject")
+                    .ok_or("no PyCompactUnicodeObject size")?,
+                ..l
+            })
+        };
+        if minor == 10 {
+            // No co_qualname before 3.11: functions go by their co_name.
+            return strings(Layout {
+                minor,
+                runtime_interp_head: off("pyruntimestate", &["interpreters", "head"])?,
+                interp_next: off("_is", &["next"])?,
+                interp_threads_head: off("_is", &["tstate_head"])?,
+                tstate_next: off("_ts", &["next"])?,
+                tstate_native_tid: off("_ts", &["thread_id"])?,
+                tstate_frame: (off("_ts", &["frame"])?, None),
+                frame_code: off("_frame", &["f_code"])?,
+                frame_previous: off("_frame", &["f_back"])?,
+                frame_entry: (0, true),
+                pthread_ids: true,
+                code_qualname: off("PyCodeObject", &["co_name"])?,
+                code_filename: off("PyCodeObject", &["co_filename"])?,
+                code_firstlineno: off("PyCodeObject", &["co_firstlineno"])?,
+                ..Layout::default()
+            });
+        }
         let tstate_frame = if minor >= 13 {
             (off("_ts", &["current_frame"])?, None)
         } else {
@@ -267,7 +309,7 @@ impl Layout {
         } else {
             (off("_PyInterpreterFrame", &["owner"])?, false)
         };
-        Ok(Layout {
+        strings(Layout {
             minor,
             runtime_interp_head: off("pyruntimestate", &["interpreters", "head"])?,
             interp_next: off("_is", &["next"])?,
@@ -278,15 +320,11 @@ impl Layout {
             frame_code,
             frame_previous: off("_PyInterpreterFrame", &["previous"])?,
             frame_entry,
+            pthread_ids: false,
             code_qualname: off("PyCodeObject", &["co_qualname"])?,
             code_filename: off("PyCodeObject", &["co_filename"])?,
             code_firstlineno: off("PyCodeObject", &["co_firstlineno"])?,
-            ascii_length: off("PyASCIIObject", &["length"])?,
-            ascii_state: off("PyASCIIObject", &["state"])?,
-            ascii_size: t.size("PyASCIIObject").ok_or("no PyASCIIObject size")?,
-            compact_size: t
-                .size("PyCompactUnicodeObject")
-                .ok_or("no PyCompactUnicodeObject size")?,
+            ..Layout::default()
         })
     }
 }
@@ -452,9 +490,13 @@ impl PythonReader {
     }
 
     /// Every Python thread's stack, innermost frame first, by native thread id.
+    /// (Empty on 3.10, whose thread states do not carry the Linux tid.)
     pub fn stacks(&mut self) -> HashMap<u32, Vec<PyFrame>> {
         let mut out = HashMap::new();
         let l = self.layout.clone();
+        if l.pthread_ids {
+            return out;
+        }
         let mut interp = self
             .u64_at(self.runtime + l.runtime_interp_head)
             .unwrap_or(0);
@@ -546,7 +588,7 @@ mod tests {
     #[test]
     fn layouts_come_from_each_installed_libpython() {
         let mut seen = 0;
-        for minor in 11..=13 {
+        for minor in 10..=13 {
             let dir = std::path::PathBuf::from("/root/.pyenv/versions");
             let Ok(rd) = std::fs::read_dir(&dir) else {
                 continue;

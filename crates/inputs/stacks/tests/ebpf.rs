@@ -449,7 +449,7 @@ fn off_cpu_time_is_counted_under_the_stack_that_blocked() {
         "the busy loop and the rest were filtered: {st:?}"
     );
     // The Python code that blocked: the `-c` program's module frame,
-    // walked at the switch (a CPython 3.11-3.13 with a shared libpython).
+    // walked at the switch (a CPython 3.10-3.13 with a shared libpython).
     if st.python_processes == 1 {
         let in_module: u64 = stacks(&p)
             .iter()
@@ -680,7 +680,7 @@ fn python_reach(
 /// program walks each CPython thread's frame chain at the tick, and the
 /// interpreter's evaluation frames become the Python functions they ran —
 /// `compress_forever` above the zlib extension and libz, `stat_forever`
-/// above the stat syscall — on every CPython 3.11–3.13 installed here, with
+/// above the stat syscall — on every CPython 3.10–3.13 installed here, with
 /// DWARF-unwound native stacks (hybrid) and with frame pointers alone (the
 /// Python frames then go at the root of the few native frames found).
 #[test]
@@ -690,7 +690,7 @@ fn python_frames_are_walked_in_the_kernel() {
         whyslow_testkit::skip(&why);
         return;
     }
-    let mut pythons: Vec<String> = (11..=13)
+    let mut pythons: Vec<String> = (10..=13)
         .filter_map(|minor| {
             let dir = std::fs::read_dir("/root/.pyenv/versions").ok()?;
             dir.flatten()
