@@ -83,22 +83,35 @@ pub(crate) struct PythonProcs {
     /// Processes looked at: Some(CPython minor version) where the program
     /// walks their Python frames.
     seen: HashMap<u32, Option<u32>>,
+    /// Python processes whose runtime could not be read yet (one sampled
+    /// before its interpreter started): when, and how many times, tried.
+    retry: HashMap<u32, (std::time::Instant, u32)>,
     /// False: no process gets an entry (Python frames are off).
     enabled: bool,
 }
+
+/// Looks at a Python process whose runtime did not read: up to this many
+/// times, this far apart.
+const PYTHON_TRIES: u32 = 3;
+const PYTHON_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl PythonProcs {
     /// `enabled`: whether processes get an entry at all.
     pub fn new(enabled: bool) -> Self {
         PythonProcs {
             seen: HashMap::new(),
+            retry: HashMap::new(),
             enabled,
         }
     }
 
-    /// Whether `pid` was looked at.
+    /// Whether `pid` was looked at (and is not due for another look).
     pub fn knows(&self, pid: u32) -> bool {
         self.seen.contains_key(&pid)
+            && self
+                .retry
+                .get(&pid)
+                .is_none_or(|&(at, n)| n >= PYTHON_TRIES || at.elapsed() < PYTHON_RETRY)
     }
 
     /// Processes whose Python frames the program walks.
@@ -113,11 +126,17 @@ impl PythonProcs {
         if self.knows(pid) || !self.enabled {
             return Ok(());
         }
-        let proc_ = maps::read_maps(pid as i32)
-            .ok()
-            .and_then(|m| PythonReader::new(pid as i32, &m))
-            .and_then(|r| Some((PyProcC::of(&r)?, r.minor())));
+        let maps = maps::read_maps(pid as i32).unwrap_or_default();
+        let proc_ =
+            PythonReader::new(pid as i32, &maps).and_then(|r| Some((PyProcC::of(&r)?, r.minor())));
         self.seen.insert(pid, proc_.map(|p| p.1));
+        if proc_.is_none() && !python::runtime_modules(pid as i32, &maps).is_empty() {
+            let tries = self.retry.get(&pid).map_or(0, |r| r.1);
+            self.retry
+                .insert(pid, (std::time::Instant::now(), tries + 1));
+        } else {
+            self.retry.remove(&pid);
+        }
         if let Some((p, _)) = proc_ {
             let mut map: BpfHashMap<&mut MapData, u32, PyProcC> = map_mut(ebpf, "py_procs")?;
             map.insert(pid, p, 0)
@@ -139,6 +158,7 @@ impl PythonProcs {
         }
         let mut map: BpfHashMap<&mut MapData, u32, PyProcC> = map_mut(ebpf, "py_procs")?;
         for pid in gone {
+            self.retry.remove(&pid);
             if self.seen.remove(&pid).flatten().is_some() {
                 let _ = map.remove(&pid);
             }

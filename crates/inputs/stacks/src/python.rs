@@ -329,6 +329,124 @@ impl Layout {
     }
 }
 
+/// The modules of `pid` that may hold a CPython runtime: a shared
+/// libpython, else a `python…` executable (that links it in); empty for
+/// any other process.
+pub fn runtime_modules(pid: i32, maps: &[Mapping]) -> Vec<String> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+        .filter(|p| p.rsplit('/').next().unwrap_or("").starts_with("python"));
+    let mut out: Vec<String> = Vec::new();
+    for m in maps {
+        let base = m.path.rsplit('/').next().unwrap_or("");
+        if base.starts_with("libpython3.") && base.contains(".so") && !out.contains(&m.path) {
+            out.push(m.path.clone());
+        }
+    }
+    if let Some(exe) = exe {
+        if maps.iter().any(|m| m.path == exe) && !out.contains(&exe) {
+            out.push(exe);
+        }
+    }
+    out
+}
+
+/// Bytes of CPython 3.13's `_Py_DebugOffsets` read (through the Unicode
+/// object's offsets).
+const DEBUG_OFFSETS_BYTES: usize = 568;
+
+impl Layout {
+    /// The layout from CPython 3.13's `_Py_DebugOffsets`, the first field
+    /// of `_PyRuntime`, made for out-of-process readers (PEP 768's
+    /// groundwork): exact for the build at hand, debug information or not.
+    pub fn from_debug_offsets(b: &[u8]) -> Option<Layout> {
+        if b.len() < DEBUG_OFFSETS_BYTES || &b[..8] != b"xdebugpy" {
+            return None;
+        }
+        let at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+        let version = at(8);
+        if version >> 24 != 3 || (version >> 16) & 0xff != 13 || at(16) != 0 {
+            return None; // another layout of the struct, or free-threaded
+        }
+        let ascii_size = at(560);
+        Some(Layout {
+            minor: 13,
+            runtime_interp_head: at(40),
+            interp_next: at(64),
+            interp_threads_head: at(72),
+            tstate_next: at(168),
+            tstate_native_tid: at(200),
+            tstate_frame: (at(184), None),
+            frame_code: at(240),
+            frame_previous: at(232),
+            frame_entry: (at(264), false),
+            pthread_ids: false,
+            code_qualname: at(296),
+            code_filename: at(280),
+            code_firstlineno: at(312),
+            ascii_length: at(552),
+            ascii_state: at(544),
+            ascii_size,
+            // PyCompactUnicodeObject: the ASCII header, utf8_length, utf8.
+            compact_size: ascii_size + 16,
+        })
+    }
+
+    /// The layout of the x86-64 CPython 3.11 and 3.12 builds whyslow was
+    /// tested on (pyenv 3.11.7 and 3.12.1 from their DWARF, Debian's 3.11.2),
+    /// for a runtime without debug information; the reader checks it against
+    /// the live process before use.
+    pub fn builtin(minor: u32) -> Option<Layout> {
+        if !cfg!(target_arch = "x86_64") {
+            return None;
+        }
+        match minor {
+            11 => Some(Layout {
+                minor: 11,
+                runtime_interp_head: 40,
+                interp_next: 0,
+                interp_threads_head: 16,
+                tstate_next: 8,
+                tstate_native_tid: 160,
+                tstate_frame: (56, Some(8)),
+                frame_code: 32,
+                frame_previous: 48,
+                frame_entry: (68, true),
+                pthread_ids: false,
+                code_qualname: 128,
+                code_filename: 112,
+                code_firstlineno: 72,
+                ascii_length: 16,
+                ascii_state: 32,
+                ascii_size: 48,
+                compact_size: 72,
+            }),
+            12 => Some(Layout {
+                minor: 12,
+                runtime_interp_head: 40,
+                interp_next: 0,
+                interp_threads_head: 72,
+                tstate_next: 8,
+                tstate_native_tid: 144,
+                tstate_frame: (56, Some(0)),
+                frame_code: 0,
+                frame_previous: 8,
+                frame_entry: (70, false),
+                pthread_ids: false,
+                code_qualname: 128,
+                code_filename: 112,
+                code_firstlineno: 68,
+                ascii_length: 16,
+                ascii_state: 32,
+                ascii_size: 40,
+                compact_size: 56,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// One Python frame: qualified name, file, first line of the function.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PyFrame {
@@ -367,40 +485,135 @@ fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> bool {
 }
 
 impl PythonReader {
-    /// A reader for `pid` when it runs CPython 3.11–3.13 from a shared
-    /// libpython with debug information (`maps` are its mappings).
+    /// A reader for `pid` when it runs CPython 3.10–3.13, from a shared
+    /// libpython or from an executable that has the runtime linked in
+    /// (Debian's `/usr/bin/python3`, conda's python); `maps` are its
+    /// mappings. The structures' layout comes from the runtime's own
+    /// `_Py_DebugOffsets` (3.13), else from the module's DWARF, else from
+    /// the layouts of the CPython builds whyslow was tested on (3.11, 3.12),
+    /// checked against the live process (its thread states must carry its
+    /// threads' ids, a running frame must point at a code object). None
+    /// when no layout holds.
     pub fn new(pid: i32, maps: &[Mapping]) -> Option<Self> {
-        let lib = maps.iter().find(|m| {
-            let base = m.path.rsplit('/').next().unwrap_or("");
-            base.starts_with("libpython3.") && base.contains(".so")
-        })?;
-        let base = lib.path.rsplit('/').next().unwrap_or("");
-        let minor: u32 = base
-            .trim_start_matches("libpython3.")
-            .split(|c: char| !c.is_ascii_digit())
-            .next()?
-            .parse()
-            .ok()?;
-        let file = maps::file_path(pid, &lib.path);
-        let layout = Layout::cached(&file, minor)?;
-        // _PyRuntime's address: its SVMA plus the library's load bias.
+        runtime_modules(pid, maps)
+            .into_iter()
+            .find_map(|path| Self::from_module(pid, maps, &path))
+    }
+
+    fn from_module(pid: i32, maps: &[Mapping], path: &str) -> Option<Self> {
+        let file = maps::file_path(pid, path);
         let data = map_file(&file).ok()?;
         let obj = object::File::parse(&data[..]).ok()?;
-        let sym = obj
-            .dynamic_symbols()
-            .chain(obj.symbols())
-            .find(|s| s.name() == Ok("_PyRuntime"))?;
+        let symbol = |name: &str| {
+            obj.dynamic_symbols()
+                .chain(obj.symbols())
+                .find(|s| s.name() == Ok(name))
+                .map(|s| s.address())
+        };
+        let runtime_svma = symbol("_PyRuntime")?;
         let elf = crate::elf::ElfModule::open(&file).ok()?;
         let bias = maps
             .iter()
-            .filter(|m| m.path == lib.path)
+            .filter(|m| m.path == path)
             .find_map(|m| Some(m.start.wrapping_sub(elf.svma_of_offset(m.offset)?)))?;
-        Some(PythonReader {
+        let runtime = bias.wrapping_add(runtime_svma);
+        let code_type = symbol("PyCode_Type").map(|a| bias.wrapping_add(a));
+        // The version: `Py_Version` (3.11+) in memory, else the file name.
+        let mut minor = symbol("Py_Version").and_then(|a| {
+            let mut b = [0u8; 4];
+            read_mem(pid, bias.wrapping_add(a), &mut b).then(|| {
+                let hex = u32::from_ne_bytes(b);
+                (hex >> 24 == 3).then_some((hex >> 16) & 0xff)
+            })?
+        });
+        if minor.is_none() {
+            let base = path.rsplit('/').next().unwrap_or("");
+            minor = base
+                .trim_start_matches("libpython3.")
+                .trim_start_matches("python3.")
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|v| v.parse().ok());
+        }
+        let minor = minor?;
+        drop(data);
+        let mut reader = PythonReader {
             pid,
-            layout,
-            runtime: bias.wrapping_add(sym.address()),
+            layout: Layout::default(),
+            runtime,
             strings: HashMap::new(),
-        })
+        };
+        let layouts = [
+            (minor >= 13)
+                .then(|| Layout::from_debug_offsets(&reader.bytes(runtime, DEBUG_OFFSETS_BYTES)?))
+                .flatten(),
+            Layout::cached(&file, minor),
+            Layout::builtin(minor),
+        ];
+        for layout in layouts.into_iter().flatten() {
+            if layout.minor != minor {
+                continue;
+            }
+            reader.layout = layout;
+            if reader.looks_right(code_type) {
+                return Some(reader);
+            }
+        }
+        None
+    }
+
+    fn bytes(&self, addr: u64, n: usize) -> Option<Vec<u8>> {
+        let mut b = vec![0u8; n];
+        read_mem(self.pid, addr, &mut b).then_some(b)
+    }
+
+    /// Whether the layout reads the live process sensibly: an interpreter
+    /// whose thread states (3.11+) carry ids of the process's threads, and,
+    /// where a thread runs Python, a frame whose code object is one.
+    fn looks_right(&self, code_type: Option<u64>) -> bool {
+        let l = &self.layout;
+        let Some(interp) = self.u64_at(self.runtime + l.runtime_interp_head) else {
+            return false;
+        };
+        if interp == 0 {
+            return false;
+        }
+        let tids: std::collections::HashSet<u64> =
+            std::fs::read_dir(format!("/proc/{}/task", self.pid))
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+        let mut ts = self.u64_at(interp + l.interp_threads_head).unwrap_or(0);
+        let mut threads = 0;
+        while ts != 0 && threads < 64 {
+            threads += 1;
+            if !l.pthread_ids {
+                let tid = self.u64_at(ts + l.tstate_native_tid).unwrap_or(0);
+                if !tids.contains(&tid) {
+                    return false;
+                }
+            }
+            let frame = match l.tstate_frame {
+                (off, None) => self.u64_at(ts + off).unwrap_or(0),
+                (off, Some(cf)) => self
+                    .u64_at(ts + off)
+                    .filter(|&c| c != 0)
+                    .and_then(|c| self.u64_at(c + cf))
+                    .unwrap_or(0),
+            };
+            if let (Some(want), true) = (code_type, frame != 0) {
+                let code = self.u64_at(frame + l.frame_code).unwrap_or(0);
+                let ty = self.u64_at(code + 8).unwrap_or(0); // ob_type
+                if code == 0 || ty != want {
+                    return false;
+                }
+            }
+            ts = self.u64_at(ts + l.tstate_next).unwrap_or(0);
+        }
+        threads > 0
     }
 
     /// CPython's minor version.
@@ -612,5 +825,65 @@ mod tests {
             }
         }
         eprintln!("{seen} libpython layouts read");
+    }
+
+    fn pyenv_lib(minor: u32) -> Option<std::path::PathBuf> {
+        std::fs::read_dir("/root/.pyenv/versions")
+            .ok()?
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("3.{minor}."))
+            })
+            .map(|e| e.path().join(format!("lib/libpython3.{minor}.so.1.0")))
+            .find(|p| p.exists())
+    }
+
+    #[test]
+    fn builtin_layouts_are_the_tested_builds_own() {
+        for minor in [11, 12] {
+            let Some(lib) = pyenv_lib(minor) else {
+                whyslow_testkit::skip(&format!("no pyenv CPython 3.{minor} here"));
+                continue;
+            };
+            assert_eq!(
+                Layout::builtin(minor),
+                Some(Layout::read(&lib, minor).unwrap()),
+                "{}",
+                lib.display()
+            );
+        }
+        assert_eq!(Layout::builtin(10), None);
+    }
+
+    /// CPython 3.13's `_Py_DebugOffsets` (the first bytes of `_PyRuntime`,
+    /// in the library's data) give what its DWARF gives.
+    #[test]
+    fn debug_offsets_give_the_dwarf_layout() {
+        let Some(lib) = pyenv_lib(13) else {
+            whyslow_testkit::skip("no pyenv CPython 3.13 here");
+            return;
+        };
+        let data = std::fs::read(&lib).unwrap();
+        let obj = object::File::parse(&data[..]).unwrap();
+        let sym = obj
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("_PyRuntime"))
+            .unwrap();
+        let section = obj
+            .sections()
+            .find(|s| (s.address()..s.address() + s.size()).contains(&sym.address()))
+            .unwrap();
+        let (off, _) = section.file_range().unwrap();
+        let at = (off + sym.address() - section.address()) as usize;
+        let got = Layout::from_debug_offsets(&data[at..at + DEBUG_OFFSETS_BYTES]).unwrap();
+        assert_eq!(got, Layout::read(&lib, 13).unwrap());
+        // Anything else is refused.
+        assert_eq!(
+            Layout::from_debug_offsets(&[0u8; DEBUG_OFFSETS_BYTES]),
+            None
+        );
+        assert_eq!(Layout::from_debug_offsets(&data[at..at + 100]), None);
     }
 }

@@ -680,7 +680,8 @@ fn python_reach(
 /// program walks each CPython thread's frame chain at the tick, and the
 /// interpreter's evaluation frames become the Python functions they ran —
 /// `compress_forever` above the zlib extension and libz, `stat_forever`
-/// above the stat syscall — on every CPython 3.10–3.13 installed here, with
+/// above the stat syscall — on every CPython 3.10–3.13 installed here (and
+/// the distribution's stripped, statically linked one), with
 /// DWARF-unwound native stacks (hybrid) and with frame pointers alone (the
 /// Python frames then go at the root of the few native frames found).
 #[test]
@@ -706,6 +707,11 @@ fn python_frames_are_walked_in_the_kernel() {
         .collect();
     if pythons.is_empty() {
         pythons.push(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()));
+    }
+    // The distribution's CPython: the runtime linked into the executable,
+    // stripped (no DWARF): read by its layout table, checked live.
+    if std::path::Path::new("/usr/bin/python3").exists() {
+        pythons.push("/usr/bin/python3".into());
     }
     for python in &pythons {
         let shape = known_shape_on(python);
