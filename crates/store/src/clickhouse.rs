@@ -103,7 +103,20 @@ fn tenant_id(name: &str) -> i64 {
 /// A frame's digest: SHA-256 of its fields, each length-prefixed (stable
 /// across servers and versions; computed once per distinct frame of a
 /// profile).
+#[cfg(test)]
 fn frame_digest(f: &Frame) -> [u64; 2] {
+    frame_ref_digest(&whyslow_stack_output::FrameRef {
+        kind: f.kind,
+        name: f.name.as_deref(),
+        module: f.module.as_deref(),
+        build_id: f.build_id.as_deref(),
+        offset: f.offset,
+        line: f.line,
+    })
+}
+
+/// [`frame_digest`] of a frame borrowed from an upload.
+fn frame_ref_digest(f: &whyslow_stack_output::FrameRef<'_>) -> [u64; 2] {
     let mut h = Sha256::new();
     let field = |h: &mut Sha256, s: Option<&str>| match s {
         Some(s) => {
@@ -113,14 +126,23 @@ fn frame_digest(f: &Frame) -> [u64; 2] {
         None => h.update(0u64.to_le_bytes()),
     };
     h.update([f.kind as u8]);
-    field(&mut h, f.name.as_deref());
-    field(&mut h, f.module.as_deref());
-    field(&mut h, f.build_id.as_deref());
+    field(&mut h, f.name);
+    field(&mut h, f.module);
+    field(&mut h, f.build_id);
     h.update(f.offset.to_le_bytes());
     h.update(f.line.map_or(0, |l| u64::from(l) + 1).to_le_bytes());
     let d = h.finalize();
     let word = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().unwrap_or([0; 8]));
     [word(0), word(8)]
+}
+
+/// The id of each pprof sample's stack: each frame digested once, a
+/// stack's id folding its frames' digests.
+fn view_stack_ids(v: &whyslow_stack_output::PprofView<'_>) -> Vec<u64> {
+    let digests: Vec<[u64; 2]> = v.frames.iter().map(frame_ref_digest).collect();
+    (0..v.stacks.len())
+        .map(|i| stack_id(v.stack(i).iter().map(|&f| digests[f as usize])))
+        .collect()
 }
 
 /// A stack's id from its frames' digests, root first: every server
@@ -1035,54 +1057,60 @@ impl Store for ClickHouseStore {
     ) -> Result<bool, StoreError> {
         check_name("job", job)?;
         check_name("batch", &meta.batch)?;
-        let p = whyslow_stack_output::from_pprof_limited(
-            pprof,
-            whyslow_stack_output::MAX_PPROF_DECOMPRESSED,
-        )
-        .map_err(|e| StoreError::BadName(format!("not a pprof profile: {e}")))?;
         let now = now_ns();
         let today = (now / 86_400_000_000_000) as i64;
-        let mut stacks: Vec<StackRow> = Vec::new();
-        let mut samples: FxHashMap<u64, u64> = FxHashMap::default();
-        // Each distinct frame is digested once; a stack's id folds them.
-        let digests: Vec<[u64; 2]> = p.frames.iter().map(frame_digest).collect();
-        {
-            let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-            if known.len() > KNOWN_STACKS {
-                known.clear();
-            }
-            for s in &p.stacks {
-                let id = stack_id(
-                    s.frames
-                        .iter()
-                        .filter_map(|&i| digests.get(i as usize).copied()),
-                );
-                *samples.entry(id).or_default() += s.count;
-                // Written at most once a day per stack (its TTL renewed);
-                // forgotten again if the commit fails.
-                if known.get(&(tenant.0, id)) == Some(&today) {
-                    continue;
+        // Read without building the profile: frames borrow the upload's
+        // strings; only stacks new to the dictionary are made owned.
+        let read = whyslow_stack_output::visit_pprof_limited(
+            pprof,
+            whyslow_stack_output::MAX_PPROF_DECOMPRESSED,
+            |v| -> Result<_, StoreError> {
+                let mut stacks: Vec<StackRow> = Vec::new();
+                let mut samples: FxHashMap<u64, u64> = FxHashMap::default();
+                let ids = view_stack_ids(v);
+                let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+                if known.len() > KNOWN_STACKS {
+                    known.clear();
                 }
-                known.insert((tenant.0, id), today);
-                let frames: Vec<&Frame> = s
-                    .frames
-                    .iter()
-                    .filter_map(|&i| p.frames.get(i as usize))
-                    .collect();
-                let json = serde_json::to_string(&frames)
-                    .map_err(|e| StoreError::Backend(format!("a stack as JSON: {e}")))?;
-                stacks.push(StackRow {
-                    tenant: tenant.0,
-                    stack_id: id,
-                    functions: stack_functions(frames.iter().copied()),
-                    frames: json,
-                    seen_ns: now,
-                });
-            }
-        }
+                for (i, (&(_, _, count), &id)) in v.stacks.iter().zip(&ids).enumerate() {
+                    let c = samples.entry(id).or_default();
+                    *c = c.saturating_add(count);
+                    // Written at most once a day per stack (its TTL renewed);
+                    // forgotten again if the commit fails.
+                    if known.get(&(tenant.0, id)) == Some(&today) {
+                        continue;
+                    }
+                    known.insert((tenant.0, id), today);
+                    let frames: Vec<Frame> = v
+                        .stack(i)
+                        .iter()
+                        .map(|&f| v.frames[f as usize].to_frame())
+                        .collect();
+                    let json = serde_json::to_string(&frames)
+                        .map_err(|e| StoreError::Backend(format!("a stack as JSON: {e}")))?;
+                    stacks.push(StackRow {
+                        tenant: tenant.0,
+                        stack_id: id,
+                        functions: stack_functions(frames.iter()),
+                        frames: json,
+                        seen_ns: now,
+                    });
+                }
+                let labels = serde_json::to_string(&v.labels)
+                    .map_err(|e| StoreError::Backend(format!("labels as JSON: {e}")))?;
+                Ok((
+                    stacks,
+                    samples,
+                    labels,
+                    v.start_unix_ns,
+                    v.duration_ns,
+                    v.hz,
+                ))
+            },
+        )
+        .map_err(|e| StoreError::BadName(format!("not a pprof profile: {e}")))?;
+        let (stacks, samples, labels, period_start_ns, duration_ns, hz) = read?;
         let samples: Vec<(u64, u64)> = samples.into_iter().collect();
-        let labels = serde_json::to_string(&p.labels)
-            .map_err(|e| StoreError::Backend(format!("labels as JSON: {e}")))?;
         let profile = ProfileRow {
             tenant: tenant.0,
             job: job.to_string(),
@@ -1091,9 +1119,9 @@ impl Store for ClickHouseStore {
             rank: meta.rank.clone(),
             host: meta.host.clone(),
             start_unix_ns: meta.start_unix_ns,
-            period_start_ns: p.start_unix_ns,
-            duration_ns: p.duration_ns,
-            hz: p.hz,
+            period_start_ns,
+            duration_ns,
+            hz,
             samples: meta.samples,
             labels,
             uploaded_ns: now,
@@ -1323,6 +1351,38 @@ fn profile_range(metas: &[ProfileRow]) -> (i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uploads_read_without_building_them_get_the_built_profiles_stack_ids() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for f in [
+            "tests/fixtures/profiles/host-all-10s.pb.gz",
+            "tests/fixtures/diagnose/noisy-neighbour/agent/h0/wstb19083/h0-rank0-pid19263-1795714544.pb.gz",
+        ] {
+            let bytes = std::fs::read(root.join(f)).unwrap();
+            let built = whyslow_stack_output::from_pprof(&bytes).unwrap();
+            let digests: Vec<[u64; 2]> = built.frames.iter().map(frame_digest).collect();
+            let mut want: FxHashMap<u64, u64> = FxHashMap::default();
+            for s in &built.stacks {
+                let id = stack_id(s.frames.iter().map(|&i| digests[i as usize]));
+                *want.entry(id).or_default() += s.count;
+            }
+            let got = whyslow_stack_output::visit_pprof_limited(
+                &bytes,
+                whyslow_stack_output::MAX_PPROF_DECOMPRESSED,
+                |v| {
+                    let mut got: FxHashMap<u64, u64> = FxHashMap::default();
+                    for (&(_, _, c), id) in v.stacks.iter().zip(view_stack_ids(v)) {
+                        *got.entry(id).or_default() += c;
+                    }
+                    got
+                },
+            )
+            .unwrap();
+            assert!(want.len() > 10, "{f}: {} stacks", want.len());
+            assert_eq!(got, want, "{f}");
+        }
+    }
 
     #[test]
     fn ids_are_stable_and_tell_names_apart() {

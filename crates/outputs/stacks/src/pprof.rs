@@ -714,9 +714,77 @@ fn utf8_table(table: &[bytes::Bytes]) -> Result<Vec<&str>, PprofError> {
         })
 }
 
-/// [`from_pprof`] with another bound on the decompressed size (a service
-/// taking profiles from the network keeps it near what agents send).
-pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackProfile, PprofError> {
+/// A frame as [`from_pprof_limited`] reads it, its text borrowed from the
+/// profile's string table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameRef<'a> {
+    /// What runs there.
+    pub kind: FrameKind,
+    /// Symbol or Python function.
+    pub name: Option<&'a str>,
+    /// Module (native), Python file.
+    pub module: Option<&'a str>,
+    /// Build-ID (hex).
+    pub build_id: Option<&'a str>,
+    /// File offset (native), 0 otherwise.
+    pub offset: u64,
+    /// Line, when known.
+    pub line: Option<u32>,
+}
+
+impl FrameRef<'_> {
+    /// The owned frame.
+    pub fn to_frame(&self) -> Frame {
+        Frame {
+            kind: self.kind,
+            name: self.name.map(str::to_string),
+            module: self.module.map(str::to_string),
+            build_id: self.build_id.map(str::to_string),
+            offset: self.offset,
+            line: self.line,
+        }
+    }
+}
+
+/// A pprof profile as [`from_pprof_limited`] reads it, checked the same
+/// way, without building it: frames borrow the profile's strings and
+/// stacks are not merged, so a store that files stacks by their frames
+/// (SysOM-AI §3.4's central side) allocates per stack it has not seen, not
+/// per frame of every upload.
+#[derive(Debug, Clone)]
+pub struct PprofView<'a> {
+    /// Frames: one per line of each location, then the thread labels.
+    pub frames: Vec<FrameRef<'a>>,
+    /// Frame indices of all stacks, root first, one after another.
+    pub stack_frames: Vec<u32>,
+    /// Each pprof sample: (first index into `stack_frames`, frames, count).
+    pub stacks: Vec<(u32, u32, u64)>,
+    /// Labels from `key=value` comments.
+    pub labels: BTreeMap<String, String>,
+    /// Samples per second (10⁹/period in ns; 0 otherwise).
+    pub hz: f64,
+    /// Start of the period, Unix ns.
+    pub start_unix_ns: u64,
+    /// Length of the period, ns.
+    pub duration_ns: u64,
+}
+
+impl<'a> PprofView<'a> {
+    /// The frames of stack `i` (as indices into `frames`), root first.
+    pub fn stack(&self, i: usize) -> &[u32] {
+        let (start, len, _) = self.stacks[i];
+        &self.stack_frames[start as usize..(start + len) as usize]
+    }
+}
+
+/// Reads a pprof profile (within `max_decompressed` inflated bytes) as a
+/// [`PprofView`] handed to `f`: the same checks and errors as
+/// [`from_pprof_limited`].
+pub fn visit_pprof_limited<R>(
+    bytes: &[u8],
+    max_decompressed: u64,
+    f: impl FnOnce(&PprofView<'_>) -> R,
+) -> Result<R, PprofError> {
     // The string table as slices of the inflated bytes, checked as UTF-8
     // once: an owned String per entry was a large share of a server's
     // ingest into ClickHouse.
@@ -741,9 +809,10 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
     let mappings: FxHashMap<u64, &proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
     let functions: FxHashMap<u64, &proto::Function> =
         p.function.iter().map(|f| (f.id, f)).collect();
-    let mut builder = StackProfileBuilder::new();
-    // Location id → frame ids, root first.
-    let mut location_frames: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
+    let mut frames: Vec<FrameRef<'_>> = Vec::with_capacity(p.location.len() + 8);
+    // Location id → its frames (a range of `frames`), root first.
+    let mut location_frames: FxHashMap<u64, (u32, u32)> = FxHashMap::default();
+    location_frames.reserve(p.location.len());
     for loc in &p.location {
         let mapping = match loc.mapping_id {
             0 => None,
@@ -756,17 +825,16 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
             Some(m) => {
                 let file = s(m.filename)?;
                 let build = s(m.build_id)?;
-                let build = (!build.is_empty()).then(|| build.to_string());
+                let build = (!build.is_empty()).then_some(build);
                 if file.starts_with("[kernel") {
                     (FrameKind::Kernel, None, build)
                 } else {
-                    let file = (!file.is_empty()).then(|| file.to_string());
-                    (FrameKind::Native, file, build)
+                    (FrameKind::Native, (!file.is_empty()).then_some(file), build)
                 }
             }
             None => (FrameKind::Native, None, None),
         };
-        let base = Frame {
+        let base = FrameRef {
             kind,
             name: None,
             module,
@@ -774,9 +842,9 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
             offset: loc.address,
             line: None,
         };
-        let mut ids = Vec::new();
+        let first = frames.len() as u32;
         if loc.line.is_empty() {
-            ids.push(builder.frame(base));
+            frames.push(base);
         } else {
             for line in loc.line.iter().rev() {
                 let f = functions
@@ -785,29 +853,30 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
                         location: loc.id,
                         id: line.function_id,
                     })?;
-                let mut frame = base.clone();
+                let mut frame = base;
                 let file = s(f.filename)?;
                 if mapping.is_none() && !file.is_empty() {
                     frame.kind = FrameKind::Python;
-                    frame.module = Some(file.to_string());
+                    frame.module = Some(file);
                 }
                 frame.line = u32::try_from(line.line).ok().filter(|&l| l > 0);
                 let name = s(f.name)?;
                 // A nameless frame's pprof name is its display
                 // (`module+0x…`); only such a name needs the comparison.
-                let is_display = name.contains("+0x") && name == frame.display();
+                let is_display = name.contains("+0x") && name == frame.to_frame().display();
                 if !name.is_empty() && !is_display {
-                    frame.name = Some(name.to_string());
+                    frame.name = Some(name);
                 }
-                ids.push(builder.frame(frame));
+                frames.push(frame);
             }
         }
-        location_frames.insert(loc.id, ids);
+        location_frames.insert(loc.id, (first, frames.len() as u32 - first));
     }
 
+    let mut thread_labels: FxHashMap<&str, u32> = FxHashMap::default();
     let mut labels: BTreeMap<usize, u32> = BTreeMap::new();
-    let mut stacks: FxHashMap<Vec<u32>, u64> = FxHashMap::default();
-    let mut order = Vec::new();
+    let mut stack_frames: Vec<u32> = Vec::new();
+    let mut stacks = Vec::with_capacity(p.sample.len());
     let frame_budget = raw_len.saturating_mul(8).saturating_add(1 << 20);
     let mut frames_seen = 0usize;
     for (i, sample) in p.sample.iter().enumerate() {
@@ -834,48 +903,89 @@ pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackPr
             };
             let value = s(l.str)?;
             if !value.is_empty() {
-                labels.insert(n, builder.frame(Frame::label(value)));
+                let id = *thread_labels.entry(value).or_insert_with(|| {
+                    frames.push(FrameRef {
+                        kind: FrameKind::Label,
+                        name: Some(value),
+                        module: None,
+                        build_id: None,
+                        offset: 0,
+                        line: None,
+                    });
+                    frames.len() as u32 - 1
+                });
+                labels.insert(n, id);
             }
         }
-        let mut frames: Vec<u32> = labels.values().copied().collect();
+        let start = stack_frames.len() as u32;
+        stack_frames.extend(labels.values().copied());
         for id in sample.location_id.iter().rev() {
-            let ids = location_frames
+            let &(first, n) = location_frames
                 .get(id)
                 .ok_or(PprofError::UnknownLocation { sample: i, id: *id })?;
-            frames_seen = frames_seen.saturating_add(ids.len());
+            frames_seen = frames_seen.saturating_add(n as usize);
             if frames_seen > frame_budget {
                 return Err(PprofError::TooManyFrames {
                     limit: frame_budget,
                 });
             }
-            frames.extend_from_slice(ids);
+            stack_frames.extend(first..first + n);
         }
-        match stacks.get_mut(&frames) {
-            Some(c) => *c = c.saturating_add(count),
-            None => {
-                stacks.insert(frames.clone(), count);
-                order.push(frames);
-            }
-        }
+        stacks.push((start, stack_frames.len() as u32 - start, count));
     }
-    for frames in order {
-        let count = stacks.get(&frames).copied().unwrap_or(0);
-        builder.add(frames, count);
-    }
+    let mut comments = BTreeMap::new();
     for &c in &p.comment {
         if let Some((k, v)) = s(c)?.split_once('=') {
-            builder.label(k, v);
+            comments.insert(k.to_string(), v.to_string());
         }
     }
     let hz = match &p.period_type {
         Some(t) if s(t.unit)? == "nanoseconds" && p.period > 0 => 1e9 / p.period as f64,
         _ => 0.0,
     };
-    Ok(builder.finish(
+    Ok(f(&PprofView {
+        frames,
+        stack_frames,
+        stacks,
+        labels: comments,
         hz,
-        u64::try_from(p.time_nanos).unwrap_or(0),
-        u64::try_from(p.duration_nanos).unwrap_or(0),
-    ))
+        start_unix_ns: u64::try_from(p.time_nanos).unwrap_or(0),
+        duration_ns: u64::try_from(p.duration_nanos).unwrap_or(0),
+    }))
+}
+
+/// [`from_pprof`] with another bound on the decompressed size (a service
+/// taking profiles from the network keeps it near what agents send).
+pub fn from_pprof_limited(bytes: &[u8], max_decompressed: u64) -> Result<StackProfile, PprofError> {
+    visit_pprof_limited(bytes, max_decompressed, |v| {
+        let mut builder = StackProfileBuilder::new();
+        // Equal frames (two locations of one symbol) are one frame.
+        let ids: Vec<u32> = v
+            .frames
+            .iter()
+            .map(|f| builder.frame(f.to_frame()))
+            .collect();
+        let mut stacks: FxHashMap<Vec<u32>, u64> = FxHashMap::default();
+        let mut order = Vec::new();
+        for (i, &(_, _, count)) in v.stacks.iter().enumerate() {
+            let frames: Vec<u32> = v.stack(i).iter().map(|&f| ids[f as usize]).collect();
+            match stacks.get_mut(&frames) {
+                Some(c) => *c = c.saturating_add(count),
+                None => {
+                    stacks.insert(frames.clone(), count);
+                    order.push(frames);
+                }
+            }
+        }
+        for frames in order {
+            let count = stacks.get(&frames).copied().unwrap_or(0);
+            builder.add(frames, count);
+        }
+        for (k, val) in &v.labels {
+            builder.label(k, val.clone());
+        }
+        builder.finish(v.hz, v.start_unix_ns, v.duration_ns)
+    })
 }
 
 #[cfg(test)]
