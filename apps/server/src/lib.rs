@@ -917,8 +917,10 @@ async fn post_profile(
             ));
         }
         // Checked as a whole, not built: the flame graphs decode it later.
-        let summary = whyslow_stack_output::pprof_summary_limited(&body, MAX_PROFILE_DECOMPRESSED)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("not a pprof profile: {e}")))?;
+        let (summary, inflated) =
+            whyslow_stack_output::pprof_summary_inflated(&body, MAX_PROFILE_DECOMPRESSED).map_err(
+                |e| ApiError(StatusCode::BAD_REQUEST, format!("not a pprof profile: {e}")),
+            )?;
         let meta = summary_meta(&batch, &summary);
         archive(
             &state,
@@ -929,7 +931,14 @@ async fn post_profile(
             body.clone(),
         )
         .await?;
-        let (st, j, m, bytes) = (state.clone(), job.clone(), meta.clone(), body.clone());
+        // A store that files stacks as rows reads the protobuf inflated
+        // here, not the upload again.
+        let bytes = if state.store.files_profiles_as_rows() {
+            inflated
+        } else {
+            body.clone()
+        };
+        let (st, j, m) = (state.clone(), job.clone(), meta.clone());
         let stored = blocking(move || Ok(st.store.put_profile(t, &j, &m, &bytes)?)).await?;
         let m = &state.metrics;
         if stored {

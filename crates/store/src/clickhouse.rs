@@ -72,6 +72,8 @@ pub struct ClickHouseStore {
     /// so a profile writes only the stacks the dictionary lacks, and
     /// renews a used stack's TTL once a day.
     known: Mutex<FxHashMap<(i64, u64), i64>>,
+    /// Frames' digests by content.
+    digests: Mutex<DigestMemo>,
     commits: GroupCommit,
 }
 
@@ -136,10 +138,55 @@ fn frame_ref_digest(f: &whyslow_stack_output::FrameRef<'_>) -> [u64; 2] {
     [word(0), word(8)]
 }
 
+/// Frames' digests remembered by content: a host's agents send the same
+/// frames period after period, and SHA-256 per frame was a tenth of an
+/// upload's CPU.
+#[derive(Default)]
+struct DigestMemo {
+    /// Fx hash of the content → the frames with that hash and their digest.
+    by_hash: FxHashMap<u64, Vec<(Frame, [u64; 2])>>,
+    len: usize,
+}
+
+/// Most frames a [`DigestMemo`] holds (then it starts over): ≈ 15 MB.
+const MEMO_FRAMES: usize = 1 << 16;
+
+impl DigestMemo {
+    fn digest(&mut self, f: &whyslow_stack_output::FrameRef<'_>) -> [u64; 2] {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        (f.kind as u8, f.name, f.module, f.build_id, f.offset, f.line).hash(&mut h);
+        let key = h.finish();
+        let same = |m: &Frame| {
+            m.kind == f.kind
+                && m.name.as_deref() == f.name
+                && m.module.as_deref() == f.module
+                && m.build_id.as_deref() == f.build_id
+                && m.offset == f.offset
+                && m.line == f.line
+        };
+        if let Some(d) = self
+            .by_hash
+            .get(&key)
+            .and_then(|v| v.iter().find(|(m, _)| same(m)))
+        {
+            return d.1;
+        }
+        let d = frame_ref_digest(f);
+        if self.len >= MEMO_FRAMES {
+            self.by_hash.clear();
+            self.len = 0;
+        }
+        self.by_hash.entry(key).or_default().push((f.to_frame(), d));
+        self.len += 1;
+        d
+    }
+}
+
 /// The id of each pprof sample's stack: each frame digested once, a
 /// stack's id folding its frames' digests.
-fn view_stack_ids(v: &whyslow_stack_output::PprofView<'_>) -> Vec<u64> {
-    let digests: Vec<[u64; 2]> = v.frames.iter().map(frame_ref_digest).collect();
+fn view_stack_ids(v: &whyslow_stack_output::PprofView<'_>, memo: &mut DigestMemo) -> Vec<u64> {
+    let digests: Vec<[u64; 2]> = v.frames.iter().map(|f| memo.digest(f)).collect();
     (0..v.stacks.len())
         .map(|i| stack_id(v.stack(i).iter().map(|&f| digests[f as usize])))
         .collect()
@@ -396,6 +443,7 @@ impl ClickHouseStore {
             client,
             rt: Some(rt),
             known: Mutex::new(FxHashMap::default()),
+            digests: Mutex::new(DigestMemo::default()),
             commits: GroupCommit::default(),
         };
         s.create_tables()?;
@@ -1048,6 +1096,10 @@ impl Store for ClickHouseStore {
             .collect())
     }
 
+    fn files_profiles_as_rows(&self) -> bool {
+        true
+    }
+
     fn put_profile(
         &self,
         tenant: TenantId,
@@ -1067,7 +1119,10 @@ impl Store for ClickHouseStore {
             |v| -> Result<_, StoreError> {
                 let mut stacks: Vec<StackRow> = Vec::new();
                 let mut samples: FxHashMap<u64, u64> = FxHashMap::default();
-                let ids = view_stack_ids(v);
+                let ids = {
+                    let mut memo = self.digests.lock().unwrap_or_else(|e| e.into_inner());
+                    view_stack_ids(v, &mut memo)
+                };
                 let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
                 if known.len() > KNOWN_STACKS {
                     known.clear();
@@ -1372,9 +1427,14 @@ mod tests {
                 whyslow_stack_output::MAX_PPROF_DECOMPRESSED,
                 |v| {
                     let mut got: FxHashMap<u64, u64> = FxHashMap::default();
-                    for (&(_, _, c), id) in v.stacks.iter().zip(view_stack_ids(v)) {
+                    let mut memo = DigestMemo::default();
+                    for (&(_, _, c), id) in v.stacks.iter().zip(view_stack_ids(v, &mut memo)) {
                         *got.entry(id).or_default() += c;
                     }
+                    // Remembered digests are the computed ones.
+                    let again = view_stack_ids(v, &mut memo);
+                    assert_eq!(again, view_stack_ids(v, &mut DigestMemo::default()));
+                    assert!(memo.len > 0 && memo.len <= v.frames.len());
                     got
                 },
             )

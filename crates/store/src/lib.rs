@@ -212,7 +212,14 @@ pub trait Store: Send + Sync {
     /// The sessions of one of the tenant's jobs, newest upload first (empty
     /// when the tenant has no such job).
     fn sessions(&self, tenant: TenantId, job: &str) -> Result<Vec<SessionSummary>, StoreError>;
-    /// Stores one uploaded stack profile (pprof bytes as uploaded) of a
+    /// Whether [`Store::put_profile`] reads the profile into rows and keeps
+    /// no copy of the upload: the server then hands it the protobuf it
+    /// already inflated to check the upload, instead of the gzip bytes.
+    fn files_profiles_as_rows(&self) -> bool {
+        false
+    }
+    /// Stores one uploaded stack profile (pprof bytes as uploaded, or their
+    /// protobuf inflated where [`Store::files_profiles_as_rows`]) of a
     /// job; `false` when its batch was stored before (a retry, not counted
     /// twice).
     fn put_profile(

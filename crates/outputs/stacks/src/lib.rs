@@ -31,8 +31,8 @@ pub use diagnosis::{diagnosis_html, diagnosis_table, diff_flamegraph};
 pub use flame::{to_diff_flamegraph_svg, to_flamegraph_svg, FlameOptions};
 pub use folded::{parse_folded, to_folded, FoldedError};
 pub use pprof::{
-    from_pprof, from_pprof_limited, pprof_summary_limited, to_pprof, visit_pprof_limited, FrameRef,
-    PprofError, PprofSummary, PprofView, MAX_PPROF_DECOMPRESSED,
+    from_pprof, from_pprof_limited, pprof_summary_inflated, pprof_summary_limited, to_pprof,
+    visit_pprof_limited, FrameRef, PprofError, PprofSummary, PprofView, MAX_PPROF_DECOMPRESSED,
 };
 pub use speedscope::{to_speedscope_json, SPEEDSCOPE_SCHEMA};
 

@@ -579,7 +579,18 @@ pub fn pprof_summary_limited(
     bytes: &[u8],
     max_decompressed: u64,
 ) -> Result<PprofSummary, PprofError> {
-    let (p, raw_len) = decode_raw(bytes, max_decompressed)?;
+    pprof_summary_inflated(bytes, max_decompressed).map(|(s, _)| s)
+}
+
+/// [`pprof_summary_limited`], and the profile's protobuf bytes inflated:
+/// a service that reads the profile again right away (a store filing its
+/// stacks) hands them on and inflates once.
+pub fn pprof_summary_inflated(
+    bytes: &[u8],
+    max_decompressed: u64,
+) -> Result<(PprofSummary, bytes::Bytes), PprofError> {
+    let (p, raw) = decode_raw_bytes(bytes, max_decompressed)?;
+    let raw_len = raw.len();
     // Once per string, not per reference (that was a sixth of an upload).
     let strings = utf8_table(&p.string_table)?;
     let s = |index: i64| -> Result<&str, PprofError> {
@@ -678,12 +689,15 @@ pub fn pprof_summary_limited(
     if let Some(t) = &p.period_type {
         s(t.unit)?;
     }
-    Ok(PprofSummary {
-        labels,
-        samples,
-        stacks: p.sample.len(),
-        start_unix_ns: u64::try_from(p.time_nanos).unwrap_or(0),
-    })
+    Ok((
+        PprofSummary {
+            labels,
+            samples,
+            stacks: p.sample.len(),
+            start_unix_ns: u64::try_from(p.time_nanos).unwrap_or(0),
+        },
+        raw,
+    ))
 }
 
 /// The profile inflated (within `max_decompressed`) and decoded with its
@@ -692,12 +706,19 @@ fn decode_raw(
     bytes: &[u8],
     max_decompressed: u64,
 ) -> Result<(proto::ProfileRaw, usize), PprofError> {
+    decode_raw_bytes(bytes, max_decompressed).map(|(p, raw)| (p, raw.len()))
+}
+
+/// [`decode_raw`] with the inflated bytes themselves (shared, not copied).
+fn decode_raw_bytes(
+    bytes: &[u8],
+    max_decompressed: u64,
+) -> Result<(proto::ProfileRaw, bytes::Bytes), PprofError> {
     let raw = match inflate(bytes, max_decompressed)? {
         std::borrow::Cow::Borrowed(b) => bytes::Bytes::copy_from_slice(b),
         std::borrow::Cow::Owned(v) => bytes::Bytes::from(v),
     };
-    let len = raw.len();
-    Ok((proto::ProfileRaw::decode(raw)?, len))
+    Ok((proto::ProfileRaw::decode(raw.clone())?, raw))
 }
 
 /// The string table as text. prost checks `string` fields are UTF-8; the
