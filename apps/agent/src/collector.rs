@@ -126,9 +126,26 @@ pub fn run(
     for c in collectors {
         let (tx, rx) = channel();
         let (spool, stop) = (spool.clone(), stop.clone());
+        let name = c.name();
         let spawned = std::thread::Builder::new()
-            .name(format!("whyslow-{}", c.name()))
-            .spawn(move || drive(c, rx, &spool, &stop));
+            .name(format!("whyslow-{name}"))
+            .spawn(move || {
+                // A bug in one source stops that source, not the agent's
+                // other evidence (nor, ever, a watched process).
+                let run = std::panic::AssertUnwindSafe(|| drive(c, rx, &spool, &stop));
+                if let Err(p) = std::panic::catch_unwind(run) {
+                    let reason = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "panic".into());
+                    crate::events::AgentEvent::CollectorFailed {
+                        collector: name,
+                        reason,
+                    }
+                    .emit();
+                }
+            });
         if let Ok(h) = spawned {
             workers.push((tx, h));
         }
@@ -215,6 +232,42 @@ mod tests {
                 vec![format!("+{me}"), "flush after 1".into()]
             );
         }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Panics on its first tick.
+    struct Buggy;
+
+    impl Collector for Buggy {
+        fn name(&self) -> &'static str {
+            "buggy"
+        }
+        fn tick(&mut self, _: &Spool, _: &AtomicBool) -> Next {
+            panic!("a bug")
+        }
+    }
+
+    #[test]
+    fn a_collector_that_panics_stops_alone() {
+        let d = std::env::temp_dir().join(format!("whyslow-collector-bug-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let collectors: Vec<Box<dyn Collector>> =
+            vec![Box::new(Buggy), Box::new(Probe(seen.clone(), 0))];
+        let stop = Arc::new(AtomicBool::new(false));
+        let spool = Arc::new(Spool::new(d.join("spool"), 0, Duration::from_secs(1)));
+        let (reg, st) = (Registry::new(d.clone()), stop.clone());
+        let before = crate::events::counts()[19];
+        let h = std::thread::spawn(move || run(collectors, reg, spool, st));
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::SeqCst);
+        h.join().expect("the driver survives a collector's panic");
+        assert!(
+            crate::events::counts()[19] > before,
+            "collector_failed logged"
+        );
+        assert_eq!(*seen.lock().unwrap(), vec!["flush after 1".to_string()]);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -58,6 +58,12 @@ pub(crate) enum AgentEvent<'a> {
     },
     /// A registered process could not be profiled (the reason says why).
     ProfileFailed { pid: i32, reason: String },
+    /// A collector failed unexpectedly (a bug: it panicked); it stops, the
+    /// rest of the agent goes on.
+    CollectorFailed {
+        collector: &'static str,
+        reason: String,
+    },
     /// gloo's collectives of a registered process are traced.
     CollectivesTraced {
         pid: i32,
@@ -95,7 +101,7 @@ pub(crate) enum AgentEvent<'a> {
     },
 }
 
-const KINDS: usize = 19;
+const KINDS: usize = 20;
 static COUNTS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
 impl AgentEvent<'_> {
@@ -125,6 +131,7 @@ impl AgentEvent<'_> {
             AgentEvent::UploadFailed { .. } => 16,
             AgentEvent::Capped { .. } => 17,
             AgentEvent::SymbolsUploaded { .. } => 18,
+            AgentEvent::CollectorFailed { .. } => 19,
         }
     }
 
@@ -229,6 +236,12 @@ impl AgentEvent<'_> {
             AgentEvent::ProfileFailed { pid, reason } => {
                 warn!(event, pid, reason = %reason, "pid {pid}: not profiled: {reason}")
             }
+            AgentEvent::CollectorFailed { collector, reason } => error!(
+                event,
+                collector,
+                reason = %reason,
+                "{collector}: stopped after an internal error (the rest goes on): {reason}"
+            ),
             AgentEvent::CollectivesTraced {
                 pid,
                 rank,
@@ -323,6 +336,7 @@ const NAMES: [&str; KINDS] = [
     "upload_failed",
     "capped",
     "symbols_uploaded",
+    "collector_failed",
 ];
 
 /// How many of each event so far, in [`AgentEvent`] order.

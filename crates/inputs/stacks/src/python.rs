@@ -389,7 +389,7 @@ impl Layout {
             ascii_state: at(544),
             ascii_size,
             // PyCompactUnicodeObject: the ASCII header, utf8_length, utf8.
-            compact_size: ascii_size + 16,
+            compact_size: ascii_size.wrapping_add(16),
         })
     }
 
@@ -572,7 +572,7 @@ impl PythonReader {
     /// where a thread runs Python, a frame whose code object is one.
     fn looks_right(&self, code_type: Option<u64>) -> bool {
         let l = &self.layout;
-        let Some(interp) = self.u64_at(self.runtime + l.runtime_interp_head) else {
+        let Some(interp) = self.u64_at(self.runtime.wrapping_add(l.runtime_interp_head)) else {
             return false;
         };
         if interp == 0 {
@@ -586,32 +586,36 @@ impl PythonReader {
                         .collect()
                 })
                 .unwrap_or_default();
-        let mut ts = self.u64_at(interp + l.interp_threads_head).unwrap_or(0);
+        let mut ts = self
+            .u64_at(interp.wrapping_add(l.interp_threads_head))
+            .unwrap_or(0);
         let mut threads = 0;
         while ts != 0 && threads < 64 {
             threads += 1;
             if !l.pthread_ids {
-                let tid = self.u64_at(ts + l.tstate_native_tid).unwrap_or(0);
+                let tid = self
+                    .u64_at(ts.wrapping_add(l.tstate_native_tid))
+                    .unwrap_or(0);
                 if !tids.contains(&tid) {
                     return false;
                 }
             }
             let frame = match l.tstate_frame {
-                (off, None) => self.u64_at(ts + off).unwrap_or(0),
+                (off, None) => self.u64_at(ts.wrapping_add(off)).unwrap_or(0),
                 (off, Some(cf)) => self
-                    .u64_at(ts + off)
+                    .u64_at(ts.wrapping_add(off))
                     .filter(|&c| c != 0)
-                    .and_then(|c| self.u64_at(c + cf))
+                    .and_then(|c| self.u64_at(c.wrapping_add(cf)))
                     .unwrap_or(0),
             };
             if let (Some(want), true) = (code_type, frame != 0) {
-                let code = self.u64_at(frame + l.frame_code).unwrap_or(0);
-                let ty = self.u64_at(code + 8).unwrap_or(0); // ob_type
+                let code = self.u64_at(frame.wrapping_add(l.frame_code)).unwrap_or(0);
+                let ty = self.u64_at(code.wrapping_add(8)).unwrap_or(0); // ob_type
                 if code == 0 || ty != want {
                     return false;
                 }
             }
-            ts = self.u64_at(ts + l.tstate_next).unwrap_or(0);
+            ts = self.u64_at(ts.wrapping_add(l.tstate_next)).unwrap_or(0);
         }
         threads > 0
     }
@@ -641,10 +645,10 @@ impl PythonReader {
     /// first line (None when its memory cannot be read).
     pub fn code_frame(&mut self, code: u64) -> Option<PyFrame> {
         let l = self.layout.clone();
-        let name = self.u64_at(code + l.code_qualname)?;
-        let file = self.u64_at(code + l.code_filename)?;
+        let name = self.u64_at(code.wrapping_add(l.code_qualname))?;
+        let file = self.u64_at(code.wrapping_add(l.code_filename))?;
         let mut ln = [0u8; 4];
-        if !read_mem(self.pid, code + l.code_firstlineno, &mut ln) {
+        if !read_mem(self.pid, code.wrapping_add(l.code_firstlineno), &mut ln) {
             return None;
         }
         Some(PyFrame {
@@ -666,20 +670,19 @@ impl PythonReader {
         }
         let l = &self.layout;
         let s = (|| {
-            let len = self.u64_at(addr + l.ascii_length)? as usize;
+            let len = self.u64_at(addr.wrapping_add(l.ascii_length))? as usize;
             let mut st = [0u8; 4];
-            read_mem(self.pid, addr + l.ascii_state, &mut st).then_some(())?;
+            read_mem(self.pid, addr.wrapping_add(l.ascii_state), &mut st).then_some(())?;
             let state = u32::from_ne_bytes(st);
             let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
             if compact == 0 || len > 4096 {
                 return None;
             }
-            let data = addr
-                + if ascii == 1 {
-                    l.ascii_size
-                } else {
-                    l.compact_size
-                };
+            let data = addr.wrapping_add(if ascii == 1 {
+                l.ascii_size
+            } else {
+                l.compact_size
+            });
             let mut buf = vec![0u8; len * kind.max(1) as usize];
             read_mem(self.pid, data, &mut buf).then_some(())?;
             Some(match kind {
@@ -711,28 +714,32 @@ impl PythonReader {
             return out;
         }
         let mut interp = self
-            .u64_at(self.runtime + l.runtime_interp_head)
+            .u64_at(self.runtime.wrapping_add(l.runtime_interp_head))
             .unwrap_or(0);
         let mut guard = 0;
         while interp != 0 && guard < 64 {
             guard += 1;
-            let mut ts = self.u64_at(interp + l.interp_threads_head).unwrap_or(0);
+            let mut ts = self
+                .u64_at(interp.wrapping_add(l.interp_threads_head))
+                .unwrap_or(0);
             let mut tguard = 0;
             while ts != 0 && tguard < 4096 {
                 tguard += 1;
-                let tid = self.u64_at(ts + l.tstate_native_tid).unwrap_or(0) as u32;
+                let tid = self
+                    .u64_at(ts.wrapping_add(l.tstate_native_tid))
+                    .unwrap_or(0) as u32;
                 let mut frame = match l.tstate_frame {
-                    (off, None) => self.u64_at(ts + off).unwrap_or(0),
+                    (off, None) => self.u64_at(ts.wrapping_add(off)).unwrap_or(0),
                     (off, Some(cf)) => self
-                        .u64_at(ts + off)
+                        .u64_at(ts.wrapping_add(off))
                         .filter(|&c| c != 0)
-                        .and_then(|c| self.u64_at(c + cf))
+                        .and_then(|c| self.u64_at(c.wrapping_add(cf)))
                         .unwrap_or(0),
                 };
                 let mut frames = Vec::new();
                 while frame != 0 && frames.len() < 512 {
                     let mut entry = [0u8; 1];
-                    let ok = read_mem(self.pid, frame + l.frame_entry.0, &mut entry);
+                    let ok = read_mem(self.pid, frame.wrapping_add(l.frame_entry.0), &mut entry);
                     let shim = !l.frame_entry.1 && ok && entry[0] == 3;
                     if shim {
                         // 3.12+: a C-stack shim; the frame below it (already
@@ -741,16 +748,23 @@ impl PythonReader {
                             let f: &mut PyFrame = last;
                             f.entry = true;
                         }
-                    } else if let Some(code) = self.u64_at(frame + l.frame_code).filter(|&c| c != 0)
+                    } else if let Some(code) = self
+                        .u64_at(frame.wrapping_add(l.frame_code))
+                        .filter(|&c| c != 0)
                     {
-                        let name = self.u64_at(code + l.code_qualname).map(|a| self.string(a));
-                        let file = self.u64_at(code + l.code_filename).map(|a| self.string(a));
+                        let name = self
+                            .u64_at(code.wrapping_add(l.code_qualname))
+                            .map(|a| self.string(a));
+                        let file = self
+                            .u64_at(code.wrapping_add(l.code_filename))
+                            .map(|a| self.string(a));
                         let mut ln = [0u8; 4];
-                        let line = if read_mem(self.pid, code + l.code_firstlineno, &mut ln) {
-                            i32::from_ne_bytes(ln).max(0) as u32
-                        } else {
-                            0
-                        };
+                        let line =
+                            if read_mem(self.pid, code.wrapping_add(l.code_firstlineno), &mut ln) {
+                                i32::from_ne_bytes(ln).max(0) as u32
+                            } else {
+                                0
+                            };
                         frames.push(PyFrame {
                             name: name.unwrap_or_else(|| "?".into()),
                             file: file.unwrap_or_else(|| "?".into()),
@@ -758,7 +772,9 @@ impl PythonReader {
                             entry: l.frame_entry.1 && ok && entry[0] != 0,
                         });
                     }
-                    frame = self.u64_at(frame + l.frame_previous).unwrap_or(0);
+                    frame = self
+                        .u64_at(frame.wrapping_add(l.frame_previous))
+                        .unwrap_or(0);
                 }
                 if tid != 0 && !frames.is_empty() {
                     if let Some(last) = frames.last_mut() {
@@ -766,9 +782,9 @@ impl PythonReader {
                     }
                     out.insert(tid, frames);
                 }
-                ts = self.u64_at(ts + l.tstate_next).unwrap_or(0);
+                ts = self.u64_at(ts.wrapping_add(l.tstate_next)).unwrap_or(0);
             }
-            interp = self.u64_at(interp + l.interp_next).unwrap_or(0);
+            interp = self.u64_at(interp.wrapping_add(l.interp_next)).unwrap_or(0);
         }
         out
     }
@@ -885,5 +901,72 @@ mod tests {
             None
         );
         assert_eq!(Layout::from_debug_offsets(&data[at..at + 100]), None);
+    }
+
+    /// The target's memory is input: garbage pointers (a freed code
+    /// object, a layout that does not fit, random bytes) give no frame or
+    /// "?", never a panic (an address past the top once overflowed).
+    #[test]
+    fn garbage_memory_never_panics_the_reader() {
+        use whyslow_model::rng::SplitMix64;
+        let mut rng = SplitMix64::new(7);
+        // Random words, some of them pointers back into the buffer.
+        let mut heap: Vec<u64> = (0..4096).map(|_| rng.next_u64()).collect();
+        let base = heap.as_ptr() as u64;
+        for i in (0..heap.len()).step_by(3) {
+            heap[i] = base + (rng.below(4096 * 8) & !7);
+        }
+        for round in 0..200 {
+            let layout = if round % 2 == 0 {
+                Layout::builtin(11 + (round % 4 / 2) as u32).unwrap_or_default()
+            } else {
+                let mut o = || rng.below(1 << 16);
+                Layout {
+                    minor: 12,
+                    runtime_interp_head: o(),
+                    interp_next: o(),
+                    interp_threads_head: o(),
+                    tstate_next: o(),
+                    tstate_native_tid: o(),
+                    tstate_frame: (o(), Some(o())),
+                    frame_code: o(),
+                    frame_previous: o(),
+                    frame_entry: (o(), false),
+                    pthread_ids: false,
+                    code_qualname: o(),
+                    code_filename: o(),
+                    code_firstlineno: o(),
+                    ascii_length: o(),
+                    ascii_state: o(),
+                    ascii_size: u64::MAX - o(),
+                    compact_size: o(),
+                }
+            };
+            let runtime = match round % 3 {
+                0 => u64::MAX - rng.below(64),
+                1 => base + rng.below(4096 * 8),
+                _ => rng.next_u64(),
+            };
+            let mut r = PythonReader {
+                pid: std::process::id() as i32,
+                layout,
+                runtime,
+                strings: HashMap::new(),
+            };
+            let _ = r.stacks();
+            let _ = r.looks_right(Some(base));
+            for addr in [u64::MAX, u64::MAX - 7, 0, base, runtime, rng.next_u64()] {
+                let _ = r.code_frame(addr);
+                let _ = r.string(addr);
+            }
+        }
+        drop(heap);
+        // Debug offsets with offsets near the top.
+        let mut b = vec![0xffu8; DEBUG_OFFSETS_BYTES];
+        b[..8].copy_from_slice(b"xdebugpy");
+        b[8..16].copy_from_slice(&0x030d_00f0u64.to_ne_bytes());
+        b[16..24].copy_from_slice(&0u64.to_ne_bytes());
+        let l = Layout::from_debug_offsets(&b).unwrap();
+        assert_eq!(l.compact_size, u64::MAX.wrapping_add(16));
     }
 }
