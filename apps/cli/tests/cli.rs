@@ -189,6 +189,7 @@ fn a_slow_link_is_named_on_its_host_alone() {
 fn the_network_reading_names_the_link_not_its_neighbour() {
     for (run, cause, words) in [
         ("slow-link-drops", "slow", "sits behind a slow link"),
+        ("slow-link-ingress-drops", "slow", "sits behind a slow link"),
         ("lossy-host", "loss", "loses packets"),
     ] {
         let report = localize_testbed_run(run);
