@@ -235,7 +235,8 @@ impl PythonFrames {
 /// the bytecode loop.
 pub(crate) const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
 
-fn python_frame(p: &PyFrame) -> Frame {
+/// The profile frame of a Python frame.
+pub(crate) fn python_frame(p: &PyFrame) -> Frame {
     Frame {
         kind: FrameKind::Python,
         name: Some(p.name.clone()),

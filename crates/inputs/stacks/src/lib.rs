@@ -29,8 +29,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use whyslow_model::stack::{Frame, FrameKind, StackProfile, StackProfileBuilder};
+use whyslow_model::stack::{Frame, StackProfile, StackProfileBuilder};
 
+use crate::ebpf_python::{python_frame, EVAL_FRAME};
 use crate::elf::KernelSymbols;
 use crate::perf::{PerfSampler, RawSample};
 use crate::unwind::StackWalker;
@@ -299,10 +300,6 @@ impl ProcessProfiler {
 /// common in training loops.
 const MAX_PYTHON_LAG_NS: u64 = 2_000_000;
 
-/// The interpreter's evaluation function: one native frame per C-level call
-/// into the bytecode loop.
-const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
-
 /// Replaces each evaluation frame of `native` (root first) by the Python
 /// frames it runs, when their number matches the C calls in `py` (innermost
 /// first); counts into `counts` (stitched, mismatched).
@@ -328,16 +325,13 @@ fn stitch_python(
     let mut out = Vec::with_capacity(native.len() + py.len());
     for f in native {
         if f.name.as_deref() == Some(EVAL_FRAME) {
-            for p in groups.next().unwrap_or_default() {
-                out.push(Frame {
-                    kind: FrameKind::Python,
-                    name: Some(p.name.clone()),
-                    module: Some(p.file.clone()),
-                    build_id: None,
-                    offset: 0,
-                    line: Some(p.line),
-                });
-            }
+            out.extend(
+                groups
+                    .next()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(python_frame),
+            );
         } else {
             out.push(f);
         }
