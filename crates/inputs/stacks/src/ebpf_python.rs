@@ -275,8 +275,18 @@ pub fn stitch_at_tick(
     } else {
         counts.rooted += 1;
     }
+    replace_evals(native, groups, missing)
+}
+
+/// `native` (root first) with each evaluation frame replaced by the next of
+/// `groups` (root first), after the first `missing` groups put at the root.
+pub(crate) fn replace_evals(
+    native: Vec<Frame>,
+    groups: Vec<Vec<&PyFrame>>,
+    missing: usize,
+) -> Vec<Frame> {
     let mut groups = groups.into_iter();
-    let mut out = Vec::with_capacity(native.len() + py.len());
+    let mut out = Vec::with_capacity(native.len() + 8);
     for g in groups.by_ref().take(missing) {
         out.extend(g.into_iter().map(python_frame));
     }

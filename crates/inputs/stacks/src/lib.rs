@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use whyslow_model::stack::{Frame, StackProfile, StackProfileBuilder};
 
-use crate::ebpf_python::{python_frame, EVAL_FRAME};
+use crate::ebpf_python::{replace_evals, EVAL_FRAME};
 use crate::elf::KernelSymbols;
 use crate::perf::{PerfSampler, RawSample};
 use crate::unwind::StackWalker;
@@ -321,20 +321,5 @@ fn stitch_python(
         return native;
     }
     counts.0 += 1;
-    let mut groups = groups.into_iter();
-    let mut out = Vec::with_capacity(native.len() + py.len());
-    for f in native {
-        if f.name.as_deref() == Some(EVAL_FRAME) {
-            out.extend(
-                groups
-                    .next()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(python_frame),
-            );
-        } else {
-            out.push(f);
-        }
-    }
-    out
+    replace_evals(native, groups, 0)
 }
