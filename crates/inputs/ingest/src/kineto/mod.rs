@@ -82,6 +82,7 @@
 //! most `ProfilerStep#N` time, else the one with the most Python, CPU-op,
 //! communication and memory execution time (nested executions count again).
 
+mod block;
 mod build;
 mod fast;
 pub(crate) mod raw;
