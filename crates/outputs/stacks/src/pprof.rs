@@ -98,6 +98,9 @@ pub enum PprofError {
     },
 }
 
+#[path = "pprof_wire.rs"]
+mod wire;
+
 /// `profile.proto` messages, tags as in Google's pprof.
 mod proto {
     #[derive(Clone, PartialEq, prost::Message)]
@@ -132,9 +135,9 @@ mod proto {
         pub default_sample_type: i64,
     }
 
-    /// [`Profile`] with the string table as slices of the input buffer:
-    /// decoding it allocates no string (the ingest check reads profiles this
-    /// way; everything else, wire types included, is decoded alike).
+    /// [`Profile`] with the string table as bytes: what the flat decoder
+    /// (`pprof_wire.rs`) is checked against.
+    #[cfg(test)]
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ProfileRaw {
         #[prost(message, repeated, tag = "1")]
@@ -589,7 +592,14 @@ pub fn pprof_summary_inflated(
     bytes: &[u8],
     max_decompressed: u64,
 ) -> Result<(PprofSummary, bytes::Bytes), PprofError> {
-    let (p, raw) = decode_raw_bytes(bytes, max_decompressed)?;
+    let raw = inflate_shared(bytes, max_decompressed)?;
+    let summary = summarize_flat(&raw)?;
+    Ok((summary, raw))
+}
+
+/// [`pprof_summary_inflated`] of the inflated bytes.
+fn summarize_flat(raw: &[u8]) -> Result<PprofSummary, PprofError> {
+    let p = wire::Flat::decode(raw)?;
     let raw_len = raw.len();
     // Once per string, not per reference (that was a sixth of an upload).
     let strings = utf8_table(&p.string_table)?;
@@ -628,7 +638,8 @@ pub fn pprof_summary_inflated(
             s(m.filename)?;
             s(m.build_id)?;
         }
-        for line in loc.line.iter().rev() {
+        let lines = p.lines(loc);
+        for line in lines.iter().rev() {
             let f = functions
                 .get(&line.function_id)
                 .ok_or(PprofError::UnknownFunction {
@@ -638,24 +649,22 @@ pub fn pprof_summary_inflated(
             s(f.filename)?;
             s(f.name)?;
         }
-        location_frames.insert(loc.id, loc.line.len().max(1));
+        location_frames.insert(loc.id, lines.len().max(1));
     }
 
     let frame_budget = raw_len.saturating_mul(8).saturating_add(1 << 20);
     let (mut frames_seen, mut samples) = (0usize, 0u64);
     for (i, sample) in p.sample.iter().enumerate() {
-        let value = *sample
-            .value
-            .get(count_index)
-            .ok_or(PprofError::MissingValue {
-                sample: i,
-                index: count_index,
-                len: sample.value.len(),
-            })?;
+        let values = p.values(sample);
+        let value = *values.get(count_index).ok_or(PprofError::MissingValue {
+            sample: i,
+            index: count_index,
+            len: values.len(),
+        })?;
         let count =
             u64::try_from(value).map_err(|_| PprofError::NegativeValue { sample: i, value })?;
         samples = samples.saturating_add(count);
-        for l in &sample.label {
+        for l in p.labels(sample) {
             let key = s(l.key)?;
             let thread = match key.strip_prefix(THREAD_LABEL) {
                 Some("") => true,
@@ -668,7 +677,7 @@ pub fn pprof_summary_inflated(
                 s(l.str)?;
             }
         }
-        for id in sample.location_id.iter().rev() {
+        for id in p.location_ids(sample).iter().rev() {
             let n = location_frames
                 .get(id)
                 .ok_or(PprofError::UnknownLocation { sample: i, id: *id })?;
@@ -689,41 +698,25 @@ pub fn pprof_summary_inflated(
     if let Some(t) = &p.period_type {
         s(t.unit)?;
     }
-    Ok((
-        PprofSummary {
-            labels,
-            samples,
-            stacks: p.sample.len(),
-            start_unix_ns: u64::try_from(p.time_nanos).unwrap_or(0),
-        },
-        raw,
-    ))
+    Ok(PprofSummary {
+        labels,
+        samples,
+        stacks: p.sample.len(),
+        start_unix_ns: u64::try_from(p.time_nanos).unwrap_or(0),
+    })
 }
 
-/// The profile inflated (within `max_decompressed`) and decoded with its
-/// strings as slices of the inflated bytes, and the inflated length.
-fn decode_raw(
-    bytes: &[u8],
-    max_decompressed: u64,
-) -> Result<(proto::ProfileRaw, usize), PprofError> {
-    decode_raw_bytes(bytes, max_decompressed).map(|(p, raw)| (p, raw.len()))
-}
-
-/// [`decode_raw`] with the inflated bytes themselves (shared, not copied).
-fn decode_raw_bytes(
-    bytes: &[u8],
-    max_decompressed: u64,
-) -> Result<(proto::ProfileRaw, bytes::Bytes), PprofError> {
-    let raw = match inflate(bytes, max_decompressed)? {
+/// The profile inflated (within `max_decompressed`) as shared bytes.
+fn inflate_shared(bytes: &[u8], max_decompressed: u64) -> Result<bytes::Bytes, PprofError> {
+    Ok(match inflate(bytes, max_decompressed)? {
         std::borrow::Cow::Borrowed(b) => bytes::Bytes::copy_from_slice(b),
         std::borrow::Cow::Owned(v) => bytes::Bytes::from(v),
-    };
-    Ok((proto::ProfileRaw::decode(raw.clone())?, raw))
+    })
 }
 
 /// The string table as text. prost checks `string` fields are UTF-8; the
 /// table is decoded as bytes (no copy): checked alike, with prost's error.
-fn utf8_table(table: &[bytes::Bytes]) -> Result<Vec<&str>, PprofError> {
+fn utf8_table<'a>(table: &[&'a [u8]]) -> Result<Vec<&'a str>, PprofError> {
     table
         .iter()
         .map(|t| std::str::from_utf8(t))
@@ -809,7 +802,9 @@ pub fn visit_pprof_limited<R>(
     // The string table as slices of the inflated bytes, checked as UTF-8
     // once: an owned String per entry was a large share of a server's
     // ingest into ClickHouse.
-    let (p, raw_len) = decode_raw(bytes, max_decompressed)?;
+    let raw = inflate(bytes, max_decompressed)?;
+    let raw_len = raw.len();
+    let p = wire::Flat::decode(&raw)?;
     let strings = utf8_table(&p.string_table)?;
     let s = |index: i64| -> Result<&str, PprofError> {
         if index == 0 {
@@ -864,10 +859,11 @@ pub fn visit_pprof_limited<R>(
             line: None,
         };
         let first = frames.len() as u32;
-        if loc.line.is_empty() {
+        let lines = p.lines(loc);
+        if lines.is_empty() {
             frames.push(base);
         } else {
-            for line in loc.line.iter().rev() {
+            for line in lines.iter().rev() {
                 let f = functions
                     .get(&line.function_id)
                     .ok_or(PprofError::UnknownFunction {
@@ -901,18 +897,16 @@ pub fn visit_pprof_limited<R>(
     let frame_budget = raw_len.saturating_mul(8).saturating_add(1 << 20);
     let mut frames_seen = 0usize;
     for (i, sample) in p.sample.iter().enumerate() {
-        let value = *sample
-            .value
-            .get(count_index)
-            .ok_or(PprofError::MissingValue {
-                sample: i,
-                index: count_index,
-                len: sample.value.len(),
-            })?;
+        let values = p.values(sample);
+        let value = *values.get(count_index).ok_or(PprofError::MissingValue {
+            sample: i,
+            index: count_index,
+            len: values.len(),
+        })?;
         let count =
             u64::try_from(value).map_err(|_| PprofError::NegativeValue { sample: i, value })?;
         labels.clear();
-        for l in &sample.label {
+        for l in p.labels(sample) {
             let key = s(l.key)?;
             let n = match key.strip_prefix(THREAD_LABEL) {
                 Some("") => 0,
@@ -940,7 +934,7 @@ pub fn visit_pprof_limited<R>(
         }
         let start = stack_frames.len() as u32;
         stack_frames.extend(labels.values().copied());
-        for id in sample.location_id.iter().rev() {
+        for id in p.location_ids(sample).iter().rev() {
             let &(first, n) = location_frames
                 .get(id)
                 .ok_or(PprofError::UnknownLocation { sample: i, id: *id })?;
