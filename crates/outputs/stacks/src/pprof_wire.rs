@@ -86,7 +86,10 @@ impl<'a> Flat<'a> {
                 }
                 9 => p.time_nanos = c.int64(wt)?,
                 10 => p.duration_nanos = c.int64(wt)?,
-                11 => value_type(c.message(wt)?, p.period_type.get_or_insert_with(Default::default))?,
+                11 => value_type(
+                    c.message(wt)?,
+                    p.period_type.get_or_insert_with(Default::default),
+                )?,
                 12 => p.period = c.int64(wt)?,
                 13 => c.repeated(wt, |v| p.comment.push(v as i64))?,
                 14 => p.default_sample_type = c.int64(wt)?,
@@ -97,7 +100,11 @@ impl<'a> Flat<'a> {
     }
 
     fn read_sample(&mut self, body: &[u8]) -> Result<FlatSample, DecodeError> {
-        let (l0, v0, b0) = (self.location_ids.len(), self.values.len(), self.labels.len());
+        let (l0, v0, b0) = (
+            self.location_ids.len(),
+            self.values.len(),
+            self.labels.len(),
+        );
         let mut c = Cursor { buf: body, pos: 0 };
         // A sample's repeated fields may interleave; only its own elements
         // are pushed while it is read, so each pool's range is contiguous.
@@ -472,8 +479,11 @@ mod tests {
                 } else if p.to_string_lossy().ends_with(".pb.gz") && out.len() < 40 {
                     let gz = std::fs::read(&p).unwrap();
                     let mut raw = Vec::new();
-                    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw)
-                        .unwrap();
+                    std::io::Read::read_to_end(
+                        &mut flate2::read::GzDecoder::new(&gz[..]),
+                        &mut raw,
+                    )
+                    .unwrap();
                     out.push(raw);
                 }
             }
@@ -484,7 +494,11 @@ mod tests {
     #[test]
     fn shipped_profiles_decode_as_prost_decodes_them() {
         let profiles = shipped_profiles();
-        assert!(profiles.len() >= 5, "only {} profiles found", profiles.len());
+        assert!(
+            profiles.len() >= 5,
+            "only {} profiles found",
+            profiles.len()
+        );
         for raw in &profiles {
             let flat = Flat::decode(raw).unwrap();
             assert_eq!(as_prost(&flat), prost_decode(raw).unwrap());

@@ -366,7 +366,9 @@ fn known_arg(sl: &[u8], i: usize) -> Option<(ArgKey, usize)> {
             b"\"Collective name\":" => Collective,
             b"\"Call stack\":" => Skip,
         ),
-        b'c' => first_of!(b"\"correlation\":" => Skip, b"\"cbid\":" => Skip, b"\"context\":" => Skip),
+        b'c' => {
+            first_of!(b"\"correlation\":" => Skip, b"\"cbid\":" => Skip, b"\"context\":" => Skip)
+        }
         b'd' => first_of!(b"\"device\":" => Device, b"\"dtype\":" => Dtype),
         b's' => first_of!(b"\"stream\":" => Stream, b"\"shared memory\":" => Skip),
         b'T' => first_of!(b"\"Trace name\":" => Skip, b"\"Trace iteration\":" => Skip),
@@ -693,13 +695,13 @@ mod tests {
             // numbers and non-ASCII bytes, then text after it.
             let mut text = Vec::new();
             let mut stack = Vec::new();
-            let open = if g.next() % 2 == 0 { b'[' } else { b'{' };
+            let open = if g.next().is_multiple_of(2) { b'[' } else { b'{' };
             text.push(open);
             stack.push(open);
             while !stack.is_empty() {
                 match g.next() % 9 {
                     0 | 1 if stack.len() < 6 => {
-                        let o = if g.next() % 2 == 0 { b'[' } else { b'{' };
+                        let o = if g.next().is_multiple_of(2) { b'[' } else { b'{' };
                         text.push(o);
                         stack.push(o);
                     }
@@ -725,7 +727,7 @@ mod tests {
                         text.extend_from_slice(g.digits(n).as_bytes());
                     }
                 }
-                if g.next() % 3 == 0 {
+                if g.next().is_multiple_of(3) {
                     text.push(b',');
                 }
             }
@@ -733,10 +735,19 @@ mod tests {
             let from = 0;
             let want = skip_reference(&text, from);
             assert!(want.is_some());
-            assert_eq!(skip_container(&text, from), want, "round {round}: {}", String::from_utf8_lossy(&text));
+            assert_eq!(
+                skip_container(&text, from),
+                want,
+                "round {round}: {}",
+                String::from_utf8_lossy(&text)
+            );
             // Cut anywhere inside: incomplete, never a wrong end.
             let cut = (g.next() as usize) % want.unwrap();
-            assert_eq!(skip_container(&text[..cut], from), None, "round {round} cut {cut}");
+            assert_eq!(
+                skip_container(&text[..cut], from),
+                None,
+                "round {round} cut {cut}"
+            );
         }
     }
 
@@ -755,7 +766,12 @@ mod tests {
             (b"12\xc3,", Err(())),
             (b"12\x01,", Err(())),
         ] {
-            assert_eq!(skip_value(text, 0), want, "{}", String::from_utf8_lossy(text));
+            assert_eq!(
+                skip_value(text, 0),
+                want,
+                "{}",
+                String::from_utf8_lossy(text)
+            );
         }
     }
 
