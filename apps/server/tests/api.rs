@@ -79,6 +79,31 @@ async fn call(
     (status, bytes.to_vec())
 }
 
+/// One request with exactly these headers (no token unless one of them
+/// carries it).
+async fn request(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &[u8])],
+    body: Vec<u8>,
+) -> (StatusCode, Vec<u8>) {
+    let mut req = Request::builder().method(method).uri(uri);
+    for (name, value) in headers {
+        req = req.header(*name, axum::http::HeaderValue::from_bytes(value).unwrap());
+    }
+    let resp = app
+        .clone()
+        .oneshot(req.body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 26)
+        .await
+        .unwrap();
+    (status, bytes.to_vec())
+}
+
 fn json(b: &[u8]) -> serde_json::Value {
     serde_json::from_slice(b).unwrap_or(serde_json::Value::Null)
 }
@@ -410,5 +435,170 @@ async fn concurrent_uploads_and_racing_retries_are_stored_exactly_once() {
         let want: u64 = (0..40u64).map(|i| 1 + i % 5).sum();
         assert_eq!(t["samples"], want, "{name}: {t}");
         assert_eq!(t["profiles"], 40, "{name}: {t}");
+    }
+}
+
+/// The OpenAPI description is served and matches the router: every route
+/// it documents answers (401 without a token where it asks for one, not
+/// the "no such route" 404), and a route that asks for a token documents
+/// its 401. (Moved in-process from `apps/cli/tests/server.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_description_matches_the_routes() {
+    for (name, store, _dir) in stores("openapi") {
+        let (app, _, _) = app(store);
+        let (st, body) = request(&app, "GET", "/api/v1/openapi.json", &[], vec![]).await;
+        assert_eq!(st, StatusCode::OK, "{name}");
+        let spec = json(&body);
+        assert_eq!(spec["openapi"], "3.0.3");
+        let paths = spec["paths"].as_object().unwrap();
+        assert!(paths.len() >= 8, "{}", paths.len());
+        for (path, ops) in paths {
+            let mut concrete = path
+                .replace("{job}", "job-1")
+                .replace("{session}", "s1")
+                .replace("{batch}", "b1")
+                .replace("{build_id}", "abcd")
+                .replace("{part}", "0");
+            if path.ends_with("{part}") {
+                concrete.push_str("?of=1");
+            }
+            for (method, op) in ops.as_object().unwrap() {
+                let public = op
+                    .get("security")
+                    .is_some_and(|s| s.as_array().is_some_and(|a| a.is_empty()));
+                let (st, body) =
+                    request(&app, &method.to_uppercase(), &concrete, &[], b"{}".to_vec()).await;
+                let body = String::from_utf8_lossy(&body);
+                if public {
+                    assert_eq!(st, StatusCode::OK, "{name}: {method} {path}: {body}");
+                } else {
+                    assert_eq!(
+                        st,
+                        StatusCode::UNAUTHORIZED,
+                        "{name}: {method} {path} without a token: {body}"
+                    );
+                    assert!(
+                        op["responses"].get("401").is_some(),
+                        "{method} {path} does not document 401"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Random and hostile requests (odd path segments, bad tokens and cookies,
+/// truncated and corrupted uploads, a gzip bomb) get answers below 500 and
+/// leave the server serving, on every store. (Moved in-process from
+/// `apps/cli/tests/server.rs`; the HTTP framing itself is hyper's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_and_hostile_requests_never_break_the_server() {
+    use std::io::Write as _;
+    use whyslow_model::rng::SplitMix64;
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/testbed");
+    let fp = std::fs::read(fixtures.join("slow-link-busy-host/rank-0.fingerprint.json")).unwrap();
+    // 100 MiB of zeros as gzip (~100 KB): over the decompressed bound.
+    let bomb = {
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let chunk = vec![0u8; 1 << 20];
+        for _ in 0..100 {
+            z.write_all(&chunk).unwrap();
+        }
+        z.finish().unwrap()
+    };
+    let segments = [
+        "job-1",
+        "s1",
+        "..",
+        "%2e%2e",
+        "a%00b",
+        &"x".repeat(300),
+        "%C3%BCn%C3%AF",
+        "a%20b",
+        "",
+        "-",
+        "@:.",
+    ];
+    let routes = [
+        "/api/v1/jobs/{}/sessions/{}/fingerprints",
+        "/api/v1/jobs/{}/sessions/{}/report",
+        "/api/v1/jobs/{}/profiles/{}",
+        "/api/v1/jobs/{}/flamegraph.svg?kind={}",
+        "/api/v1/jobs",
+        "/api/v1/functions?from={}&to={}",
+        "/ui/jobs/{}/sessions/{}",
+        "/ui/jobs/{}/flamegraph.svg?limit={}",
+        "/ui/login?next={}",
+        "/{}/{}",
+    ];
+    for (name, store, _dir) in stores("hostile") {
+        let (app, ta, _) = app(store);
+        let mut rng = SplitMix64::new(0x5eed);
+        let mut statuses = std::collections::BTreeMap::new();
+        for i in 0..400 {
+            let route = routes[rng.below(routes.len() as u64) as usize];
+            let mut path = route.to_string();
+            while path.contains("{}") {
+                let seg = segments[rng.below(segments.len() as u64) as usize];
+                path = path.replacen("{}", seg, 1);
+            }
+            let method = ["GET", "POST", "PUT", "DELETE"][rng.below(4) as usize];
+            let body: Vec<u8> = match rng.below(6) {
+                0 => Vec::new(),
+                1 => (0..rng.below(4096)).map(|_| rng.next_u64() as u8).collect(),
+                2 => fp[..rng.below(fp.len() as u64) as usize].to_vec(),
+                3 => {
+                    // A fingerprint with one byte changed.
+                    let mut b = fp.clone();
+                    let k = rng.below(b.len() as u64) as usize;
+                    b[k] = rng.next_u64() as u8;
+                    b
+                }
+                4 => bomb.clone(),
+                _ => fp.clone(),
+            };
+            let bearer = format!("Bearer {ta}");
+            let cookie = format!("whyslow_token={ta}");
+            let basic = format!("Basic {ta}");
+            let headers: Vec<(&str, &[u8])> = match rng.below(4) {
+                0 => vec![],
+                1 => vec![("authorization", b"Bearer wsk_bogus")],
+                2 => vec![
+                    ("authorization", bearer.as_bytes()),
+                    ("cookie", cookie.as_bytes()),
+                ],
+                _ => vec![
+                    ("authorization", basic.as_bytes()),
+                    ("cookie", b"whyslow_token=\xff\xfe"),
+                ],
+            };
+            let (st, body) = request(&app, method, &path, &headers, body).await;
+            assert!(
+                st.as_u16() < 500,
+                "{name}: request {i}: {method} {path} -> {st}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            *statuses.entry(st.as_u16()).or_insert(0) += 1;
+        }
+        eprintln!("{name}: {statuses:?}");
+        // Still serving, and the hostile requests were answered.
+        let (st, _) = request(&app, "GET", "/healthz", &[], vec![]).await;
+        assert_eq!(st, StatusCode::OK);
+        assert!(statuses.len() >= 4, "{name}: {statuses:?}");
+        let (st, body) = call(
+            &app,
+            "POST",
+            "/api/v1/jobs/j/profiles/bomb",
+            &ta,
+            bomb.clone(),
+        )
+        .await;
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{name}: {body}");
+        assert!(
+            body.contains("inflates past 67108864 bytes"),
+            "{name}: {body}"
+        );
     }
 }

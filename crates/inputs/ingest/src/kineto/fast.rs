@@ -695,13 +695,21 @@ mod tests {
             // numbers and non-ASCII bytes, then text after it.
             let mut text = Vec::new();
             let mut stack = Vec::new();
-            let open = if g.next().is_multiple_of(2) { b'[' } else { b'{' };
+            let open = if g.next().is_multiple_of(2) {
+                b'['
+            } else {
+                b'{'
+            };
             text.push(open);
             stack.push(open);
             while !stack.is_empty() {
                 match g.next() % 9 {
                     0 | 1 if stack.len() < 6 => {
-                        let o = if g.next().is_multiple_of(2) { b'[' } else { b'{' };
+                        let o = if g.next().is_multiple_of(2) {
+                            b'['
+                        } else {
+                            b'{'
+                        };
                         text.push(o);
                         stack.push(o);
                     }
