@@ -1,6 +1,10 @@
 //! `whyslow server` end to end through its script contract (issue 14):
 //! token creation, fingerprint upload, job list, central report, 401 without
-//! a token, 404 across tenants, /healthz and /metrics without one.
+//! a token, 404 across tenants, /healthz and /metrics without one — the
+//! binary as users run it (a `kill -9`, a full disk, TLS, S3, agents,
+//! Chromium), spoken to through ureq. What needs no process (the API on
+//! both stores, hostile requests, the OpenAPI routes) calls the router
+//! in-process: `apps/server/tests/api.rs` (issue 31).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -71,7 +75,7 @@ impl Server {
         Server { child, addr }
     }
 
-    /// One HTTP/1.1 request; (status, body).
+    /// One request with a JSON content type; (status, body).
     fn request(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, String) {
         let auth = token
             .map(|t| format!("Authorization: Bearer {t}\r\n"))
@@ -85,47 +89,51 @@ impl Server {
         (status, body)
     }
 
-    /// One HTTP/1.1 request with `headers` (each ending in CRLF); (status,
-    /// response head, body).
+    /// One request with `headers` (`Name: value` lines, each ending in
+    /// CRLF), through ureq with redirects not followed; (status, response
+    /// head as `name: value` lines, body).
     fn raw(&self, method: &str, path: &str, headers: &str, body: &[u8]) -> (u16, String, String) {
-        let mut s = TcpStream::connect(&self.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        )
-        .unwrap();
-        // A server may answer (401, 404) before it read the whole body and
-        // close: the answer counts, not the broken pipe of the rest.
-        let _ = s.write_all(body);
-        let mut resp = Vec::new();
-        let _ = s.read_to_end(&mut resp);
-        assert!(!resp.is_empty(), "{method} {path}: no answer");
-        let text = String::from_utf8_lossy(&resp).into_owned();
-        let status: u16 = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        // Chunked bodies: join the chunks.
-        let body = if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            let mut out = String::new();
-            let mut rest = body;
-            while let Some((size, tail)) = rest.split_once("\r\n") {
-                let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                out.push_str(&tail[..n]);
-                rest = &tail[n + 2..];
-            }
-            out
-        } else {
-            body.to_string()
-        };
-        (status, head.to_string(), body)
+        http_call(&self.addr, method, path, headers, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: no answer: {e}"))
     }
+}
+
+/// One HTTP request to `addr` (see [`Server::raw`]); an error where no
+/// answer came (refused, reset).
+fn http_call(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &[u8],
+) -> Result<(u16, String, String), ureq::Error> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .proxy(None)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut req = ureq::http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for line in headers.split("\r\n").filter(|l| !l.is_empty()) {
+        let (name, value) = line.split_once(':').expect("a `Name: value` header");
+        req = req.header(name.trim(), value.trim());
+    }
+    let mut resp = if body.is_empty() {
+        agent.run(req.body(()).expect("a valid request"))?
+    } else {
+        agent.run(req.body(body.to_vec()).expect("a valid request"))?
+    };
+    let status = resp.status().as_u16();
+    let head: String = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| format!("{k}: {}\r\n", String::from_utf8_lossy(v.as_bytes())))
+        .collect();
+    let bytes = resp.body_mut().with_config().limit(1 << 30).read_to_vec()?;
+    Ok((status, head, String::from_utf8_lossy(&bytes).into_owned()))
 }
 
 impl Drop for Server {
@@ -1576,26 +1584,31 @@ fn a_killed_server_loses_no_acknowledged_upload_and_counts_none_twice() {
     let addr = srv.addr.clone();
     let workers: Vec<_> = (0..6)
         .map(|_| {
-            let (bodies, acked, next, dead, addr, ta) =
-                (bodies.clone(), acked.clone(), next.clone(), dead.clone(), addr.clone(), ta.clone());
+            let (bodies, acked, next, dead, addr, ta) = (
+                bodies.clone(),
+                acked.clone(),
+                next.clone(),
+                dead.clone(),
+                addr.clone(),
+                ta.clone(),
+            );
             std::thread::spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= total || dead.load(Ordering::Relaxed) {
                     return;
                 }
-                let Ok(mut s) = TcpStream::connect(&addr) else { return };
-                let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-                let head = format!(
-                    "POST /api/v1/jobs/j9/profiles/b{i} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ta}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    bodies[i as usize].len()
-                );
-                if s.write_all(head.as_bytes()).is_err() || s.write_all(&bodies[i as usize]).is_err() {
-                    continue;
-                }
-                let mut resp = Vec::new();
-                let _ = s.read_to_end(&mut resp);
-                if resp.starts_with(b"HTTP/1.1 201") {
-                    acked.lock().unwrap().push(i);
+                let auth = format!("Authorization: Bearer {ta}\r\n");
+                let path = format!("/api/v1/jobs/j9/profiles/b{i}");
+                match http_call(&addr, "POST", &path, &auth, &bodies[i as usize]) {
+                    Ok((201, _, _)) => acked.lock().unwrap().push(i),
+                    // The server is gone: nothing more will be answered.
+                    Err(ureq::Error::ConnectionFailed) => return,
+                    Err(ureq::Error::Io(e))
+                        if e.kind() == std::io::ErrorKind::ConnectionRefused =>
+                    {
+                        return
+                    }
+                    _ => {}
                 }
             })
         })
