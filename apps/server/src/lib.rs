@@ -1764,6 +1764,29 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 /// path that does not parse, a body over the limit, a wrong content type)
 /// come as plain text; under `/api` every error is JSON, `{"error": …}` (the
 /// OpenAPI description's `Error`), so scripts parse one shape.
+/// Uploads (POST and PUT) read, decoded and stored at once, across the
+/// process: the rest wait, their bodies unread in their sockets, so the
+/// server's memory is bounded by this many uploads of at most [`MAX_BODY`]
+/// each (and a profile's inflated [`MAX_PROFILE_DECOMPRESSED`]) whatever
+/// the number of agents. 64 keeps the group commit fed (a group holds what
+/// arrived during the previous commit).
+pub const UPLOADS_IN_FLIGHT: usize = 64;
+
+static UPLOAD_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(UPLOADS_IN_FLIGHT);
+
+/// Holds one of [`UPLOADS_IN_FLIGHT`] slots while an upload is handled.
+async fn upload_slot(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if !matches!(
+        *req.method(),
+        axum::http::Method::POST | axum::http::Method::PUT
+    ) {
+        return next.run(req).await;
+    }
+    // The semaphore is never closed: acquiring only waits.
+    let _slot = UPLOAD_SLOTS.acquire().await;
+    next.run(req).await
+}
+
 async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let api = req.uri().path().starts_with("/api/");
     let resp = next.run(req).await;
@@ -1839,6 +1862,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(ui::routes())
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(upload_slot))
         .layer(axum::middleware::from_fn(json_errors))
         .with_state(state)
 }
