@@ -556,6 +556,16 @@ fn count_index<'a>(
     Ok(0)
 }
 
+/// The count of sample `i`: its value at `count_index`, not negative.
+fn sample_count(values: &[i64], i: usize, count_index: usize) -> Result<u64, PprofError> {
+    let value = *values.get(count_index).ok_or(PprofError::MissingValue {
+        sample: i,
+        index: count_index,
+        len: values.len(),
+    })?;
+    u64::try_from(value).map_err(|_| PprofError::NegativeValue { sample: i, value })
+}
+
 /// What a service needs to file a profile, read without building it: the
 /// labels (its `key=value` comments), the total sample count, the number of
 /// pprof samples (stacks) and the period's start.
@@ -655,14 +665,7 @@ fn summarize_flat(raw: &[u8]) -> Result<PprofSummary, PprofError> {
     let frame_budget = raw_len.saturating_mul(8).saturating_add(1 << 20);
     let (mut frames_seen, mut samples) = (0usize, 0u64);
     for (i, sample) in p.sample.iter().enumerate() {
-        let values = p.values(sample);
-        let value = *values.get(count_index).ok_or(PprofError::MissingValue {
-            sample: i,
-            index: count_index,
-            len: values.len(),
-        })?;
-        let count =
-            u64::try_from(value).map_err(|_| PprofError::NegativeValue { sample: i, value })?;
+        let count = sample_count(p.values(sample), i, count_index)?;
         samples = samples.saturating_add(count);
         for l in p.labels(sample) {
             let key = s(l.key)?;
@@ -897,14 +900,7 @@ pub fn visit_pprof_limited<R>(
     let frame_budget = raw_len.saturating_mul(8).saturating_add(1 << 20);
     let mut frames_seen = 0usize;
     for (i, sample) in p.sample.iter().enumerate() {
-        let values = p.values(sample);
-        let value = *values.get(count_index).ok_or(PprofError::MissingValue {
-            sample: i,
-            index: count_index,
-            len: values.len(),
-        })?;
-        let count =
-            u64::try_from(value).map_err(|_| PprofError::NegativeValue { sample: i, value })?;
+        let count = sample_count(p.values(sample), i, count_index)?;
         labels.clear();
         for l in p.labels(sample) {
             let key = s(l.key)?;
