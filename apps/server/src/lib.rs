@@ -1764,8 +1764,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 /// path that does not parse, a body over the limit, a wrong content type)
 /// come as plain text; under `/api` every error is JSON, `{"error": …}` (the
 /// OpenAPI description's `Error`), so scripts parse one shape.
-/// Uploads (POST and PUT) read, decoded and stored at once, across the
-/// process: the rest wait, their bodies unread in their sockets, so the
+/// Uploads (POST and PUT under `/api/`, fix proposals aside) read,
+/// decoded and stored at once, across the process: the rest wait, their bodies unread in their sockets, so the
 /// server's memory is bounded by this many uploads of at most [`MAX_BODY`]
 /// each (and a profile's inflated [`MAX_PROFILE_DECOMPRESSED`]) whatever
 /// the number of agents. 64 keeps the group commit fed (a group holds what
@@ -1776,10 +1776,14 @@ static UPLOAD_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(
 
 /// Holds one of [`UPLOADS_IN_FLIGHT`] slots while an upload is handled.
 async fn upload_slot(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    if !matches!(
+    let path = req.uri().path();
+    // A fix proposal may wait on a language model: it takes no upload slot.
+    let upload = matches!(
         *req.method(),
         axum::http::Method::POST | axum::http::Method::PUT
-    ) {
+    ) && path.starts_with("/api/")
+        && !path.ends_with("/fix");
+    if !upload {
         return next.run(req).await;
     }
     // The semaphore is never closed: acquiring only waits.
