@@ -115,28 +115,48 @@ impl Default for BocdConfig {
     }
 }
 
+/// One run length's hypothesis: its posterior mass and its Normal-Gamma posterior.
 #[derive(Debug, Clone, Copy)]
 struct Run {
     /// Run length (number of points after the first one).
     len: usize,
+    /// P(r_t = len | x_{1:t}).
     prob: f64,
-    /// Number of observations absorbed.
+    /// ln `prob` plus a constant shared by all runs (during a step: the
+    /// shifted log weight).
+    ln_prob: f64,
+    /// Number of observations absorbed (κ = κ₀ + n, α = α₀ + n/2).
     n: usize,
     mu: f64,
-    kappa: f64,
     beta: f64,
+    /// ln β, carried along: the predictive's ln(1 + q) is also ln(β′/β).
+    ln_beta: f64,
 }
 
 /// Online BOCD state. Feed points with [`Bocd::step`].
+///
+/// Each step costs two transcendental functions per alive run length (ln(1 + q)
+/// and one exp), not four: the log posterior mass is carried instead of
+/// recomputed, and the Student-t's ln(1 + q) term, with
+/// q = κ(x − μ)² / (2(κ + 1)β), is also the log of the Normal-Gamma update
+/// β′ = β(1 + q), so ln β follows without another log. The textbook step is kept
+/// in the tests as the reference this one is checked against.
 #[derive(Debug, Clone)]
 pub struct Bocd {
     cfg: BocdConfig,
     hazard: f64,
+    ln_hazard: f64,
+    ln_stay: f64,
+    /// ln of the gap density's normalization, −ln(π · gap_scale).
+    gap_ln_norm: f64,
+    gap_scale: f64,
     runs: Vec<Run>,
-    scratch: Vec<Run>,
+    /// The constant shared by the runs' `ln_prob`: ln P(r) = `ln_prob` − this.
+    ln_mass: f64,
     /// Reused buffer of run probabilities for pruning.
     probs: Vec<f64>,
-    /// ln Γ(α+½) − ln Γ(α) − ½ ln(2απ) for α = α₀ + n/2, indexed by n.
+    /// Per n: ln Γ(α+½) − ln Γ(α) − ½ ln(2απ) − ½ ln((κ+1)/(ακ)) for κ = κ₀ + n,
+    /// α = α₀ + n/2: the predictive's constant once ½ ln β is taken out.
     lnc: Vec<f64>,
     t: usize,
     last_cp: f64,
@@ -151,11 +171,21 @@ impl Bocd {
         } else {
             2.0
         };
+        let hazard = 1.0 / lambda;
+        let gap_scale = if cfg.gap_scale.is_finite() && cfg.gap_scale > 0.0 {
+            cfg.gap_scale
+        } else {
+            10.0
+        };
         Bocd {
             cfg,
-            hazard: 1.0 / lambda,
+            hazard,
+            ln_hazard: hazard.ln(),
+            ln_stay: (-hazard).ln_1p(),
+            gap_ln_norm: -(std::f64::consts::PI * gap_scale).ln(),
+            gap_scale,
             runs: Vec::new(),
-            scratch: Vec::new(),
+            ln_mass: 0.0,
             probs: Vec::new(),
             lnc: Vec::new(),
             t: 0,
@@ -164,14 +194,21 @@ impl Bocd {
         }
     }
 
-    fn lnc(&mut self, n: usize) -> f64 {
+    /// Extend the per-n constants up to `n`.
+    #[cold]
+    fn grow_lnc(&mut self, n: usize) {
+        let p = self.cfg.prior;
         while self.lnc.len() <= n {
-            let a = self.cfg.prior.alpha + self.lnc.len() as f64 / 2.0;
+            let k = self.lnc.len() as f64;
+            let a = p.alpha + k / 2.0;
+            let kappa = p.kappa + k;
             self.lnc.push(
-                ln_gamma(a + 0.5) - ln_gamma(a) - 0.5 * (2.0 * a * std::f64::consts::PI).ln(),
+                ln_gamma(a + 0.5)
+                    - ln_gamma(a)
+                    - 0.5 * (2.0 * a * std::f64::consts::PI).ln()
+                    - 0.5 * ((kappa + 1.0) / (a * kappa)).ln(),
             );
         }
-        self.lnc[n]
     }
 
     fn empty_run(&self) -> Run {
@@ -179,21 +216,12 @@ impl Bocd {
         Run {
             len: 0,
             prob: 0.0,
+            ln_prob: 0.0,
             n: 0,
             mu: p.mu,
-            kappa: p.kappa,
             beta: p.beta,
+            ln_beta: p.beta.ln(),
         }
-    }
-
-    /// ln of the Student-t posterior predictive of `x` under `run`.
-    fn ln_pred(&mut self, run: &Run, x: f64) -> f64 {
-        let alpha = self.cfg.prior.alpha + run.n as f64 / 2.0;
-        let scale2 = run.beta * (run.kappa + 1.0) / (alpha * run.kappa);
-        let d = x - run.mu;
-        self.lnc(run.n)
-            - 0.5 * scale2.ln()
-            - (alpha + 0.5) * (d * d / (2.0 * alpha * scale2)).ln_1p()
     }
 
     /// Absorb `x`; afterwards [`Bocd::run_lengths`] is the posterior P(r_t | x_{1:t}).
@@ -213,82 +241,103 @@ impl Bocd {
                 return;
             }
         }
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        scratch.push(self.empty_run());
-        let runs = std::mem::take(&mut self.runs);
-        // Upward test against the most likely previous run.
-        if let Some(best) = runs.iter().max_by(|a, b| a.prob.total_cmp(&b.prob)) {
-            self.last_up = x > best.mu;
+        let longest = self.runs.iter().map(|r| r.n).max().unwrap_or(0);
+        if longest >= self.lnc.len() {
+            self.grow_lnc(longest);
         }
-        // Log-domain weights, shifted by the max for stability.
-        let mut max_lp = f64::NEG_INFINITY;
-        for r in &runs {
-            let lp = self.ln_pred(r, x) + r.prob.ln();
-            max_lp = max_lp.max(lp);
-            let mut g = *r;
-            g.len += 1;
-            g.prob = lp; // temporarily the log weight
-            scratch.push(g);
+        let (alpha0, kappa0) = (self.cfg.prior.alpha, self.cfg.prior.kappa);
+        // One pass: the upward test against the most likely previous run (the
+        // last of equals, as `max_by` picks), each run's log weight
+        // ln π_r(x) + ln P(r), and its Normal-Gamma update by x (only grown runs
+        // survive the step, and they all absorb x).
+        let mut best = f64::NEG_INFINITY;
+        let mut best_mu = 0.0;
+        let mut max_lw = f64::NEG_INFINITY;
+        for r in self.runs.iter_mut() {
+            if r.prob >= best {
+                best = r.prob;
+                best_mu = r.mu;
+            }
+            let nf = r.n as f64;
+            let kappa = kappa0 + nf;
+            let alpha = alpha0 + 0.5 * nf;
+            let d = x - r.mu;
+            let q = kappa * d * d / (2.0 * (kappa + 1.0) * r.beta);
+            let ln1q = q.ln_1p();
+            let lw = self.lnc[r.n] - 0.5 * r.ln_beta - (alpha + 0.5) * ln1q + r.ln_prob;
+            max_lw = max_lw.max(lw);
+            r.ln_prob = lw;
+            r.beta += kappa * d * d / (2.0 * (kappa + 1.0));
+            r.ln_beta += ln1q;
+            r.mu = (kappa * r.mu + x) / (kappa + 1.0);
+            r.n += 1;
+            r.len += 1;
         }
-        let prior_lp = if gap {
-            let sc = if self.cfg.gap_scale.is_finite() && self.cfg.gap_scale > 0.0 {
-                self.cfg.gap_scale
-            } else {
-                10.0
-            };
-            let z = x / sc;
-            let lp = -(std::f64::consts::PI * sc).ln() - z.mul_add(z, 1.0).ln();
-            max_lp = max_lp.max(lp);
-            lp
+        if best > f64::NEG_INFINITY {
+            self.last_up = x > best_mu;
+        }
+        let prior_lw = if gap {
+            let z = x / self.gap_scale;
+            // On the runs' scale: H · g(x) · Σ P(r), with Σ P(r) = 1.
+            let lw = self.gap_ln_norm - (z * z).ln_1p() + self.ln_mass;
+            max_lw = max_lw.max(lw);
+            lw
         } else {
             0.0
         };
         let mut cp = 0.0;
         let mut total = 0.0;
-        for g in scratch.iter_mut().skip(1) {
-            let w = (g.prob - max_lp).exp();
+        for r in self.runs.iter_mut() {
+            r.ln_prob -= max_lw;
+            let w = r.ln_prob.exp();
             if !gap {
                 cp += w * self.hazard;
             }
-            g.prob = w * (1.0 - self.hazard);
-            total += g.prob;
+            r.prob = w * (1.0 - self.hazard);
+            total += r.prob;
         }
+        let mut cp_lw = f64::NEG_INFINITY;
         if gap {
-            cp = (prior_lp - max_lp).exp() * self.hazard;
+            cp_lw = prior_lw - max_lw;
+            cp = cp_lw.exp() * self.hazard;
+        } else if cp > 0.0 {
+            cp_lw = cp.ln();
         }
         total += cp;
-        scratch[0].prob = cp;
+        let mut fresh = self.empty_run();
+        fresh.prob = cp;
+        self.runs.insert(0, fresh);
         if !(total > 0.0 && total.is_finite()) {
             // Degenerate: restart from the prior.
-            for g in scratch.iter_mut() {
-                g.prob = 0.0;
+            for r in self.runs.iter_mut() {
+                r.prob = 0.0;
+                r.ln_prob = f64::NEG_INFINITY;
             }
-            scratch[0].prob = 1.0;
-            total = 1.0;
+            self.runs[0].prob = 1.0;
+            self.runs[0].ln_prob = 0.0;
+            self.last_cp = 1.0;
+            self.prune();
+            self.ln_mass = 0.0;
+            self.t += 1;
+            return;
         }
-        for g in scratch.iter_mut() {
-            g.prob /= total;
+        for r in self.runs.iter_mut() {
+            r.prob /= total;
         }
-        self.last_cp = scratch[0].prob;
-        self.runs = runs;
-        std::mem::swap(&mut self.runs, &mut scratch);
-        self.scratch = scratch;
-        self.prune();
-        // Grown runs absorb x (Normal-Gamma update); the new run (length 0) starts empty.
-        self.absorb(x, 1);
+        self.last_cp = self.runs[0].prob;
+        // Log masses up to a constant shared by all runs, ln(total) and what
+        // pruning takes away: kept aside (one log per step, not one per run).
+        // The fresh run's weight is H·g(x) (gap model) or H·Σw (Adams-MacKay);
+        // the grown ones' carry (1 − H).
+        self.runs[0].ln_prob = if gap { cp_lw + self.ln_hazard } else { cp_lw };
+        for r in self.runs.iter_mut().skip(1) {
+            r.ln_prob += self.ln_stay;
+        }
+        self.ln_mass = match self.prune() {
+            Some(kept) => (total * kept).ln(),
+            None => 0.0,
+        };
         self.t += 1;
-    }
-
-    fn absorb(&mut self, x: f64, skip: usize) {
-        for r in self.runs.iter_mut().skip(skip) {
-            let k1 = r.kappa + 1.0;
-            let d = x - r.mu;
-            r.beta += r.kappa * d * d / (2.0 * k1);
-            r.mu = (r.kappa * r.mu + x) / k1;
-            r.kappa = k1;
-            r.n += 1;
-        }
     }
 
     /// P(r_t = 0 | x_{1:t}) after the last step (always H in the Adams-MacKay model).
@@ -301,7 +350,10 @@ impl Bocd {
         self.last_up
     }
 
-    fn prune(&mut self) {
+    /// Drop unlikely run lengths and renormalize; returns the mass kept (1 when
+    /// nothing was dropped, up to rounding), or `None` when only the fresh run
+    /// is left, with `ln_prob` 0 = ln 1.
+    fn prune(&mut self) -> Option<f64> {
         let eps = self.cfg.prune_eps;
         let max = self.cfg.max_run_lengths;
         if eps > 0.0 {
@@ -321,7 +373,8 @@ impl Bocd {
             if k == 0 {
                 self.runs.truncate(1);
                 self.runs[0].prob = 1.0;
-                return;
+                self.runs[0].ln_prob = 0.0;
+                return None;
             }
             let at = probs.len() - k;
             probs.select_nth_unstable_by(at, |a, b| a.total_cmp(b));
@@ -346,6 +399,9 @@ impl Bocd {
             for r in &mut self.runs {
                 r.prob /= s;
             }
+            Some(s)
+        } else {
+            Some(1.0)
         }
     }
 
@@ -494,8 +550,189 @@ pub fn ln_gamma(x: f64) -> f64 {
 }
 
 #[cfg(test)]
+#[path = "bocd_reference.rs"]
+mod reference;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A seeded generator of test series.
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn unit(&mut self) -> f64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        }
+
+        /// Roughly normal (sum of uniforms).
+        fn normal(&mut self) -> f64 {
+            (0..4).map(|_| self.unit()).sum::<f64>() - 2.0
+        }
+    }
+
+    /// Series of the kinds BOCD meets: flow gaps with bursts and step gaps, mean
+    /// shifts, heavy tails, constant runs, and garbage.
+    fn series(kind: usize, seed: u64) -> Vec<f64> {
+        let mut g = Lcg(seed);
+        let n = 400 + (seed % 7) as usize * 150;
+        match kind {
+            0 => {
+                // Idle gaps of bursty traffic: short within a burst, long between.
+                let per = 3 + (seed % 11) as usize;
+                let dts: Vec<f64> = (0..n)
+                    .map(|i| {
+                        if i % per == per - 1 {
+                            2e5 * (1.0 + 0.3 * g.normal())
+                        } else {
+                            (30.0 * g.unit()).max(0.0)
+                        }
+                    })
+                    .collect();
+                normalize_intervals(&dts, 1000.0)
+            }
+            1 => (0..n)
+                .map(|i| (i / 60 % 3) as f64 * 2.5 + 0.4 * g.normal())
+                .collect(),
+            2 => (0..n)
+                .map(|_| {
+                    let u = g.unit().max(1e-12);
+                    (std::f64::consts::PI * (u - 0.5)).tan()
+                })
+                .collect(),
+            3 => (0..n)
+                .map(|i| if i % 97 < 50 { 0.0 } else { 1.0 })
+                .collect(),
+            _ => (0..n)
+                .map(|i| match i % 13 {
+                    0 => f64::NAN,
+                    5 => 1e300,
+                    9 => -1e300,
+                    11 => f64::INFINITY,
+                    _ => g.normal(),
+                })
+                .collect(),
+        }
+    }
+
+    fn configs() -> Vec<BocdConfig> {
+        let d = BocdConfig::default();
+        let exact = BocdConfig {
+            prune_eps: 0.0,
+            max_run_lengths: 0,
+            ..d
+        };
+        vec![
+            d,
+            BocdConfig {
+                model: CpModel::AdamsMacKay,
+                ..d
+            },
+            exact,
+            BocdConfig {
+                model: CpModel::AdamsMacKay,
+                ..exact
+            },
+            BocdConfig {
+                hazard_lambda: 7.0,
+                max_run_lengths: 3,
+                prune_eps: 1e-6,
+                gap_scale: 2.0,
+                prior: NormalGammaPrior {
+                    mu: 1.0,
+                    kappa: 0.3,
+                    alpha: 1.0,
+                    beta: 0.5,
+                },
+                ..d
+            },
+            BocdConfig {
+                max_run_lengths: 1,
+                hazard_lambda: f64::NAN,
+                gap_scale: -1.0,
+                ..d
+            },
+        ]
+    }
+
+    #[test]
+    fn fast_step_matches_the_textbook_step() {
+        let mut worst: f64 = 0.0;
+        let mut steps = 0;
+        for cfg in configs() {
+            for kind in 0..5 {
+                for seed in 1..6u64 {
+                    let xs = series(kind, seed * 7919 + kind as u64);
+                    let mut fast = Bocd::new(cfg);
+                    let mut slow = reference::ReferenceBocd::new(cfg);
+                    for (t, &x) in xs.iter().enumerate() {
+                        fast.step(x);
+                        slow.step(x);
+                        steps += 1;
+                        let at = format!("{cfg:?} kind {kind} seed {seed} t {t}");
+                        let (a, b): (Vec<_>, Vec<_>) =
+                            (fast.run_lengths().collect(), slow.run_lengths().collect());
+                        assert_eq!(
+                            a.iter().map(|r| r.0).collect::<Vec<_>>(),
+                            b.iter().map(|r| r.0).collect::<Vec<_>>(),
+                            "run lengths at {at}: {a:?} vs {b:?}"
+                        );
+                        for (p, q) in a.iter().zip(&b) {
+                            worst = worst.max((p.1 - q.1).abs());
+                        }
+                        worst = worst.max((fast.cp_probability() - slow.cp_probability()).abs());
+                        assert_eq!(fast.last_was_upward(), slow.last_was_upward(), "{at}");
+                        assert_eq!(fast.map_run_length().0, slow.map_run_length().0, "{at}");
+                    }
+                    assert_eq!(
+                        change_points(&xs, &cfg),
+                        reference_change_points(&xs, &cfg),
+                        "{cfg:?} kind {kind} seed {seed}"
+                    );
+                }
+            }
+        }
+        eprintln!("{steps} steps, largest probability difference {worst:e}");
+        assert!(worst < 1e-9, "largest probability difference {worst:e}");
+    }
+
+    /// [`change_points`] over the reference step.
+    fn reference_change_points(xs: &[f64], cfg: &BocdConfig) -> Vec<usize> {
+        let mut b = reference::ReferenceBocd::new(*cfg);
+        let mut out = Vec::new();
+        if cfg.model == CpModel::GapOutlier {
+            for (t, &x) in xs.iter().enumerate() {
+                b.step(x);
+                if b.cp_probability() >= cfg.threshold && b.last_was_upward() {
+                    out.push(t + 1);
+                }
+            }
+            return out;
+        }
+        let maps: Vec<(usize, f64)> = xs
+            .iter()
+            .map(|&x| {
+                b.step(x);
+                b.map_run_length()
+            })
+            .collect();
+        let mut t = xs.len();
+        while t > 0 {
+            let (m, conf) = maps[t - 1];
+            let s = t - m.clamp(1, t);
+            if s > 1 && conf >= cfg.threshold {
+                out.push(s);
+            }
+            t = if conf >= cfg.threshold { s } else { t - 1 };
+        }
+        out.reverse();
+        out.dedup();
+        out
+    }
 
     #[test]
     fn ln_gamma_matches_known_values() {

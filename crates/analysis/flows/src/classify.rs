@@ -171,10 +171,18 @@ pub fn classify(index: &FlowIndex<'_>, jobs: &Jobs, cfg: &BocdConfig) -> Classif
     // Fallback for pairs without visible step structure (PP traffic often runs through
     // the whole step with no longer gap at its end): split their flows at the job's DP
     // burst ends instead (an extension of the paper; pure-PP jobs keep one step).
+    // Only jobs with such a pair need their burst ends (a BOCD pass over all
+    // their DP flows).
+    let mut wanted = vec![false; jobs.members.len()];
+    for (p, &(a, _)) in index.pairs.iter().enumerate() {
+        if c.steps[p] < MIN_STEPS {
+            wanted[jobs.job_of[a as usize]] = true;
+        }
+    }
     let mut job_dp: Vec<Vec<(u64, u64)>> = vec![Vec::new(); jobs.members.len()];
     for (p, &(a, _)) in index.pairs.iter().enumerate() {
-        if c.kind[p] == PairType::Dp && c.steps[p] >= MIN_STEPS {
-            let j = jobs.job_of[a as usize];
+        let j = jobs.job_of[a as usize];
+        if wanted[j] && c.kind[p] == PairType::Dp && c.steps[p] >= MIN_STEPS {
             job_dp[j].extend(
                 index.pair_flows[p]
                     .iter()
@@ -185,6 +193,9 @@ pub fn classify(index: &FlowIndex<'_>, jobs: &Jobs, cfg: &BocdConfig) -> Classif
     let job_ends: Vec<Vec<u64>> = job_dp
         .into_iter()
         .map(|mut f| {
+            if f.is_empty() {
+                return Vec::new();
+            }
             // Runs of sorted flows (one per pair): a stable merge sort
             // finds them (the order is total, so stable or not is alike).
             f.sort();
