@@ -4,9 +4,120 @@
 //! produce [`FlowRecord`]s, the analysis (`whyslow-flows`) produces a
 //! [`FlowReport`], the report crate renders it.
 
+use std::fmt;
 use std::net::IpAddr;
+use std::ops::Deref;
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The switches on a flow's path, shared by every record that took it: cloning
+/// a record copies a pointer, and a reader gives all the records of one
+/// exporter the same path instead of a list of its own (LLMPrism §II-B's
+/// "involved switches"). Reads as a slice of names; the empty path allocates
+/// nothing.
+#[derive(Clone, Default, Eq)]
+pub struct SwitchPath(Option<Arc<[String]>>);
+
+impl SwitchPath {
+    /// The path of these switches, in order.
+    pub fn new<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Self {
+        names
+            .into_iter()
+            .map(Into::into)
+            .collect::<Vec<String>>()
+            .into()
+    }
+
+    /// The path of one switch.
+    pub fn one(name: impl Into<String>) -> Self {
+        SwitchPath(Some(Arc::from(vec![name.into()])))
+    }
+}
+
+impl Deref for SwitchPath {
+    type Target = [String];
+
+    fn deref(&self) -> &[String] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+}
+
+impl From<Vec<String>> for SwitchPath {
+    fn from(v: Vec<String>) -> Self {
+        if v.is_empty() {
+            SwitchPath(None)
+        } else {
+            SwitchPath(Some(Arc::from(v)))
+        }
+    }
+}
+
+impl<S: Into<String>> FromIterator<S> for SwitchPath {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
+        SwitchPath::new(iter)
+    }
+}
+
+impl<'a> IntoIterator for &'a SwitchPath {
+    type Item = &'a String;
+    type IntoIter = std::slice::Iter<'a, String>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl PartialEq for SwitchPath {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+            (a, b) => a.is_none() && b.is_none(),
+        }
+    }
+}
+
+impl std::hash::Hash for SwitchPath {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state)
+    }
+}
+
+impl<S: AsRef<str>> PartialEq<[S]> for SwitchPath {
+    fn eq(&self, other: &[S]) -> bool {
+        self.len() == other.len() && self.iter().zip(other).all(|(a, b)| a == b.as_ref())
+    }
+}
+
+impl<S: AsRef<str>> PartialEq<Vec<S>> for SwitchPath {
+    fn eq(&self, other: &Vec<S>) -> bool {
+        *self == other[..]
+    }
+}
+
+impl<S: AsRef<str>, const N: usize> PartialEq<[S; N]> for SwitchPath {
+    fn eq(&self, other: &[S; N]) -> bool {
+        *self == other[..]
+    }
+}
+
+impl fmt::Debug for SwitchPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for SwitchPath {
+    fn serialize<Ser: Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
+        (**self).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SwitchPath {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<String>::deserialize(d).map(Into::into)
+    }
+}
 
 /// One network flow as seen by the switches (LLMPrism §II-B: start time, source,
 /// destination, involved switches, size, duration).
@@ -31,7 +142,7 @@ pub struct FlowRecord {
     pub proto: Option<u8>,
     /// Switches on the flow's path, in path order when known (one entry per exporter
     /// that reported it; empty when unknown).
-    pub switches: Vec<String>,
+    pub switches: SwitchPath,
 }
 
 impl FlowRecord {
@@ -46,7 +157,7 @@ impl FlowRecord {
             src_port: None,
             dst_port: None,
             proto: None,
-            switches: Vec::new(),
+            switches: SwitchPath::default(),
         }
     }
 
@@ -257,8 +368,8 @@ pub struct TimelineEvent {
     pub kind: PairType,
     /// True when this rank sent the flow, false when it received it.
     pub send: bool,
-    /// The other end.
-    pub peer: String,
+    /// The other end (shared by the rank's events with that peer).
+    pub peer: Arc<str>,
     /// Bytes.
     pub bytes: u64,
 }
@@ -313,3 +424,41 @@ pub struct FlowReport {
 
 /// Version written in [`FlowReport::version`].
 pub const FLOW_REPORT_VERSION: u32 = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn switch_paths_read_as_lists_and_share_on_clone() {
+        let p = SwitchPath::new(["leaf1", "spine", "leaf2"]);
+        assert_eq!(p, vec!["leaf1", "spine", "leaf2"]);
+        assert_eq!(p, ["leaf1", "spine", "leaf2"]);
+        assert_ne!(p, vec!["leaf1"]);
+        assert_eq!(p.len(), 3);
+        assert_eq!(p.join(","), "leaf1,spine,leaf2");
+        let q = p.clone();
+        assert!(
+            std::ptr::eq(p.as_ptr(), q.as_ptr()),
+            "a clone shares the names"
+        );
+        // Equal by content, not only by pointer.
+        assert_eq!(q, SwitchPath::new(["leaf1", "spine", "leaf2"]));
+        let empty = SwitchPath::default();
+        assert!(empty.is_empty());
+        assert_eq!(empty, SwitchPath::from(Vec::new()));
+        assert_eq!(format!("{p:?}"), r#"["leaf1", "spine", "leaf2"]"#);
+        // The wire form is a list of names, both ways.
+        assert_eq!(
+            serde_json::to_string(&p).unwrap(),
+            r#"["leaf1","spine","leaf2"]"#
+        );
+        let back: SwitchPath = serde_json::from_str(r#"["a","b"]"#).unwrap();
+        assert_eq!(back, ["a", "b"]);
+        let none: SwitchPath = serde_json::from_str("[]").unwrap();
+        assert_eq!(none, empty);
+        let mut set = std::collections::HashSet::new();
+        set.insert(p.clone());
+        assert!(set.contains(&SwitchPath::new(["leaf1", "spine", "leaf2"])));
+    }
+}

@@ -414,7 +414,7 @@ pub fn generate(c: &SynthCluster) -> Synth {
             r.src_port = Some(40_000 + (ma % 1000) as u16);
             r.dst_port = Some(29_500 + (mb % 1000) as u16);
             r.proto = Some(6);
-            r.switches = p;
+            r.switches = p.into();
             records.push(r);
             dur
         };

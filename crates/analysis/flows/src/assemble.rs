@@ -83,6 +83,10 @@ pub(crate) fn assemble(
             }
         })
         .collect();
+    let names: Vec<std::sync::Arc<str>> = ranks
+        .iter()
+        .map(|r| std::sync::Arc::from(r.address.as_str()))
+        .collect();
     let events = tl
         .ranks
         .into_iter()
@@ -90,7 +94,7 @@ pub(crate) fn assemble(
             r.events
                 .into_iter()
                 .map(|(mut e, peer)| {
-                    e.peer = ranks[peer].address.clone();
+                    e.peer = names[peer].clone();
                     e
                 })
                 .collect()

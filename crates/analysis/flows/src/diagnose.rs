@@ -164,7 +164,7 @@ pub fn switch_stats(
         }
         for &i in flows {
             let r = index.rec(i);
-            let ids = path_accs.entry(r.switches.as_slice()).or_insert_with(|| {
+            let ids = path_accs.entry(&r.switches[..]).or_insert_with(|| {
                 let mut names: Vec<(String, bool)> =
                     r.switches.iter().map(|s| (s.clone(), false)).collect();
                 for w in r.switches.windows(2) {

@@ -46,7 +46,7 @@ pub use bocd::{Bocd, BocdConfig, CpModel, NormalGammaPrior};
 /// shared with the flow readers; re-exported here for callers of the analysis.
 pub use whyslow_model::flow::{
     FindingLevel, FlowFinding, FlowRecord, FlowReport, HopStats, Job, Pair, PairType, Rank,
-    RecurringStall, Step, SwitchStats, TimelineEvent, Timelines, FLOW_REPORT_VERSION,
+    RecurringStall, Step, SwitchPath, SwitchStats, TimelineEvent, Timelines, FLOW_REPORT_VERSION,
 };
 pub use whyslow_model::topology::{self, Topology, TopologyError};
 
@@ -131,16 +131,25 @@ pub fn analyze(
     let mut records = records;
     if let Some(topo) = topology {
         if !topo.exporters.is_empty() && records.iter().any(|r| !r.switches.is_empty()) {
+            // Records share paths (a reader gives one per exporter): rename
+            // each distinct path once.
+            let mut paths: FxHashMap<SwitchPath, SwitchPath> = FxHashMap::default();
             renamed = records
                 .iter()
                 .map(|r| {
-                    let mut r = r.clone();
-                    for s in &mut r.switches {
-                        if let Some(n) = topo.exporters.get(s.as_str()) {
-                            *s = n.clone();
-                        }
+                    let switches = paths
+                        .entry(r.switches.clone())
+                        .or_insert_with(|| {
+                            r.switches
+                                .iter()
+                                .map(|s| topo.exporters.get(s.as_str()).unwrap_or(s).clone())
+                                .collect()
+                        })
+                        .clone();
+                    FlowRecord {
+                        switches,
+                        ..r.clone()
                     }
-                    r
                 })
                 .collect::<Vec<_>>();
             records = &renamed;

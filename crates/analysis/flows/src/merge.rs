@@ -12,7 +12,7 @@
 
 use std::net::IpAddr;
 
-use crate::{FlowRecord, FxHashMap, Topology};
+use crate::{FlowRecord, FxHashMap, SwitchPath, Topology};
 
 /// Slack added to interval ends when testing overlap, microseconds.
 pub const MERGE_SLACK_US: u64 = 1_000;
@@ -204,7 +204,7 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
 /// `None` when some multi-switch record's endpoints have no switch path in
 /// the topology, or no record was reported by its entry switch.
 pub fn entry_reports(records: &[FlowRecord], topology: &Topology) -> Option<Vec<FlowRecord>> {
-    let mut paths: FxHashMap<(IpAddr, IpAddr), Option<Vec<String>>> = FxHashMap::default();
+    let mut paths: FxHashMap<(IpAddr, IpAddr), Option<SwitchPath>> = FxHashMap::default();
     let mut out = Vec::with_capacity(records.len());
     for r in records {
         if r.switches.len() != 1 {
@@ -213,7 +213,7 @@ pub fn entry_reports(records: &[FlowRecord], topology: &Topology) -> Option<Vec<
         }
         let path = paths
             .entry((r.src, r.dst))
-            .or_insert_with(|| topology.switch_path(&r.src, &r.dst))
+            .or_insert_with(|| topology.switch_path(&r.src, &r.dst).map(SwitchPath::from))
             .as_ref()?;
         if path.first() == Some(&r.switches[0]) {
             out.push(FlowRecord {
@@ -244,7 +244,7 @@ mod tests {
         r.src_port = Some(5000);
         r.dst_port = Some(6000);
         r.proto = Some(6);
-        r.switches = vec![sw.to_string()];
+        r.switches = SwitchPath::one(sw);
         r
     }
 

@@ -88,6 +88,8 @@ pub fn reconstruct(
         all[b as usize].extend(flows.iter().map(|&f| (f, p as u32)));
     }
     let mut ranks = Vec::with_capacity(n);
+    // The peer's name is set when the report is assembled.
+    let unnamed: std::sync::Arc<str> = std::sync::Arc::from("");
     let mut starts = Vec::new();
     let mut keyed: Vec<(u64, u64, u32)> = Vec::new();
     for &id in &order {
@@ -154,7 +156,7 @@ pub fn reconstruct(
                     dur_us: r.dur_us,
                     kind: cls.kind[p as usize],
                     send,
-                    peer: String::new(),
+                    peer: unnamed.clone(),
                     bytes: r.bytes,
                 },
                 rank_of[peer_id as usize],

@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use whyslow_flows::{analyze, hops, FindingLevel, FlowConfig, FlowRecord, Topology};
+use whyslow_flows::{analyze, hops, FindingLevel, FlowConfig, FlowRecord, SwitchPath, Topology};
 use whyslow_model::rng::SplitMix64;
 use whyslow_model::topology::{Machine, Switch};
 
@@ -122,7 +122,7 @@ fn simulate(f: &Fabric, seed: u64, messages: usize) -> Vec<FlowRecord> {
                     r.src_port = Some(40_000 + ci as u16);
                     r.dst_port = Some(50_000 + ci as u16);
                     r.proto = Some(6);
-                    r.switches = vec![sw.to_string()];
+                    r.switches = SwitchPath::one(*sw);
                     out.push(r);
                 }
             }

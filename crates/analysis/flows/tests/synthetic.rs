@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use whyslow_flows::{analyze, FindingLevel, FlowConfig, FlowReport};
+use whyslow_flows::{analyze, FindingLevel, FlowConfig, FlowReport, SwitchPath};
 use whyslow_testkit::flows::{generate, Fault, Synth, SynthCluster, SynthJob};
 
 fn two_jobs() -> SynthCluster {
@@ -193,7 +193,7 @@ fn per_switch_reports_are_merged() {
         for (i, sw) in r.switches.iter().enumerate() {
             let mut x = r.clone();
             x.start_us += i as u64 * 3;
-            x.switches = vec![sw.clone()];
+            x.switches = SwitchPath::one(sw.clone());
             split.push(x);
         }
     }

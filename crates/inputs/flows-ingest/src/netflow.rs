@@ -39,7 +39,7 @@ use netflow_parser::variable_versions::ipfix::FlowSetBody as IpfixBody;
 use netflow_parser::variable_versions::v9::lookup::V9Field;
 use netflow_parser::variable_versions::v9::FlowSetBody as V9Body;
 use netflow_parser::{AutoScopedParser, NetflowPacket, NetflowParser, PendingFlowsConfig};
-use whyslow_model::flow::FlowRecord;
+use whyslow_model::flow::{FlowRecord, SwitchPath};
 
 use crate::pcap::{FlowletAssembler, DEFAULT_IDLE_GAP_US};
 
@@ -79,7 +79,8 @@ pub struct DecodeStats {
 pub struct FlowDecoder {
     parser: AutoScopedParser,
     init_ms: HashMap<(IpAddr, u32), u64>,
-    names: HashMap<(IpAddr, u32), String>,
+    /// Each exporter's (and observation domain's) path, shared by its records.
+    names: HashMap<(IpAddr, u32), SwitchPath>,
     flowlets: FlowletAssembler,
     /// The fast path for data sets of known templates (see [`fast`]); `None`
     /// when turned off.
@@ -191,15 +192,15 @@ impl FlowDecoder {
         n
     }
 
-    fn name(&mut self, exporter: IpAddr, domain: u32) -> String {
+    fn name(&mut self, exporter: IpAddr, domain: u32) -> SwitchPath {
         self.names
             .entry((exporter, domain))
             .or_insert_with(|| {
-                if domain == 0 {
+                SwitchPath::one(if domain == 0 {
                     exporter.to_string()
                 } else {
                     format!("{exporter}/{domain}")
-                }
+                })
             })
             .clone()
     }
@@ -340,7 +341,11 @@ impl FlowDecoder {
                                         match p {
                                             Some(p) => {
                                                 self.stats.packet_reports += 1;
-                                                self.flowlets.push(&p, &name, out);
+                                                self.flowlets.push(
+                                                    &p,
+                                                    name.first().map_or("", String::as_str),
+                                                    out,
+                                                );
                                             }
                                             None => self.stats.skipped += 1,
                                         }
@@ -406,7 +411,7 @@ impl FlowDecoder {
         exporter: IpAddr,
         domain: u32,
         export_ms: u64,
-        name: &str,
+        name: &SwitchPath,
         out: &mut Vec<FlowRecord>,
     ) {
         if r.start_us.is_none() {
@@ -424,7 +429,7 @@ impl FlowDecoder {
         self.push(r, export_ms * 1000, name, out);
     }
 
-    fn push(&mut self, r: Rec, fallback_us: u64, name: &str, out: &mut Vec<FlowRecord>) {
+    fn push(&mut self, r: Rec, fallback_us: u64, name: &SwitchPath, out: &mut Vec<FlowRecord>) {
         let (Some(src), Some(dst)) = (r.src, r.dst) else {
             self.stats.skipped += 1;
             return;
@@ -444,7 +449,7 @@ impl FlowDecoder {
             src_port: r.sport,
             dst_port: r.dport,
             proto: r.proto,
-            switches: vec![name.to_string()],
+            switches: name.clone(),
         });
     }
 }

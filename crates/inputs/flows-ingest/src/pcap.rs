@@ -17,7 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use etherparse::{EtherType, LaxNetSlice, LaxSlicedPacket, TransportSlice};
 use pcap_parser::pcapng::Block;
 use pcap_parser::{LegacyPcapSlice, Linktype, PcapBlockOwned, PcapNGSlice};
-use whyslow_model::flow::FlowRecord;
+use whyslow_model::flow::{FlowRecord, SwitchPath};
 
 use crate::netflow::FlowDecoder;
 
@@ -233,7 +233,8 @@ pub fn flowlets(
 pub struct FlowletAssembler {
     idle_gap_us: u64,
     /// Observation point names; keys hold their index.
-    points: Vec<String>,
+    /// Each point's path, shared by its flowlets' records (empty for an unnamed point).
+    points: Vec<SwitchPath>,
     open: HashMap<FlowletKey, Open>,
 }
 
@@ -269,10 +270,18 @@ impl FlowletAssembler {
             return;
         }
         let bytes = p.payload_len as u64;
-        let id = match self.points.iter().position(|x| x == point) {
+        let id = match self
+            .points
+            .iter()
+            .position(|x| x.first().map_or(point.is_empty(), |n| n == point))
+        {
             Some(i) => i,
             None => {
-                self.points.push(point.to_string());
+                self.points.push(if point.is_empty() {
+                    SwitchPath::default()
+                } else {
+                    SwitchPath::one(point)
+                });
                 self.points.len() - 1
             }
         } as u32;
@@ -337,8 +346,7 @@ impl FlowletAssembler {
     }
 }
 
-fn record(points: &[String], k: &FlowletKey, o: &Open) -> FlowRecord {
-    let point = &points[k.0 as usize];
+fn record(points: &[SwitchPath], k: &FlowletKey, o: &Open) -> FlowRecord {
     FlowRecord {
         start_us: o.start,
         dur_us: o.last - o.start,
@@ -348,11 +356,7 @@ fn record(points: &[String], k: &FlowletKey, o: &Open) -> FlowRecord {
         src_port: Some(k.1.port()),
         dst_port: Some(k.2.port()),
         proto: Some(k.3),
-        switches: if point.is_empty() {
-            Vec::new()
-        } else {
-            vec![point.clone()]
-        },
+        switches: points[k.0 as usize].clone(),
     }
 }
 
