@@ -83,23 +83,7 @@ pub(crate) fn assemble(
             }
         })
         .collect();
-    let names: Vec<std::sync::Arc<str>> = ranks
-        .iter()
-        .map(|r| std::sync::Arc::from(r.address.as_str()))
-        .collect();
-    let events = tl
-        .ranks
-        .into_iter()
-        .map(|r| {
-            r.events
-                .into_iter()
-                .map(|(mut e, peer)| {
-                    e.peer = names[peer].clone();
-                    e
-                })
-                .collect()
-        })
-        .collect();
+    let events = tl.ranks.into_iter().map(|r| r.events).collect();
     FlowReport {
         version: FLOW_REPORT_VERSION,
         flows: index.records.len(),

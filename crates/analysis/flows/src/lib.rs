@@ -160,12 +160,14 @@ pub fn analyze(
     let merged;
     let mut merged_duplicates = 0;
     if cfg.merge_duplicates && records.iter().any(|r| !r.switches.is_empty()) {
-        merged = match topology.and_then(|t| merge::entry_reports(records, t)) {
-            Some(entry) => entry,
-            None => merge::merge_switch_reports(records),
-        };
-        merged_duplicates = records.len() - merged.len();
-        records = &merged;
+        if let Some(m) = topology
+            .and_then(|t| merge::entry_reports(records, t))
+            .or_else(|| merge::merge_if_any(records))
+        {
+            merged = m;
+            merged_duplicates = records.len() - merged.len();
+            records = &merged;
+        }
     }
     let data: Vec<FlowRecord>;
     let mut control_flows = 0;

@@ -57,33 +57,34 @@ impl<'a> SwitchIds<'a> {
     }
 }
 
-/// Where a merged output record comes from.
-#[derive(Clone, Copy)]
-enum Source {
-    /// Record index, copied as is.
-    Record(u32),
-    /// Index into the merged records.
-    Merged(u32),
+/// What becomes of each input record.
+const KEEP: u32 = u32::MAX;
+/// Merged into an earlier member of its cluster.
+const DROP: u32 = u32::MAX - 1;
+
+/// Merge duplicate reports (see the module docs); output sorted by start time
+/// (records starting together keep their input order). Records without
+/// switches are never merged.
+pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
+    merge_if_any(records).unwrap_or_else(|| records.to_vec())
 }
 
-/// Merge duplicate reports (see the module docs); output sorted by start time.
-/// Records without switches are never merged.
-pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
+/// [`merge_switch_reports`], or `None` when nothing merges and the records are
+/// already in start order (the output would equal the input).
+pub fn merge_if_any(records: &[FlowRecord]) -> Option<Vec<FlowRecord>> {
     let mut groups: FxHashMap<Key, Vec<u32>> = FxHashMap::default();
-    // (start, source) of every output record, in the order the clusters close;
-    // the records themselves are copied once, in their final order.
-    let mut order: Vec<(u64, Source)> = Vec::with_capacity(records.len());
-    let mut merged: Vec<FlowRecord> = Vec::new();
     for (i, r) in records.iter().enumerate() {
-        if r.switches.is_empty() {
-            order.push((r.start_us, Source::Record(i as u32)));
-            continue;
+        if !r.switches.is_empty() {
+            groups
+                .entry((r.src, r.dst, r.src_port, r.dst_port, r.proto))
+                .or_default()
+                .push(i as u32);
         }
-        groups
-            .entry((r.src, r.dst, r.src_port, r.dst_port, r.proto))
-            .or_default()
-            .push(i as u32);
     }
+    // Per record: KEEP, DROP, or the index of its cluster's merged record
+    // (placed where the cluster's first member was).
+    let mut fate: Vec<u32> = Vec::new();
+    let mut merged: Vec<FlowRecord> = Vec::new();
     let mut sw = SwitchIds {
         names: FxHashMap::default(),
         ids: Vec::new(),
@@ -91,9 +92,10 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
     let mut open: Vec<Cluster> = Vec::new();
     let mut done: Vec<Cluster> = Vec::new();
     for (_, mut idx) in groups {
-        if idx.len() == 1 {
-            let i = idx[0];
-            order.push((records[i as usize].start_us, Source::Record(i)));
+        // Reports of one flow come from different switches: a 5-tuple that
+        // every report saw through the same switches has no duplicates.
+        let first = &records[idx[0] as usize].switches;
+        if idx.iter().all(|&i| records[i as usize].switches == *first) {
             continue;
         }
         idx.sort_by_key(|&i| (records[i as usize].start_us, i));
@@ -144,10 +146,9 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
             }
         }
         done.append(&mut open);
-        for c in done.drain(..) {
-            if c.more.is_empty() {
-                order.push((c.start, Source::Record(c.first)));
-                continue;
+        for c in done.drain(..).filter(|c| !c.more.is_empty()) {
+            if fate.is_empty() {
+                fate = vec![KEEP; records.len()];
             }
             let first = &records[c.first as usize];
             let mut seen: Vec<(u64, &str)> = Vec::new();
@@ -159,9 +160,10 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
                         None => seen.push((o.start_us, s.as_str())),
                     }
                 }
+                fate[m as usize] = DROP;
             }
             seen.sort();
-            order.push((c.start, Source::Merged(merged.len() as u32)));
+            fate[c.first as usize] = merged.len() as u32;
             merged.push(FlowRecord {
                 start_us: c.start,
                 dur_us: c.end - c.start,
@@ -171,24 +173,38 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
                 src_port: first.src_port,
                 dst_port: first.dst_port,
                 proto: first.proto,
-                switches: seen.into_iter().map(|(_, s)| s.to_string()).collect(),
+                switches: seen.into_iter().map(|(_, s)| s).collect(),
             });
         }
     }
-    // Stable: records starting together keep the order above.
-    order.sort_by_key(|o| o.0);
+    let sorted = |v: &[FlowRecord]| v.windows(2).all(|w| w[0].start_us <= w[1].start_us);
+    if merged.is_empty() {
+        if sorted(records) {
+            return None;
+        }
+        let mut out = records.to_vec();
+        out.sort_by_key(|r| r.start_us);
+        return Some(out);
+    }
     let none = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
-    order
-        .into_iter()
-        .map(|(_, src)| match src {
-            Source::Record(i) => records[i as usize].clone(),
+    let mut out: Vec<FlowRecord> =
+        Vec::with_capacity(records.len() - fate.iter().filter(|&&f| f == DROP).count());
+    for (r, &f) in records.iter().zip(&fate) {
+        match f {
+            KEEP => out.push(r.clone()),
+            DROP => {}
             // Each merged record is placed once: move it out.
-            Source::Merged(k) => std::mem::replace(
+            k => out.push(std::mem::replace(
                 &mut merged[k as usize],
                 FlowRecord::new(0, none, none, 0, 0),
-            ),
-        })
-        .collect()
+            )),
+        }
+    }
+    // Stable: records starting together keep their input order.
+    if !sorted(&out) {
+        out.sort_by_key(|r| r.start_us);
+    }
+    Some(out)
 }
 
 /// With a topology that places the flows' endpoints: every connection as the
@@ -273,5 +289,40 @@ mod tests {
             rec(1002, "leaf2", 9000),
         ];
         assert_eq!(merge_switch_reports(&recs).len(), 3);
+    }
+
+    #[test]
+    fn one_switch_per_tuple_merges_nothing_and_keeps_start_order() {
+        // Every report of a 5-tuple from the same switch: nothing to merge.
+        let sorted = vec![
+            rec(1000, "leaf1", 500),
+            rec(1000, "leaf1", 700),
+            rec(1010, "leaf1", 500),
+        ];
+        assert!(merge_if_any(&sorted).is_none());
+        assert_eq!(merge_switch_reports(&sorted), sorted);
+        // Out of order: sorted by start, ties in input order.
+        let shuffled = vec![sorted[2].clone(), sorted[1].clone(), sorted[0].clone()];
+        let out = merge_switch_reports(&shuffled);
+        assert_eq!(
+            out.iter().map(|r| (r.start_us, r.bytes)).collect::<Vec<_>>(),
+            vec![(1000, 700), (1000, 500), (1010, 500)]
+        );
+    }
+
+    #[test]
+    fn merged_flow_takes_its_first_reports_place() {
+        let mut other = rec(1005, "leaf1", 64);
+        other.src_port = Some(1);
+        let recs = vec![
+            rec(1000, "leaf1", 500),
+            other.clone(),
+            rec(1010, "spine", 500),
+            rec(1020, "leaf2", 500),
+        ];
+        let m = merge_switch_reports(&recs);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].switches, ["leaf1", "spine", "leaf2"]);
+        assert_eq!(m[1], other);
     }
 }

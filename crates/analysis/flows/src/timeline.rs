@@ -49,8 +49,8 @@ pub struct RankTimeline {
     pub steps: Vec<Step>,
     /// Flow record indices of each burst.
     pub burst_flows: Vec<Vec<u32>>,
-    /// All events of the rank, sorted by start; `peer` is an index into `ranks`.
-    pub events: Vec<(TimelineEvent, usize)>,
+    /// All events of the rank, sorted by start.
+    pub events: Vec<TimelineEvent>,
 }
 
 /// Timelines of all ranks, sorted by address.
@@ -88,8 +88,12 @@ pub fn reconstruct(
         all[b as usize].extend(flows.iter().map(|&f| (f, p as u32)));
     }
     let mut ranks = Vec::with_capacity(n);
-    // The peer's name is set when the report is assembled.
-    let unnamed: std::sync::Arc<str> = std::sync::Arc::from("");
+    // Every address's name once, shared by the events with it as their peer.
+    let names: Vec<std::sync::Arc<str>> = index
+        .addrs
+        .iter()
+        .map(|a| std::sync::Arc::from(a.to_string()))
+        .collect();
     let mut starts = Vec::new();
     let mut keyed: Vec<(u64, u64, u32)> = Vec::new();
     for &id in &order {
@@ -138,30 +142,28 @@ pub fn reconstruct(
                 end_us: w[1].1,
             })
             .collect();
-        let mut events: Vec<(TimelineEvent, usize)> = Vec::with_capacity(all[id as usize].len());
         let mine = index.addrs[id as usize];
         let mut evs: Vec<(u64, u32, u32)> = std::mem::take(&mut all[id as usize])
             .into_iter()
             .map(|(i, p)| (index.rec(i).start_us, i, p))
             .collect();
         evs.sort_by_key(|e| e.0);
-        for (_, i, p) in evs {
-            let r = index.rec(i);
-            let send = r.src == mine;
-            let (pa, pb) = index.pairs[p as usize];
-            let peer_id = if pa == id { pb } else { pa };
-            events.push((
+        let events: Vec<TimelineEvent> = evs
+            .into_iter()
+            .map(|(_, i, p)| {
+                let r = index.rec(i);
+                let (pa, pb) = index.pairs[p as usize];
+                let peer_id = if pa == id { pb } else { pa };
                 TimelineEvent {
                     start_us: r.start_us,
                     dur_us: r.dur_us,
                     kind: cls.kind[p as usize],
-                    send,
-                    peer: unnamed.clone(),
+                    send: r.src == mine,
+                    peer: names[peer_id as usize].clone(),
                     bytes: r.bytes,
-                },
-                rank_of[peer_id as usize],
-            ));
-        }
+                }
+            })
+            .collect();
         ranks.push(RankTimeline {
             id,
             job: jobs.job_of[id as usize],
