@@ -118,6 +118,36 @@ pub fn k_sigma_outliers(
     out
 }
 
+/// What [`switch_stats`] gathers about one switch or link.
+struct Acc {
+    flows: usize,
+    bytes: f64,
+    dur: f64,
+    starts: Vec<u64>,
+    ends: Vec<u64>,
+    bins: FxHashMap<u64, (f64, f64)>,
+    bws: Vec<f64>,
+    link: bool,
+}
+
+/// Count DP flow `r` at the switches and links `ids` (bins of width `bin` from `t0`).
+fn add_flow(accs: &mut [(String, Acc)], ids: &[usize], r: &crate::FlowRecord, t0: u64, bin: u64) {
+    for &k in ids {
+        let a = &mut accs[k].1;
+        a.flows += 1;
+        a.starts.push(r.start_us);
+        a.ends.push(r.end_us().max(r.start_us.saturating_add(1)));
+        if r.dur_us > 0 {
+            a.bytes += r.bytes as f64;
+            a.dur += r.dur_us as f64;
+            a.bws.push(gbps(r.bytes as f64, r.dur_us as f64));
+            let b = a.bins.entry((r.start_us - t0) / bin).or_insert((0.0, 0.0));
+            b.0 += r.bytes as f64;
+            b.1 += r.dur_us as f64;
+        }
+    }
+}
+
 /// Per-switch DP statistics (input of the switch-level diagnosis and Fig. 5).
 ///
 /// Links are the consecutive switches of merged flow paths; with a topology,
@@ -129,16 +159,6 @@ pub fn switch_stats(
     tl: &RankTimelines,
     topology: Option<&Topology>,
 ) -> Vec<SwitchStats> {
-    struct Acc {
-        flows: usize,
-        bytes: f64,
-        dur: f64,
-        starts: Vec<u64>,
-        ends: Vec<u64>,
-        bins: FxHashMap<u64, (f64, f64)>,
-        bws: Vec<f64>,
-        link: bool,
-    }
     // Bin width: median step duration (falls back to 1 s).
     let mut durs: Vec<u64> = tl
         .ranks
@@ -158,12 +178,21 @@ pub fn switch_stats(
     let mut accs: Vec<(String, Acc)> = Vec::new();
     let mut acc_of: FxHashMap<String, usize> = FxHashMap::default();
     let mut path_accs: FxHashMap<&[String], Vec<usize>> = FxHashMap::default();
+    // The last path looked up: a pair's flows mostly share one (the same
+    // `SwitchPath`, compared by pointer first).
+    let mut last: Option<(&crate::SwitchPath, Vec<usize>)> = None;
     for (p, flows) in index.pair_flows.iter().enumerate() {
         if cls.kind[p] != PairType::Dp {
             continue;
         }
         for &i in flows {
             let r = index.rec(i);
+            if let Some((path, ids)) = &last {
+                if **path == r.switches {
+                    add_flow(&mut accs, ids, r, t0, bin);
+                    continue;
+                }
+            }
             let ids = path_accs.entry(&r.switches[..]).or_insert_with(|| {
                 let mut names: Vec<(String, bool)> =
                     r.switches.iter().map(|s| (s.clone(), false)).collect();
@@ -200,20 +229,8 @@ pub fn switch_stats(
                     })
                     .collect()
             });
-            for &k in ids.iter() {
-                let a = &mut accs[k].1;
-                a.flows += 1;
-                a.starts.push(r.start_us);
-                a.ends.push(r.end_us().max(r.start_us.saturating_add(1)));
-                if r.dur_us > 0 {
-                    a.bytes += r.bytes as f64;
-                    a.dur += r.dur_us as f64;
-                    a.bws.push(gbps(r.bytes as f64, r.dur_us as f64));
-                    let b = a.bins.entry((r.start_us - t0) / bin).or_insert((0.0, 0.0));
-                    b.0 += r.bytes as f64;
-                    b.1 += r.dur_us as f64;
-                }
-            }
+            add_flow(&mut accs, ids, r, t0, bin);
+            last = Some((&r.switches, ids.clone()));
         }
     }
     let mut out: Vec<SwitchStats> = accs
@@ -221,8 +238,9 @@ pub fn switch_stats(
         .map(|(name, mut a)| {
             // Most flows open at once; a flow ending when another starts
             // does not overlap it.
-            a.starts.sort_unstable();
-            a.ends.sort_unstable();
+            // Runs of sorted times (one per pair): a merge sort finds them.
+            a.starts.sort();
+            a.ends.sort();
             let (mut cur, mut max, mut j) = (0usize, 0usize, 0usize);
             for &t in &a.starts {
                 while j < a.ends.len() && a.ends[j] <= t {

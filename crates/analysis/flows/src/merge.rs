@@ -305,7 +305,9 @@ mod tests {
         let shuffled = vec![sorted[2].clone(), sorted[1].clone(), sorted[0].clone()];
         let out = merge_switch_reports(&shuffled);
         assert_eq!(
-            out.iter().map(|r| (r.start_us, r.bytes)).collect::<Vec<_>>(),
+            out.iter()
+                .map(|r| (r.start_us, r.bytes))
+                .collect::<Vec<_>>(),
             vec![(1000, 700), (1000, 500), (1010, 500)]
         );
     }
