@@ -368,8 +368,8 @@ pub struct TimelineEvent {
     pub kind: PairType,
     /// True when this rank sent the flow, false when it received it.
     pub send: bool,
-    /// The other end (shared by the rank's events with that peer).
-    pub peer: Arc<str>,
+    /// The other end: its index in [`FlowReport::ranks`].
+    pub peer: u32,
     /// Bytes.
     pub bytes: u64,
 }

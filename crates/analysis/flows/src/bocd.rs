@@ -118,46 +118,56 @@ impl Default for BocdConfig {
 /// One run length's hypothesis: its posterior mass and its Normal-Gamma posterior.
 #[derive(Debug, Clone, Copy)]
 struct Run {
-    /// Run length (number of points after the first one).
+    /// Run length (number of points after the first one); also the number of
+    /// observations absorbed (κ = κ₀ + len, α = α₀ + len/2).
     len: usize,
     /// P(r_t = len | x_{1:t}).
     prob: f64,
-    /// ln `prob` plus a constant shared by all runs (during a step: the
-    /// shifted log weight).
-    ln_prob: f64,
-    /// Number of observations absorbed (κ = κ₀ + n, α = α₀ + n/2).
-    n: usize,
+    /// During a step: ln π_r(x_t), the log predictive of the new point.
+    ln_pred: f64,
     mu: f64,
     beta: f64,
     /// ln β, carried along: the predictive's ln(1 + q) is also ln(β′/β).
     ln_beta: f64,
 }
 
+/// What a step needs of a run that has absorbed n points (κ = κ₀ + n,
+/// α = α₀ + n/2), worked out once per n.
+#[derive(Debug, Clone, Copy)]
+struct PerN {
+    /// ln Γ(α+½) − ln Γ(α) − ½ ln(2απ) − ½ ln((κ+1)/(ακ)): the predictive's
+    /// constant once ½ ln β is taken out.
+    lnc: f64,
+    /// α + ½, the predictive's exponent.
+    exponent: f64,
+    /// κ / (2(κ + 1)): β grows by this times (x − μ)².
+    beta_gain: f64,
+    /// 1 / (κ + 1): μ moves this share of the way to x.
+    mu_gain: f64,
+}
+
 /// Online BOCD state. Feed points with [`Bocd::step`].
 ///
-/// Each step costs two transcendental functions per alive run length (ln(1 + q)
-/// and one exp), not four: the log posterior mass is carried instead of
-/// recomputed, and the Student-t's ln(1 + q) term, with
+/// Each step costs two transcendental functions per alive run length, ln(1 + q)
+/// and one exp, and two more per point: the run masses stay in the linear
+/// domain (weights P(r) · e^(ln π_r − max ln π), which cannot underflow for the
+/// runs that matter since Σ P(r) = 1), and the Student-t's ln(1 + q) term, with
 /// q = κ(x − μ)² / (2(κ + 1)β), is also the log of the Normal-Gamma update
-/// β′ = β(1 + q), so ln β follows without another log. The textbook step is kept
-/// in the tests as the reference this one is checked against.
+/// β′ = β(1 + q), so ln β follows without another log. The textbook step is
+/// kept in the tests as the reference this one is checked against.
 #[derive(Debug, Clone)]
 pub struct Bocd {
     cfg: BocdConfig,
     hazard: f64,
-    ln_hazard: f64,
-    ln_stay: f64,
     /// ln of the gap density's normalization, −ln(π · gap_scale).
     gap_ln_norm: f64,
     gap_scale: f64,
+    /// Ascending by run length: the fresh run first, the oldest last.
     runs: Vec<Run>,
-    /// The constant shared by the runs' `ln_prob`: ln P(r) = `ln_prob` − this.
-    ln_mass: f64,
     /// Reused buffer of run probabilities for pruning.
     probs: Vec<f64>,
-    /// Per n: ln Γ(α+½) − ln Γ(α) − ½ ln(2απ) − ½ ln((κ+1)/(ακ)) for κ = κ₀ + n,
-    /// α = α₀ + n/2: the predictive's constant once ½ ln β is taken out.
-    lnc: Vec<f64>,
+    /// Constants of the runs that have absorbed n points, indexed by n.
+    per_n: Vec<PerN>,
     t: usize,
     last_cp: f64,
     last_up: bool,
@@ -171,7 +181,6 @@ impl Bocd {
         } else {
             2.0
         };
-        let hazard = 1.0 / lambda;
         let gap_scale = if cfg.gap_scale.is_finite() && cfg.gap_scale > 0.0 {
             cfg.gap_scale
         } else {
@@ -179,15 +188,12 @@ impl Bocd {
         };
         Bocd {
             cfg,
-            hazard,
-            ln_hazard: hazard.ln(),
-            ln_stay: (-hazard).ln_1p(),
+            hazard: 1.0 / lambda,
             gap_ln_norm: -(std::f64::consts::PI * gap_scale).ln(),
             gap_scale,
             runs: Vec::new(),
-            ln_mass: 0.0,
             probs: Vec::new(),
-            lnc: Vec::new(),
+            per_n: Vec::new(),
             t: 0,
             last_cp: 0.0,
             last_up: false,
@@ -196,18 +202,21 @@ impl Bocd {
 
     /// Extend the per-n constants up to `n`.
     #[cold]
-    fn grow_lnc(&mut self, n: usize) {
+    fn grow_per_n(&mut self, n: usize) {
         let p = self.cfg.prior;
-        while self.lnc.len() <= n {
-            let k = self.lnc.len() as f64;
+        while self.per_n.len() <= n {
+            let k = self.per_n.len() as f64;
             let a = p.alpha + k / 2.0;
             let kappa = p.kappa + k;
-            self.lnc.push(
-                ln_gamma(a + 0.5)
+            self.per_n.push(PerN {
+                lnc: ln_gamma(a + 0.5)
                     - ln_gamma(a)
                     - 0.5 * (2.0 * a * std::f64::consts::PI).ln()
                     - 0.5 * ((kappa + 1.0) / (a * kappa)).ln(),
-            );
+                exponent: a + 0.5,
+                beta_gain: kappa / (2.0 * (kappa + 1.0)),
+                mu_gain: 1.0 / (kappa + 1.0),
+            });
         }
     }
 
@@ -216,8 +225,7 @@ impl Bocd {
         Run {
             len: 0,
             prob: 0.0,
-            ln_prob: 0.0,
-            n: 0,
+            ln_pred: 0.0,
             mu: p.mu,
             beta: p.beta,
             ln_beta: p.beta.ln(),
@@ -241,67 +249,58 @@ impl Bocd {
                 return;
             }
         }
-        let longest = self.runs.iter().map(|r| r.n).max().unwrap_or(0);
-        if longest >= self.lnc.len() {
-            self.grow_lnc(longest);
+        // The oldest run is the last and has absorbed the most points.
+        let longest = self.runs.last().map_or(0, |r| r.len);
+        if longest >= self.per_n.len() {
+            self.grow_per_n(longest);
         }
-        let (alpha0, kappa0) = (self.cfg.prior.alpha, self.cfg.prior.kappa);
         // One pass: the upward test against the most likely previous run (the
-        // last of equals, as `max_by` picks), each run's log weight
-        // ln π_r(x) + ln P(r), and its Normal-Gamma update by x (only grown runs
-        // survive the step, and they all absorb x).
+        // last of equals, as `max_by` picks), each run's log predictive of x,
+        // and its Normal-Gamma update by x (only grown runs survive the step,
+        // and they all absorb x).
         let mut best = f64::NEG_INFINITY;
         let mut best_mu = 0.0;
-        let mut max_lw = f64::NEG_INFINITY;
+        let mut max_lp = f64::NEG_INFINITY;
         for r in self.runs.iter_mut() {
             if r.prob >= best {
                 best = r.prob;
                 best_mu = r.mu;
             }
-            let nf = r.n as f64;
-            let kappa = kappa0 + nf;
-            let alpha = alpha0 + 0.5 * nf;
+            let c = self.per_n[r.len];
             let d = x - r.mu;
-            let q = kappa * d * d / (2.0 * (kappa + 1.0) * r.beta);
-            let ln1q = q.ln_1p();
-            let lw = self.lnc[r.n] - 0.5 * r.ln_beta - (alpha + 0.5) * ln1q + r.ln_prob;
-            max_lw = max_lw.max(lw);
-            r.ln_prob = lw;
-            r.beta += kappa * d * d / (2.0 * (kappa + 1.0));
+            let dd = c.beta_gain * d * d;
+            let ln1q = (dd / r.beta).ln_1p();
+            r.ln_pred = c.lnc - 0.5 * r.ln_beta - c.exponent * ln1q;
+            max_lp = max_lp.max(r.ln_pred);
+            r.beta += dd;
             r.ln_beta += ln1q;
-            r.mu = (kappa * r.mu + x) / (kappa + 1.0);
-            r.n += 1;
+            r.mu += d * c.mu_gain;
             r.len += 1;
         }
         if best > f64::NEG_INFINITY {
             self.last_up = x > best_mu;
         }
-        let prior_lw = if gap {
+        let gap_lp = if gap {
             let z = x / self.gap_scale;
-            // On the runs' scale: H · g(x) · Σ P(r), with Σ P(r) = 1.
-            let lw = self.gap_ln_norm - (z * z).ln_1p() + self.ln_mass;
-            max_lw = max_lw.max(lw);
-            lw
+            let lp = self.gap_ln_norm - (z * z).ln_1p();
+            max_lp = max_lp.max(lp);
+            lp
         } else {
             0.0
         };
         let mut cp = 0.0;
         let mut total = 0.0;
         for r in self.runs.iter_mut() {
-            r.ln_prob -= max_lw;
-            let w = r.ln_prob.exp();
+            let w = r.prob * (r.ln_pred - max_lp).exp();
             if !gap {
                 cp += w * self.hazard;
             }
             r.prob = w * (1.0 - self.hazard);
             total += r.prob;
         }
-        let mut cp_lw = f64::NEG_INFINITY;
         if gap {
-            cp_lw = prior_lw - max_lw;
-            cp = cp_lw.exp() * self.hazard;
-        } else if cp > 0.0 {
-            cp_lw = cp.ln();
+            // H · g(x) · Σ P(r), with Σ P(r) = 1.
+            cp = (gap_lp - max_lp).exp() * self.hazard;
         }
         total += cp;
         let mut fresh = self.empty_run();
@@ -311,32 +310,12 @@ impl Bocd {
             // Degenerate: restart from the prior.
             for r in self.runs.iter_mut() {
                 r.prob = 0.0;
-                r.ln_prob = f64::NEG_INFINITY;
             }
             self.runs[0].prob = 1.0;
-            self.runs[0].ln_prob = 0.0;
-            self.last_cp = 1.0;
-            self.prune();
-            self.ln_mass = 0.0;
-            self.t += 1;
-            return;
+            total = 1.0;
         }
-        for r in self.runs.iter_mut() {
-            r.prob /= total;
-        }
-        self.last_cp = self.runs[0].prob;
-        // Log masses up to a constant shared by all runs, ln(total) and what
-        // pruning takes away: kept aside (one log per step, not one per run).
-        // The fresh run's weight is H·g(x) (gap model) or H·Σw (Adams-MacKay);
-        // the grown ones' carry (1 − H).
-        self.runs[0].ln_prob = if gap { cp_lw + self.ln_hazard } else { cp_lw };
-        for r in self.runs.iter_mut().skip(1) {
-            r.ln_prob += self.ln_stay;
-        }
-        self.ln_mass = match self.prune() {
-            Some(kept) => (total * kept).ln(),
-            None => 0.0,
-        };
+        self.last_cp = self.runs[0].prob / total;
+        self.prune(total);
         self.t += 1;
     }
 
@@ -350,22 +329,32 @@ impl Bocd {
         self.last_up
     }
 
-    /// Drop unlikely run lengths and renormalize; returns the mass kept (1 when
-    /// nothing was dropped, up to rounding), or `None` when only the fresh run
-    /// is left, with `ln_prob` 0 = ln 1.
-    fn prune(&mut self) -> Option<f64> {
+    /// Normalize the run masses by `total`, drop unlikely run lengths and
+    /// renormalize what is left.
+    fn prune(&mut self, total: f64) {
         let eps = self.cfg.prune_eps;
         let max = self.cfg.max_run_lengths;
-        if eps > 0.0 {
-            // Keep run length 0 always (it carries exactly H).
-            let mut first = true;
-            self.runs.retain(|r| {
-                let keep = first || r.prob >= eps;
-                first = false;
-                keep
-            });
+        // Normalize and drop the runs under eps in one pass; run length 0 is
+        // always kept (it carries exactly H in the Adams-MacKay model).
+        let mut kept = 0;
+        let mut sum = 0.0;
+        let mut dropped = false;
+        let inv = 1.0 / total;
+        let pruning = eps > 0.0;
+        for i in 0..self.runs.len() {
+            let mut r = self.runs[i];
+            r.prob *= inv;
+            if i == 0 || !pruning || r.prob >= eps {
+                sum += r.prob;
+                self.runs[kept] = r;
+                kept += 1;
+            } else {
+                dropped = true;
+            }
         }
+        self.runs.truncate(kept);
         if max > 0 && self.runs.len() > max {
+            dropped = true;
             let probs = &mut self.probs;
             probs.clear();
             probs.extend(self.runs.iter().skip(1).map(|r| r.prob));
@@ -373,35 +362,32 @@ impl Bocd {
             if k == 0 {
                 self.runs.truncate(1);
                 self.runs[0].prob = 1.0;
-                self.runs[0].ln_prob = 0.0;
-                return None;
+                return;
             }
             let at = probs.len() - k;
             probs.select_nth_unstable_by(at, |a, b| a.total_cmp(b));
             let cut = probs[at];
-            let mut kept = 0;
+            let mut taken = 0;
             let mut first = true;
             self.runs.retain(|r| {
                 if first {
                     first = false;
                     return true;
                 }
-                if r.prob >= cut && kept < k {
-                    kept += 1;
+                if r.prob >= cut && taken < k {
+                    taken += 1;
                     true
                 } else {
                     false
                 }
             });
+            sum = self.runs.iter().map(|r| r.prob).sum();
         }
-        let s: f64 = self.runs.iter().map(|r| r.prob).sum();
-        if s > 0.0 {
+        // Nothing dropped: the masses already sum to 1 (up to rounding).
+        if dropped && sum > 0.0 {
             for r in &mut self.runs {
-                r.prob /= s;
+                r.prob /= sum;
             }
-            Some(s)
-        } else {
-            Some(1.0)
         }
     }
 

@@ -318,19 +318,30 @@ impl<'a> FlowIndex<'a> {
                 (addrs.len() - 1) as u32
             })
         };
+        // One lookup per record: its directed pair's id (the last one is
+        // remembered, as records of one pair often come together).
+        let mut directed: FxHashMap<(IpAddr, IpAddr), u32> = FxHashMap::default();
+        let mut last: Option<((IpAddr, IpAddr), u32)> = None;
         for (i, r) in records.iter().enumerate() {
             if r.src == r.dst {
                 continue;
             }
-            let a = intern(r.src, &mut ids);
-            let b = intern(r.dst, &mut ids);
-            let (lo, hi) = if a < b { (a, b) } else { (b, a) };
-            let key = ((lo as u64) << 32) | hi as u64;
-            let p = *pair_ix.entry(key).or_insert_with(|| {
-                pairs.push((lo, hi));
-                pair_flows.push(Vec::new());
-                (pairs.len() - 1) as u32
-            });
+            let ends = (r.src, r.dst);
+            let p = match last {
+                Some((e, p)) if e == ends => p,
+                _ => *directed.entry(ends).or_insert_with(|| {
+                    let a = intern(r.src, &mut ids);
+                    let b = intern(r.dst, &mut ids);
+                    let (lo, hi) = if a < b { (a, b) } else { (b, a) };
+                    let key = ((lo as u64) << 32) | hi as u64;
+                    *pair_ix.entry(key).or_insert_with(|| {
+                        pairs.push((lo, hi));
+                        pair_flows.push(Vec::new());
+                        (pairs.len() - 1) as u32
+                    })
+                }),
+            };
+            last = Some((ends, p));
             pair_flows[p as usize].push(i as u32);
         }
         for f in &mut pair_flows {

@@ -88,12 +88,6 @@ pub fn reconstruct(
         all[b as usize].extend(flows.iter().map(|&f| (f, p as u32)));
     }
     let mut ranks = Vec::with_capacity(n);
-    // Every address's name once, shared by the events with it as their peer.
-    let names: Vec<std::sync::Arc<str>> = index
-        .addrs
-        .iter()
-        .map(|a| std::sync::Arc::from(a.to_string()))
-        .collect();
     let mut starts = Vec::new();
     let mut keyed: Vec<(u64, u64, u32)> = Vec::new();
     for &id in &order {
@@ -159,7 +153,7 @@ pub fn reconstruct(
                     dur_us: r.dur_us,
                     kind: cls.kind[p as usize],
                     send: r.src == mine,
-                    peer: names[peer_id as usize].clone(),
+                    peer: rank_of[peer_id as usize] as u32,
                     bytes: r.bytes,
                 }
             })

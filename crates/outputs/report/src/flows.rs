@@ -33,6 +33,10 @@ pub fn to_perfetto_trace(report: &FlowReport) -> String {
         let mut lane_end: Vec<u64> = Vec::new();
         if let Some(events) = report.timelines.events.get(ri) {
             for e in events {
+                let peer = report
+                    .ranks
+                    .get(e.peer as usize)
+                    .map_or("?", |p| p.address.as_str());
                 let end = e.start_us.saturating_add(e.dur_us.max(1));
                 let lane = match lane_end.iter().position(|&le| le <= e.start_us) {
                     Some(l) => l,
@@ -54,13 +58,13 @@ pub fn to_perfetto_trace(report: &FlowReport) -> String {
                 };
                 let name = match (e.kind, e.send) {
                     (PairType::Dp, _) => {
-                        format!("DP {} {}", if e.send { "→" } else { "←" }, e.peer)
+                        format!("DP {} {}", if e.send { "→" } else { "←" }, peer)
                     }
-                    (PairType::Pp, true) => format!("PP send → {}", e.peer),
-                    (PairType::Pp, false) => format!("PP recv ← {}", e.peer),
+                    (PairType::Pp, true) => format!("PP send → {peer}"),
+                    (PairType::Pp, false) => format!("PP recv ← {peer}"),
                 };
                 ev.push(json!({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": base + 1 + lane,
-                    "ts": e.start_us.saturating_sub(t0), "dur": e.dur_us.max(1), "args": {"bytes": e.bytes, "peer": e.peer}}));
+                    "ts": e.start_us.saturating_sub(t0), "dur": e.dur_us.max(1), "args": {"bytes": e.bytes, "peer": peer}}));
             }
         }
     }
