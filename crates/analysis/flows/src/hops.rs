@@ -72,6 +72,9 @@ pub fn hop_stats(
     min_flow_bytes: u64,
 ) -> Vec<HopStats> {
     let mut seen: FxHashMap<Key, Vec<(String, Seen)>> = FxHashMap::default();
+    if crate::merge::one_path(records) {
+        return Vec::new();
+    }
     let t0 = records.iter().map(|r| r.start_us).min().unwrap_or(0);
     for r in records {
         if r.switches.len() != 1 || r.bytes < min_flow_bytes || r.src == r.dst {

@@ -72,7 +72,17 @@ pub fn merge_switch_reports(records: &[FlowRecord]) -> Vec<FlowRecord> {
 /// [`merge_switch_reports`], or `None` when nothing merges and the records are
 /// already in start order (the output would equal the input).
 pub fn merge_if_any(records: &[FlowRecord]) -> Option<Vec<FlowRecord>> {
+    let sorted = |v: &[FlowRecord]| v.windows(2).all(|w| w[0].start_us <= w[1].start_us);
     let mut groups: FxHashMap<Key, Vec<u32>> = FxHashMap::default();
+    // Records all seen through one path (one exporter) have no duplicates to merge.
+    if one_path(records) {
+        if sorted(records) {
+            return None;
+        }
+        let mut out = records.to_vec();
+        out.sort_by_key(|r| r.start_us);
+        return Some(out);
+    }
     for (i, r) in records.iter().enumerate() {
         if !r.switches.is_empty() {
             groups
@@ -177,7 +187,6 @@ pub fn merge_if_any(records: &[FlowRecord]) -> Option<Vec<FlowRecord>> {
             });
         }
     }
-    let sorted = |v: &[FlowRecord]| v.windows(2).all(|w| w[0].start_us <= w[1].start_us);
     if merged.is_empty() {
         if sorted(records) {
             return None;
@@ -205,6 +214,17 @@ pub fn merge_if_any(records: &[FlowRecord]) -> Option<Vec<FlowRecord>> {
         out.sort_by_key(|r| r.start_us);
     }
     Some(out)
+}
+
+/// Whether every record that names switches names the same ones (the
+/// records of a single exporter): then no flow was reported twice, and no hop
+/// can be measured. Shared paths compare by pointer.
+pub(crate) fn one_path(records: &[FlowRecord]) -> bool {
+    let mut named = records.iter().filter(|r| !r.switches.is_empty());
+    match named.next() {
+        Some(first) => named.all(|r| r.switches == first.switches),
+        None => true,
+    }
 }
 
 /// With a topology that places the flows' endpoints: every connection as the

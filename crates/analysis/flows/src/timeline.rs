@@ -76,35 +76,33 @@ pub fn reconstruct(
     for (r, &id) in order.iter().enumerate() {
         rank_of[id as usize] = r;
     }
-    let mut dp: Vec<Vec<u32>> = vec![Vec::new(); n];
-    let mut all: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n];
+    // The pairs of each address, in pair order; their flows are read pair by
+    // pair (in time order within a pair), not record by record.
+    let mut pairs_of: Vec<Vec<u32>> = vec![Vec::new(); n];
     for (p, &(a, b)) in index.pairs.iter().enumerate() {
-        let flows = &index.pair_flows[p];
-        if cls.kind[p] == PairType::Dp {
-            dp[a as usize].extend_from_slice(flows);
-            dp[b as usize].extend_from_slice(flows);
-        }
-        all[a as usize].extend(flows.iter().map(|&f| (f, p as u32)));
-        all[b as usize].extend(flows.iter().map(|&f| (f, p as u32)));
+        pairs_of[a as usize].push(p as u32);
+        pairs_of[b as usize].push(p as u32);
     }
     let mut ranks = Vec::with_capacity(n);
     let mut starts = Vec::new();
     let mut keyed: Vec<(u64, u64, u32)> = Vec::new();
     for &id in &order {
-        let mut list = std::mem::take(&mut dp[id as usize]);
-        if list.is_empty() {
-            list = all[id as usize].iter().map(|&(f, _)| f).collect();
-        }
-        // Sort by start (stable), with the times beside the indices: no
-        // lookup of a record per comparison.
+        let mine = &pairs_of[id as usize];
+        let has_dp = mine.iter().any(|&p| cls.kind[p as usize] == PairType::Dp);
+        // The rank's DP flows (all its flows without any DP pair), sorted by
+        // start (stable), with the times beside the indices.
         keyed.clear();
-        keyed.extend(list.iter().map(|&i| {
-            let r = index.rec(i);
-            (r.start_us, r.end_us(), i)
-        }));
+        for &p in mine {
+            if has_dp && cls.kind[p as usize] != PairType::Dp {
+                continue;
+            }
+            keyed.extend(index.pair_flows[p as usize].iter().map(|&i| {
+                let r = index.rec(i);
+                (r.start_us, r.end_us(), i)
+            }));
+        }
         keyed.sort_by_key(|k| k.0);
-        list.clear();
-        list.extend(keyed.iter().map(|k| k.2));
+        let list: Vec<u32> = keyed.iter().map(|k| k.2).collect();
         starts.clear();
         starts.extend(keyed.iter().map(|k| (k.0, k.1)));
         let cps = divide(&starts, cfg);
@@ -113,11 +111,11 @@ pub fn reconstruct(
         let mut prev = 0;
         for &cp in cps.iter().chain(std::iter::once(&list.len())) {
             if cp > prev {
-                let fl = &list[prev..cp];
-                let s = fl.iter().map(|&i| index.rec(i).start_us).min().unwrap_or(0);
-                let e = fl.iter().map(|&i| index.rec(i).end_us()).max().unwrap_or(0);
+                let times = &starts[prev..cp];
+                let s = times.iter().map(|t| t.0).min().unwrap_or(0);
+                let e = times.iter().map(|t| t.1).max().unwrap_or(0);
                 bursts.push((s, e));
-                burst_flows.push(fl.to_vec());
+                burst_flows.push(list[prev..cp].to_vec());
             }
             prev = cp;
         }
@@ -136,28 +134,26 @@ pub fn reconstruct(
                 end_us: w[1].1,
             })
             .collect();
-        let mine = index.addrs[id as usize];
-        let mut evs: Vec<(u64, u32, u32)> = std::mem::take(&mut all[id as usize])
-            .into_iter()
-            .map(|(i, p)| (index.rec(i).start_us, i, p))
-            .collect();
-        evs.sort_by_key(|e| e.0);
-        let events: Vec<TimelineEvent> = evs
-            .into_iter()
-            .map(|(_, i, p)| {
+        let me = index.addrs[id as usize];
+        let mut events: Vec<TimelineEvent> = Vec::new();
+        for &p in mine {
+            let (pa, pb) = index.pairs[p as usize];
+            let peer = rank_of[if pa == id { pb } else { pa } as usize] as u32;
+            let kind = cls.kind[p as usize];
+            events.extend(index.pair_flows[p as usize].iter().map(|&i| {
                 let r = index.rec(i);
-                let (pa, pb) = index.pairs[p as usize];
-                let peer_id = if pa == id { pb } else { pa };
                 TimelineEvent {
                     start_us: r.start_us,
                     dur_us: r.dur_us,
-                    kind: cls.kind[p as usize],
-                    send: r.src == mine,
-                    peer: rank_of[peer_id as usize] as u32,
+                    kind,
+                    send: r.src == me,
+                    peer,
                     bytes: r.bytes,
                 }
-            })
-            .collect();
+            }));
+        }
+        // Stable: flows starting together stay in pair order.
+        events.sort_by_key(|e| e.start_us);
         ranks.push(RankTimeline {
             id,
             job: jobs.job_of[id as usize],
