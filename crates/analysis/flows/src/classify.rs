@@ -66,21 +66,8 @@ pub fn step_division(flows: &[(u64, u64)], cfg: &BocdConfig) -> Vec<usize> {
 /// Pairs with fewer steps than this are re-divided at their job's DP burst ends.
 pub const MIN_STEPS: usize = 3;
 
-fn divide_and_count(
-    index: &FlowIndex<'_>,
-    flows: &[u32],
-    cfg: &BocdConfig,
-    buf: &mut Vec<(u64, u64)>,
-    sizes: &mut Vec<u64>,
-) -> (usize, usize) {
-    buf.clear();
-    sizes.clear();
-    for &i in flows {
-        let r = index.rec(i);
-        buf.push((r.start_us, r.end_us()));
-        sizes.push(r.bytes);
-    }
-    let cps = divide(buf, cfg);
+fn divide_and_count(spans: &[(u64, u64)], sizes: &[u64], cfg: &BocdConfig) -> (usize, usize) {
+    let cps = divide(spans, cfg);
     let mut prev = 0;
     let mut steps: Vec<&[u64]> = Vec::with_capacity(cps.len() + 1);
     for &cp in cps.iter().chain(std::iter::once(&sizes.len())) {
@@ -156,10 +143,8 @@ pub fn classify(index: &FlowIndex<'_>, jobs: &Jobs, cfg: &BocdConfig) -> Classif
         dp_groups: vec![Vec::new(); jobs.members.len()],
         group_of: vec![None; index.addrs.len()],
     };
-    let mut buf = Vec::new();
-    let mut sizes = Vec::new();
-    for flows in &index.pair_flows {
-        let (n, mode) = divide_and_count(index, flows, cfg, &mut buf, &mut sizes);
+    for (spans, bytes) in index.pair_spans.iter().zip(&index.pair_bytes) {
+        let (n, mode) = divide_and_count(spans, bytes, cfg);
         c.steps.push(n);
         c.mode.push(mode);
         c.kind.push(if mode == 1 {
@@ -183,11 +168,7 @@ pub fn classify(index: &FlowIndex<'_>, jobs: &Jobs, cfg: &BocdConfig) -> Classif
     for (p, &(a, _)) in index.pairs.iter().enumerate() {
         let j = jobs.job_of[a as usize];
         if wanted[j] && c.kind[p] == PairType::Dp && c.steps[p] >= MIN_STEPS {
-            job_dp[j].extend(
-                index.pair_flows[p]
-                    .iter()
-                    .map(|&i| (index.rec(i).start_us, index.rec(i).end_us())),
-            );
+            job_dp[j].extend_from_slice(&index.pair_spans[p]);
         }
     }
     let job_ends: Vec<Vec<u64>> = job_dp

@@ -285,6 +285,11 @@ fn analyze_merged(
     )
 }
 
+/// `v` in the order `order` gives (a permutation of its indices).
+fn reorder<T: Default>(order: &[usize], mut v: Vec<T>) -> Vec<T> {
+    order.iter().map(|&i| std::mem::take(&mut v[i])).collect()
+}
+
 /// Fast hasher for integer keys (rustc's FxHash), to keep the pipeline above 1 M flows/s.
 pub use rustc_hash::{FxHashMap, FxHasher};
 
@@ -302,6 +307,12 @@ pub struct FlowIndex<'a> {
     pub pairs: Vec<(u32, u32)>,
     /// Record indices of each pair, sorted by start time.
     pub pair_flows: Vec<Vec<u32>>,
+    /// (start, end) of each pair's flows, parallel to `pair_flows`: the
+    /// phases that walk a pair's flows in time order read these, not records
+    /// scattered over the input.
+    pub pair_spans: Vec<Vec<(u64, u64)>>,
+    /// Bytes of each pair's flows, parallel to `pair_flows`.
+    pub pair_bytes: Vec<Vec<u64>>,
 }
 
 impl<'a> FlowIndex<'a> {
@@ -312,6 +323,8 @@ impl<'a> FlowIndex<'a> {
         let mut pair_ix: FxHashMap<u64, u32> = FxHashMap::default();
         let mut pairs: Vec<(u32, u32)> = Vec::new();
         let mut pair_flows: Vec<Vec<u32>> = Vec::new();
+        let mut pair_spans: Vec<Vec<(u64, u64)>> = Vec::new();
+        let mut pair_bytes: Vec<Vec<u64>> = Vec::new();
         let mut intern = |a: IpAddr, ids: &mut FxHashMap<IpAddr, u32>| -> u32 {
             *ids.entry(a).or_insert_with(|| {
                 addrs.push(a);
@@ -337,19 +350,29 @@ impl<'a> FlowIndex<'a> {
                     *pair_ix.entry(key).or_insert_with(|| {
                         pairs.push((lo, hi));
                         pair_flows.push(Vec::new());
+                        pair_spans.push(Vec::new());
+                        pair_bytes.push(Vec::new());
                         (pairs.len() - 1) as u32
                     })
                 }),
             };
             last = Some((ends, p));
             pair_flows[p as usize].push(i as u32);
+            pair_spans[p as usize].push((r.start_us, r.end_us()));
+            pair_bytes[p as usize].push(r.bytes);
         }
-        for f in &mut pair_flows {
-            if !f
-                .windows(2)
-                .all(|w| records[w[0] as usize].start_us <= records[w[1] as usize].start_us)
-            {
-                f.sort_by_key(|&i| records[i as usize].start_us);
+        for ((f, spans), bytes) in pair_flows
+            .iter_mut()
+            .zip(&mut pair_spans)
+            .zip(&mut pair_bytes)
+        {
+            if !spans.windows(2).all(|w| w[0].0 <= w[1].0) {
+                // Stable, as the records came.
+                let mut perm: Vec<usize> = (0..f.len()).collect();
+                perm.sort_by_key(|&k| spans[k].0);
+                *f = perm.iter().map(|&k| f[k]).collect();
+                *spans = perm.iter().map(|&k| spans[k]).collect();
+                *bytes = perm.iter().map(|&k| bytes[k]).collect();
             }
         }
         // Deterministic order: by addresses.
@@ -360,14 +383,14 @@ impl<'a> FlowIndex<'a> {
             (addrs[a as usize], addrs[b as usize]).cmp(&(addrs[c as usize], addrs[d as usize]))
         });
         let pairs2 = order.iter().map(|&i| pairs[i]).collect();
-        let mut pf = std::mem::take(&mut pair_flows);
-        let flows2 = order.iter().map(|&i| std::mem::take(&mut pf[i])).collect();
         FlowIndex {
             records,
             addrs,
             ids,
             pairs: pairs2,
-            pair_flows: flows2,
+            pair_flows: reorder(&order, pair_flows),
+            pair_spans: reorder(&order, pair_spans),
+            pair_bytes: reorder(&order, pair_bytes),
         }
     }
 

@@ -96,10 +96,13 @@ pub fn reconstruct(
             if has_dp && cls.kind[p as usize] != PairType::Dp {
                 continue;
             }
-            keyed.extend(index.pair_flows[p as usize].iter().map(|&i| {
-                let r = index.rec(i);
-                (r.start_us, r.end_us(), i)
-            }));
+            let spans = &index.pair_spans[p as usize];
+            keyed.extend(
+                index.pair_flows[p as usize]
+                    .iter()
+                    .zip(spans)
+                    .map(|(&i, &(s, e))| (s, e, i)),
+            );
         }
         keyed.sort_by_key(|k| k.0);
         let list: Vec<u32> = keyed.iter().map(|k| k.2).collect();
