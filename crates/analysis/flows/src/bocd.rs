@@ -123,12 +123,8 @@ struct Run {
     len: usize,
     /// P(r_t = len | x_{1:t}).
     prob: f64,
-    /// During a step: ln π_r(x_t), the log predictive of the new point.
-    ln_pred: f64,
     mu: f64,
     beta: f64,
-    /// ln β, carried along: the predictive's ln(1 + q) is also ln(β′/β).
-    ln_beta: f64,
 }
 
 /// What a step needs of a run that has absorbed n points (κ = κ₀ + n,
@@ -136,10 +132,15 @@ struct Run {
 #[derive(Debug, Clone, Copy)]
 struct PerN {
     /// ln Γ(α+½) − ln Γ(α) − ½ ln(2απ) − ½ ln((κ+1)/(ακ)): the predictive's
-    /// constant once ½ ln β is taken out.
+    /// log constant once ½ ln β is taken out.
     lnc: f64,
+    /// e^`lnc`.
+    c: f64,
     /// α + ½, the predictive's exponent.
     exponent: f64,
+    /// 2α + 1 when it is a whole number (α₀ a multiple of ½): the predictive's
+    /// (1 + q)^−(α+½) is then a whole power of √(1 + q).
+    twice_exponent: Option<i32>,
     /// κ / (2(κ + 1)): β grows by this times (x − μ)².
     beta_gain: f64,
     /// 1 / (κ + 1): μ moves this share of the way to x.
@@ -148,13 +149,15 @@ struct PerN {
 
 /// Online BOCD state. Feed points with [`Bocd::step`].
 ///
-/// Each step costs two transcendental functions per alive run length, ln(1 + q)
-/// and one exp, and two more per point: the run masses stay in the linear
-/// domain (weights P(r) · e^(ln π_r − max ln π), which cannot underflow for the
-/// runs that matter since Σ P(r) = 1), and the Student-t's ln(1 + q) term, with
-/// q = κ(x − μ)² / (2(κ + 1)β), is also the log of the Normal-Gamma update
-/// β′ = β(1 + q), so ln β follows without another log. The textbook step is
-/// kept in the tests as the reference this one is checked against.
+/// The step works in the linear domain: a run's weight is
+/// P(r) · c_n · β^−½ · (1 + q)^−(α+½), with q = κ(x − μ)² / (2(κ + 1)β) and c_n
+/// tabled per run length, and with the default prior (α₀ a multiple of ½) the
+/// power is a whole power of √(1 + q): no exp or log per run length, only a
+/// square root and a few products. Where those weights would underflow (a
+/// point far from every run) or α₀ is not a multiple of ½, the step is done
+/// in the log domain, shifted by the largest log weight, as the textbook step
+/// does. The textbook step is kept in the tests as the reference this one is
+/// checked against.
 #[derive(Debug, Clone)]
 pub struct Bocd {
     cfg: BocdConfig,
@@ -164,6 +167,8 @@ pub struct Bocd {
     gap_scale: f64,
     /// Ascending by run length: the fresh run first, the oldest last.
     runs: Vec<Run>,
+    /// Each run's weight in the current step, parallel to `runs`.
+    weights: Vec<f64>,
     /// Reused buffer of run probabilities for pruning.
     probs: Vec<f64>,
     /// Constants of the runs that have absorbed n points, indexed by n.
@@ -172,6 +177,10 @@ pub struct Bocd {
     last_cp: f64,
     last_up: bool,
 }
+
+/// Linear weights below this total are redone in the log domain: any run they
+/// lost to underflow (< 1e-308) weighs less than 1e-18 of the total.
+const MIN_LINEAR_TOTAL: f64 = 1e-290;
 
 impl Bocd {
     /// A detector with no data.
@@ -192,6 +201,7 @@ impl Bocd {
             gap_ln_norm: -(std::f64::consts::PI * gap_scale).ln(),
             gap_scale,
             runs: Vec::new(),
+            weights: Vec::new(),
             probs: Vec::new(),
             per_n: Vec::new(),
             t: 0,
@@ -208,12 +218,17 @@ impl Bocd {
             let k = self.per_n.len() as f64;
             let a = p.alpha + k / 2.0;
             let kappa = p.kappa + k;
+            let lnc = ln_gamma(a + 0.5)
+                - ln_gamma(a)
+                - 0.5 * (2.0 * a * std::f64::consts::PI).ln()
+                - 0.5 * ((kappa + 1.0) / (a * kappa)).ln();
+            let twice = 2.0 * a + 1.0;
             self.per_n.push(PerN {
-                lnc: ln_gamma(a + 0.5)
-                    - ln_gamma(a)
-                    - 0.5 * (2.0 * a * std::f64::consts::PI).ln()
-                    - 0.5 * ((kappa + 1.0) / (a * kappa)).ln(),
+                lnc,
+                c: lnc.exp(),
                 exponent: a + 0.5,
+                twice_exponent: (twice.fract() == 0.0 && twice > 0.0 && twice < 1e9)
+                    .then_some(twice as i32),
                 beta_gain: kappa / (2.0 * (kappa + 1.0)),
                 mu_gain: 1.0 / (kappa + 1.0),
             });
@@ -225,10 +240,67 @@ impl Bocd {
         Run {
             len: 0,
             prob: 0.0,
-            ln_pred: 0.0,
             mu: p.mu,
             beta: p.beta,
-            ln_beta: p.beta.ln(),
+        }
+    }
+
+    /// Each run's P(r) · π_r(x), and the gap density g(x) (gap model), on a
+    /// common scale; `None` where that takes logs (see [`Bocd`]).
+    fn linear_weights(&mut self, x: f64, gap: bool) -> Option<f64> {
+        self.weights.clear();
+        let mut total = 0.0;
+        for r in &self.runs {
+            let c = &self.per_n[r.len];
+            let k = c.twice_exponent?;
+            let d = x - r.mu;
+            let inv = 1.0 / (1.0 + c.beta_gain * d * d / r.beta);
+            // (1 + q)^−(α+½) = inv^(k/2).
+            let mut power = inv.powi(k / 2);
+            if k % 2 == 1 {
+                power *= inv.sqrt();
+            }
+            let w = r.prob * c.c * power / r.beta.sqrt();
+            self.weights.push(w);
+            total += w;
+        }
+        let g = if gap {
+            let z = x / self.gap_scale;
+            1.0 / (std::f64::consts::PI * self.gap_scale * (1.0 + z * z))
+        } else {
+            0.0
+        };
+        (total + g >= MIN_LINEAR_TOTAL && total.is_finite() && g.is_finite()).then_some(g)
+    }
+
+    /// [`Self::linear_weights`] in the log domain: weights relative to the
+    /// largest (the textbook step's arithmetic).
+    fn log_weights(&mut self, x: f64, gap: bool) -> f64 {
+        self.weights.clear();
+        let mut max = f64::NEG_INFINITY;
+        for r in &self.runs {
+            let c = &self.per_n[r.len];
+            let d = x - r.mu;
+            let q = c.beta_gain * d * d / r.beta;
+            let lp = c.lnc - 0.5 * r.beta.ln() - c.exponent * q.ln_1p() + r.prob.ln();
+            max = max.max(lp);
+            self.weights.push(lp);
+        }
+        let lg = if gap {
+            let z = x / self.gap_scale;
+            let lg = self.gap_ln_norm - (z * z).ln_1p();
+            max = max.max(lg);
+            lg
+        } else {
+            0.0
+        };
+        for w in &mut self.weights {
+            *w = (*w - max).exp();
+        }
+        if gap {
+            (lg - max).exp()
+        } else {
+            0.0
         }
     }
 
@@ -254,53 +326,37 @@ impl Bocd {
         if longest >= self.per_n.len() {
             self.grow_per_n(longest);
         }
-        // One pass: the upward test against the most likely previous run (the
-        // last of equals, as `max_by` picks), each run's log predictive of x,
-        // and its Normal-Gamma update by x (only grown runs survive the step,
-        // and they all absorb x).
+        // The upward test against the most likely previous run (the last of
+        // equals, as `max_by` picks).
         let mut best = f64::NEG_INFINITY;
-        let mut best_mu = 0.0;
-        let mut max_lp = f64::NEG_INFINITY;
-        for r in self.runs.iter_mut() {
+        for r in &self.runs {
             if r.prob >= best {
                 best = r.prob;
-                best_mu = r.mu;
+                self.last_up = x > r.mu;
             }
-            let c = self.per_n[r.len];
-            let d = x - r.mu;
-            let dd = c.beta_gain * d * d;
-            let ln1q = (dd / r.beta).ln_1p();
-            r.ln_pred = c.lnc - 0.5 * r.ln_beta - c.exponent * ln1q;
-            max_lp = max_lp.max(r.ln_pred);
-            r.beta += dd;
-            r.ln_beta += ln1q;
-            r.mu += d * c.mu_gain;
-            r.len += 1;
         }
-        if best > f64::NEG_INFINITY {
-            self.last_up = x > best_mu;
-        }
-        let gap_lp = if gap {
-            let z = x / self.gap_scale;
-            let lp = self.gap_ln_norm - (z * z).ln_1p();
-            max_lp = max_lp.max(lp);
-            lp
-        } else {
-            0.0
+        let g = match self.linear_weights(x, gap) {
+            Some(g) => g,
+            None => self.log_weights(x, gap),
         };
         let mut cp = 0.0;
         let mut total = 0.0;
-        for r in self.runs.iter_mut() {
-            let w = r.prob * (r.ln_pred - max_lp).exp();
+        for (r, &w) in self.runs.iter_mut().zip(&self.weights) {
             if !gap {
                 cp += w * self.hazard;
             }
             r.prob = w * (1.0 - self.hazard);
             total += r.prob;
+            // Grown runs absorb x (Normal-Gamma update); only they survive.
+            let c = &self.per_n[r.len];
+            let d = x - r.mu;
+            r.beta += c.beta_gain * d * d;
+            r.mu += d * c.mu_gain;
+            r.len += 1;
         }
         if gap {
             // H · g(x) · Σ P(r), with Σ P(r) = 1.
-            cp = (gap_lp - max_lp).exp() * self.hazard;
+            cp = g * self.hazard;
         }
         total += cp;
         let mut fresh = self.empty_run();
@@ -635,6 +691,23 @@ mod tests {
                     beta: 0.5,
                 },
                 ..d
+            },
+            // α₀ not a multiple of ½: every step in the log domain.
+            BocdConfig {
+                prior: NormalGammaPrior {
+                    alpha: 1.3,
+                    ..d.prior
+                },
+                ..d
+            },
+            BocdConfig {
+                model: CpModel::AdamsMacKay,
+                prior: NormalGammaPrior {
+                    alpha: 2.7,
+                    beta: 0.1,
+                    ..d.prior
+                },
+                ..exact
             },
             BocdConfig {
                 max_run_lengths: 1,
