@@ -134,18 +134,29 @@ pub fn analyze(
             // Records share paths (a reader gives one per exporter): rename
             // each distinct path once.
             let mut paths: FxHashMap<SwitchPath, SwitchPath> = FxHashMap::default();
+            let mut last: Option<(&SwitchPath, SwitchPath)> = None;
             renamed = records
                 .iter()
                 .map(|r| {
-                    let switches = paths
-                        .entry(r.switches.clone())
-                        .or_insert_with(|| {
-                            r.switches
-                                .iter()
-                                .map(|s| topo.exporters.get(s.as_str()).unwrap_or(s).clone())
-                                .collect()
-                        })
-                        .clone();
+                    let switches = match &last {
+                        // The same shared path as the record before (by pointer).
+                        Some((from, to)) if **from == r.switches => to.clone(),
+                        _ => {
+                            let to = paths
+                                .entry(r.switches.clone())
+                                .or_insert_with(|| {
+                                    r.switches
+                                        .iter()
+                                        .map(|s| {
+                                            topo.exporters.get(s.as_str()).unwrap_or(s).clone()
+                                        })
+                                        .collect()
+                                })
+                                .clone();
+                            last = Some((&r.switches, to.clone()));
+                            to
+                        }
+                    };
                     FlowRecord {
                         switches,
                         ..r.clone()
