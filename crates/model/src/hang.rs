@@ -15,6 +15,14 @@ pub const HANG_REPORT_VERSION: u32 = 1;
 /// a file is damage, not a job.
 pub const MAX_RANK: u32 = (1 << 22) - 1;
 
+/// The largest world size `whyslow hang` accepts (every rank up to
+/// [`MAX_RANK`]).
+pub const MAX_WORLD_SIZE: u32 = MAX_RANK + 1;
+
+/// Runs of silent ranks up to this long are listed rank by rank in a
+/// report; longer runs are one range (bounded output for any world size).
+pub const LISTED_RUN: u32 = 16;
+
 /// One frame of a stack, innermost first in a [`ThreadStack`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StackFrame {
@@ -110,6 +118,10 @@ pub struct RecordedCollective {
     /// Python frames that issued it, innermost first.
     #[serde(default)]
     pub frames: Vec<StackFrame>,
+    /// For point-to-point: the world rank it sends to or receives from
+    /// (`nccl:send 0->3` names group ranks; the reader maps them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<u32>,
 }
 
 impl RecordedCollective {
@@ -192,6 +204,10 @@ pub enum HangReason {
     NotStarted,
     /// It waits in a cycle of groups that wait for each other.
     Deadlock,
+    /// It left nothing at all (no dump, no stack, no record) while members
+    /// of its groups wait for it: it could not answer (holding the GIL in
+    /// native code, stopped) or its process is gone.
+    NoDump,
 }
 
 impl HangReason {
@@ -204,6 +220,7 @@ impl HangReason {
             HangReason::Unresponsive => "unresponsive",
             HangReason::NotStarted => "not_started",
             HangReason::Deadlock => "deadlock",
+            HangReason::NoDump => "no_dump",
         }
     }
 }
@@ -233,6 +250,10 @@ pub struct Culprit {
     pub stack: Option<ThreadStack>,
     /// Ranks that wait for it, directly or through others.
     pub waited_by: Vec<u32>,
+    /// When this culprit stands for a run of ranks that left nothing
+    /// (`rank..=last_rank`, a large job's silent ranks in one entry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rank: Option<u32>,
 }
 
 /// A rank blocked in a collective, and whom it waits for.
@@ -250,8 +271,12 @@ pub struct Waiting {
     /// Its sequence number.
     pub seq: u64,
     /// The members it waits for directly (empty: the collective itself
-    /// does not finish).
+    /// does not finish), runs of more than [`LISTED_RUN`] silent ranks
+    /// apart in `waits_for_ranges`.
     pub waits_for: Vec<u32>,
+    /// Runs of ranks that left nothing, `[first, last]`, that it waits for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits_for_ranges: Vec<[u32; 2]>,
     /// How long it had waited when its evidence was taken, seconds.
     pub waited_s: Option<f64>,
 }
@@ -291,4 +316,8 @@ pub struct RankSummary {
     pub stack_sources: Vec<String>,
     /// Its process had exited.
     pub exited: bool,
+    /// When this line stands for a run of ranks that left nothing
+    /// (`rank..=last_rank`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rank: Option<u32>,
 }

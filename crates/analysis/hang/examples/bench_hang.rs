@@ -60,6 +60,7 @@ fn main() {
                 file: "/job/train.py".into(),
                 line,
             }],
+            peer: None,
         };
         // Steps 18..=50 done (3 collectives each: ~100 entries kept).
         for step in 18..=50u64 {

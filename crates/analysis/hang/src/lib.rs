@@ -30,10 +30,19 @@ use std::collections::{BTreeMap, BTreeSet};
 mod records;
 pub use records::{any_open, evidence_from_records};
 
+mod graph;
+mod job;
+pub mod ranks;
+mod waits;
+
+use graph::WaitGraph;
+use job::Job;
+use waits::Wait;
+
 use whyslow_model::hang::{
-    CollectiveState, Culprit, GroupInfo, HangEvidence, HangReason, HangReport, RankEvidence,
-    RankSummary, RecordedCollective, StackFrame, ThreadStack, Waiting, HANG_REPORT_VERSION,
-    MAX_RANK,
+    CollectiveState, Culprit, HangEvidence, HangReason, HangReport, RankEvidence, RankSummary,
+    RecordedCollective, StackFrame, ThreadStack, Waiting, HANG_REPORT_VERSION, LISTED_RUN,
+    MAX_WORLD_SIZE,
 };
 
 /// Settings of [`analyze`].
@@ -45,6 +54,34 @@ pub struct HangConfig {
     pub min_wait_s: Option<f64>,
     /// The job's world size, when the caller knows it.
     pub world_size: Option<u32>,
+}
+
+/// A [`HangConfig`] no analysis can honour.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HangConfigError {
+    /// The wait bound is negative or not a number.
+    #[error("min wait {0}: want seconds >= 0")]
+    MinWait(f64),
+    /// The world is empty or beyond what a report can stand for.
+    #[error("world size {0}: want 1 to {MAX_WORLD_SIZE} ranks")]
+    WorldSize(u32),
+}
+
+impl HangConfig {
+    /// Checks the settings, whichever door built them (CLI, Python, server).
+    pub fn validate(&self) -> Result<(), HangConfigError> {
+        if let Some(w) = self.min_wait_s {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(HangConfigError::MinWait(w));
+            }
+        }
+        if let Some(n) = self.world_size {
+            if n == 0 || n > MAX_WORLD_SIZE {
+                return Err(HangConfigError::WorldSize(n));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The shortest wait counted as a hang when the bound is derived.
@@ -74,135 +111,6 @@ const COLLECTIVE_FUNCTIONS: &[&str] = &[
     "batch_isend_irecv",
     "wait",
 ];
-
-/// Per (rank, group): how far the rank got.
-#[derive(Debug, Clone, Copy, Default)]
-struct Progress {
-    enqueued: Option<u64>,
-    started: Option<u64>,
-    completed: Option<u64>,
-}
-
-struct Job<'a> {
-    ranks: BTreeMap<u32, &'a RankEvidence>,
-    groups: BTreeMap<String, GroupInfo>,
-    members: BTreeMap<String, BTreeSet<u32>>,
-    progress: BTreeMap<(u32, String), Progress>,
-}
-
-fn is_default(g: &GroupInfo) -> bool {
-    g.desc == "default_pg" || (g.name == "0" && g.desc.is_empty())
-}
-
-impl<'a> Job<'a> {
-    fn new(ev: &'a HangEvidence, world: u32) -> Job<'a> {
-        let ranks: BTreeMap<u32, &RankEvidence> = ev.ranks.iter().map(|r| (r.rank, r)).collect();
-        let mut groups: BTreeMap<String, GroupInfo> = BTreeMap::new();
-        let mut members: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
-        let mut progress: BTreeMap<(u32, String), Progress> = BTreeMap::new();
-        for r in &ev.ranks {
-            for g in &r.groups {
-                let e = groups.entry(g.name.clone()).or_insert_with(|| GroupInfo {
-                    name: g.name.clone(),
-                    desc: String::new(),
-                    ranks: None,
-                });
-                if e.desc.is_empty() {
-                    e.desc = g.desc.clone();
-                }
-                let m = members.entry(g.name.clone()).or_default();
-                m.insert(r.rank);
-                if let Some(rs) = &g.ranks {
-                    m.extend(rs.iter().copied());
-                }
-            }
-            for p in &r.progress {
-                let e = progress.entry((r.rank, p.group.clone())).or_default();
-                e.enqueued = e.enqueued.max(p.last_enqueued);
-                e.started = e.started.max(p.last_started);
-                e.completed = e.completed.max(p.last_completed);
-                members.entry(p.group.clone()).or_default().insert(r.rank);
-            }
-            for c in r.collectives.iter().filter(|c| !c.p2p) {
-                let e = progress.entry((r.rank, c.group.clone())).or_default();
-                e.enqueued = e.enqueued.max(Some(c.seq));
-                if c.state >= CollectiveState::Started {
-                    e.started = e.started.max(Some(c.seq));
-                }
-                if c.state == CollectiveState::Completed {
-                    e.completed = e.completed.max(Some(c.seq));
-                }
-                members.entry(c.group.clone()).or_default().insert(r.rank);
-                groups.entry(c.group.clone()).or_insert_with(|| GroupInfo {
-                    name: c.group.clone(),
-                    desc: String::new(),
-                    ranks: None,
-                });
-            }
-        }
-        for (name, g) in groups.iter_mut() {
-            let m = members.entry(name.clone()).or_default();
-            if is_default(g) {
-                m.extend(0..world);
-            }
-            g.ranks = Some(m.iter().copied().collect());
-        }
-        Job {
-            ranks,
-            groups,
-            members,
-            progress,
-        }
-    }
-
-    fn has_fr(&self, r: u32) -> bool {
-        self.ranks
-            .get(&r)
-            .is_some_and(|e| !e.collectives.is_empty() || !e.progress.is_empty())
-    }
-
-    fn prog(&self, r: u32, g: &str) -> Progress {
-        self.progress
-            .get(&(r, g.to_string()))
-            .copied()
-            .unwrap_or_default()
-    }
-
-    fn entry(&self, r: u32, g: &str, seq: u64) -> Option<&'a RecordedCollective> {
-        self.ranks.get(&r).and_then(|e| {
-            e.collectives
-                .iter()
-                .rev()
-                .find(|c| !c.p2p && c.group == g && c.seq == seq)
-        })
-    }
-
-    fn desc(&self, g: &str) -> String {
-        self.groups
-            .get(g)
-            .map(|x| x.desc.clone())
-            .unwrap_or_default()
-    }
-
-    fn label(&self, g: &str) -> String {
-        match self.desc(g) {
-            d if d.is_empty() => format!("group {g}"),
-            d => format!("{d} (group {g})"),
-        }
-    }
-}
-
-/// A collective's identity for pairing: op, sizes and where the program
-/// issued it.
-type Signature = (String, Vec<Vec<i64>>, String);
-
-fn signature(c: &RecordedCollective) -> Signature {
-    let site = c
-        .call_site()
-        .map(|f| format!("{}:{}", f.file, f.line))
-        .unwrap_or_default();
-    (c.op.clone(), c.input_sizes.clone(), site)
-}
 
 fn site_of(c: &RecordedCollective) -> String {
     c.call_site()
@@ -273,98 +181,24 @@ fn where_in(s: &ThreadStack) -> Option<&StackFrame> {
         .or_else(|| s.frames.first())
 }
 
-#[derive(Debug, Clone)]
-struct Wait {
-    rank: u32,
-    group: String,
-    seq: u64,
-    op: String,
-    sizes: Vec<Vec<i64>>,
-    waited_s: Option<f64>,
-    waits_for: BTreeSet<u32>,
-    not_started: BTreeSet<u32>,
-}
-
-/// The verdict for one hang's evidence.
+/// The verdict for one hang's evidence: who waits where (collectives and
+/// point-to-point), whom for, the graph's roots, then each culprit in words.
 pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
     let mut notes = ev.notes.clone();
-    let max_rank = ev
-        .ranks
-        .iter()
-        .map(|r| r.rank.min(MAX_RANK) + 1)
-        .max()
-        .unwrap_or(0);
-    let declared = ev
-        .ranks
-        .iter()
-        .flat_map(|r| r.groups.iter())
-        .filter_map(|g| g.ranks.as_ref())
-        .flatten()
-        .map(|r| r.min(&MAX_RANK) + 1)
-        .max()
-        .unwrap_or(0);
-    let world = cfg
-        .world_size
-        .or(ev.world_size)
-        .unwrap_or(max_rank.max(declared))
-        .max(max_rank)
-        .min(MAX_RANK + 1);
+    let world = job::world_size(ev, cfg.world_size);
     let job = Job::new(ev, world);
     let period = iteration_period_s(ev);
     let min_wait_s = cfg
         .min_wait_s
         .unwrap_or_else(|| period.map_or(MIN_WAIT_FLOOR_S, |p| (5.0 * p).max(MIN_WAIT_FLOOR_S)));
+    let summaries = rank_summaries(&job);
 
-    let summaries: Vec<RankSummary> = (0..world)
-        .map(|r| {
-            let e = job.ranks.get(&r);
-            let mut sources: Vec<String> = e
-                .map(|e| e.stacks.iter().map(|s| s.source.clone()).collect())
-                .unwrap_or_default();
-            sources.sort();
-            sources.dedup();
-            RankSummary {
-                rank: r,
-                collectives: e.map_or(0, |e| e.collectives.len()),
-                stack_sources: sources,
-                exited: e.is_some_and(|e| e.exited),
-            }
-        })
-        .collect();
-
-    // 1. Who waits where: the oldest unfinished collective per (rank, group).
-    let mut waits: Vec<Wait> = Vec::new();
-    let mut young = 0usize;
-    for (&(r, ref g), p) in &job.progress {
-        let (Some(enq), completed) = (p.enqueued, p.completed) else {
-            continue;
-        };
-        if completed.is_some_and(|c| c >= enq) {
-            continue;
-        }
-        let seq = completed.map_or(1, |c| c.saturating_add(1));
-        let entry = job.entry(r, g, seq);
-        let dumped = job.ranks.get(&r).and_then(|e| e.dumped_at_ns);
-        let waited_s = match (entry.and_then(|e| e.created_ns), dumped) {
-            (Some(c), Some(d)) => Some(d.saturating_sub(c) as f64 / 1e9),
-            _ => None,
-        };
-        if waited_s.is_some_and(|w| w < min_wait_s) {
-            young += 1;
-            continue;
-        }
-        waits.push(Wait {
-            rank: r,
-            group: g.clone(),
-            seq,
-            op: entry.map(|e| e.op.clone()).unwrap_or_default(),
-            sizes: entry.map(|e| e.input_sizes.clone()).unwrap_or_default(),
-            waited_s,
-            waits_for: BTreeSet::new(),
-            not_started: BTreeSet::new(),
-        });
-    }
-    let skewed = drop_snapshot_skew(&job, &mut waits, min_wait_s);
+    // 1. Who waits where.
+    let (mut waits, young_c) = waits::collective_waits(&job, min_wait_s);
+    let (p2p, young_p) = waits::p2p_waits(&job, min_wait_s);
+    waits.extend(p2p);
+    let young = young_c + young_p;
+    let skewed = waits::drop_snapshot_skew(&job, &mut waits, min_wait_s);
     if skewed > 0 {
         notes.push(format!(
             "{skewed} pending collective(s) set aside: the ranks' dumps were taken at different \
@@ -372,134 +206,18 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
         ));
     }
     if waits.is_empty() {
-        return no_flight_recorder_verdict(ev, &job, world, summaries, min_wait_s, young, notes);
+        return no_flight_recorder_verdict(ev, &job, summaries, min_wait_s, young, notes);
     }
 
-    // 2. Whom each waiter waits for: per pending (group, seq), once — every
-    // waiter of one instance waits for the same members.
-    let mut stuck_groups = BTreeSet::new();
-    let mut mismatched: BTreeMap<u32, (String, u64, String)> = BTreeMap::new();
-    let keys: BTreeSet<(String, u64)> = waits.iter().map(|w| (w.group.clone(), w.seq)).collect();
-    // (group, seq) -> (members not in it, members whose device did not start it)
-    let mut verdicts: BTreeMap<(String, u64), (BTreeSet<u32>, BTreeSet<u32>)> = BTreeMap::new();
-    for (group, seq) in keys {
-        let members = job.members.get(&group).cloned().unwrap_or_default();
-        let mut laggards = BTreeSet::new();
-        let mut entered = Vec::new();
-        for &m in &members {
-            if !job.has_fr(m) || job.prog(m, &group).enqueued.is_none_or(|e| e < seq) {
-                laggards.insert(m);
-            } else {
-                entered.push(m);
-            }
-        }
-        // Same sequence number, different collective: a mismatch.
-        let mut sigs: BTreeMap<Signature, Vec<u32>> = BTreeMap::new();
-        for &m in &entered {
-            if let Some(e) = job.entry(m, &group, seq) {
-                sigs.entry(signature(e)).or_default().push(m);
-            }
-        }
-        let mut mismatch_here = false;
-        if sigs.len() > 1 {
-            let most = sigs.values().map(Vec::len).max().unwrap_or(0);
-            let majority: Vec<_> = sigs.iter().filter(|(_, v)| v.len() == most).collect();
-            if majority.len() == 1 {
-                let (maj_sig, _) = majority[0];
-                let site = |x: &str| {
-                    if x.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", {}", short(x))
-                    }
-                };
-                for (sig, rs) in &sigs {
-                    if sig == maj_sig {
-                        continue;
-                    }
-                    for &r in rs {
-                        mismatch_here = true;
-                        let detail = format!(
-                            "issued {} ({:?}{}) as seq {seq} of {} where its peers issued {} ({:?}{})",
-                            sig.0,
-                            sig.1,
-                            site(&sig.2),
-                            job.label(&group),
-                            maj_sig.0,
-                            maj_sig.1,
-                            site(&maj_sig.2),
-                        );
-                        mismatched.insert(r, (group.clone(), seq, detail));
-                    }
-                }
-            }
-        }
-        let mut not_started = BTreeSet::new();
-        if laggards.is_empty() {
-            // Everyone issued it. NCCL says whether each device started it.
-            let started: BTreeSet<u32> = entered
-                .iter()
-                .copied()
-                .filter(|&m| job.prog(m, &group).started.is_some_and(|s| s >= seq))
-                .collect();
-            if !started.is_empty() {
-                not_started = entered
-                    .iter()
-                    .copied()
-                    .filter(|m| !started.contains(m))
-                    .collect();
-            }
-            if not_started.is_empty() && !mismatch_here {
-                stuck_groups.insert(group.clone());
-            }
-        }
-        verdicts.insert((group, seq), (laggards, not_started));
-    }
-    for w in &mut waits {
-        let (laggards, not_started) = &verdicts[&(w.group.clone(), w.seq)];
-        // A rank does not wait for itself.
-        w.waits_for = laggards.iter().copied().filter(|&m| m != w.rank).collect();
-        w.not_started = not_started
-            .iter()
-            .copied()
-            .filter(|&m| m != w.rank)
-            .collect();
-    }
+    // 2. Whom each waiter waits for.
+    let judged = waits::judge(&job, &mut waits);
+    notes.extend(judged.notes.iter().cloned());
 
-    // 3. The graph: waiter -> members it waits for (or that did not start).
-    let waiting_ranks: BTreeSet<u32> = waits.iter().map(|w| w.rank).collect();
-    let mut edges: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
-    for w in &waits {
-        let e = edges.entry(w.rank).or_default();
-        e.extend(w.waits_for.iter().copied());
-        e.extend(w.not_started.iter().copied());
-    }
-    let reach = |from: u32| -> BTreeSet<u32> {
-        let mut seen = BTreeSet::new();
-        let mut todo = vec![from];
-        while let Some(x) = todo.pop() {
-            for &y in edges.get(&x).into_iter().flatten() {
-                if seen.insert(y) {
-                    todo.push(y);
-                }
-            }
-        }
-        seen
-    };
-    let reaches: BTreeMap<u32, BTreeSet<u32>> = edges.keys().map(|&r| (r, reach(r))).collect();
-    // Roots: ranks waited for that wait for nobody.
-    let mut roots: BTreeSet<u32> = edges
-        .values()
-        .flatten()
-        .copied()
-        .filter(|r| edges.get(r).is_none_or(BTreeSet::is_empty))
-        .collect();
-    // Cycles with no way out: ranks that reach themselves and reach no root.
-    let mut cyclic: BTreeSet<u32> = reaches
-        .iter()
-        .filter(|(r, set)| set.contains(r) && set.iter().all(|x| !roots.contains(x)))
-        .map(|(&r, _)| r)
-        .collect();
+    // 3. The graph's roots: ranks waited for that wait for nobody, ranks
+    // that left nothing, and cycles with no way out.
+    let graph = WaitGraph::new(job.ranks.keys().copied(), &waits);
+    let mut roots = graph.roots();
+    let mut cyclic = graph.cyclic(&roots);
     // A mismatch inside a cycle explains it: name those ranks, not every
     // member of the cycle. Else: the rank whose pending collective leaves
     // its own program order (it skipped one).
@@ -508,7 +226,7 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
         let named: BTreeSet<u32> = cyclic
             .iter()
             .copied()
-            .filter(|r| mismatched.contains_key(r))
+            .filter(|r| judged.mismatched.contains_key(r))
             .collect();
         if named.is_empty() {
             for &r in &cyclic {
@@ -523,142 +241,139 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
             cyclic.clear();
         }
     }
-    let more: Vec<u32> = mismatched
-        .keys()
-        .copied()
-        .filter(|r| !cyclic.contains(r))
-        .collect();
-    roots.extend(more);
+    roots.extend(
+        judged
+            .mismatched
+            .keys()
+            .copied()
+            .filter(|r| !cyclic.contains(r)),
+    );
     roots.extend(cyclic.iter().copied());
+    // Devices that stopped finishing work hold up their groups whether or
+    // not a waiter's counters point at them.
+    let stale = waits::stale_devices(&job);
+    for (&r, _) in &stale {
+        let points = waits.iter().any(|w| w.rank == r && w.points());
+        if !points && !cyclic.contains(&r) {
+            roots.insert(r);
+        }
+    }
 
     // 4. Culprits, each with the group whose members wait for it.
-    let mut culprits = Vec::new();
-    for &r in &roots {
-        let waiters_direct: Vec<&Wait> = waits
-            .iter()
-            .filter(|w| w.waits_for.contains(&r) || w.not_started.contains(&r))
-            .collect();
-        let waited_by: Vec<u32> = reaches
-            .iter()
-            .filter(|(w, set)| **w != r && set.contains(&r))
-            .map(|(&w, _)| w)
-            .collect();
-        let ev_r = job.ranks.get(&r).copied();
-        let stack = main_stack(ev_r);
-        let (reason, group, seq, op, sizes, detail) = if let Some((g, s, d)) = mismatched.get(&r) {
-            let e = job.entry(r, g, *s);
-            (
-                HangReason::Mismatch,
-                g.clone(),
-                *s,
-                e.map(|e| e.op.clone()).unwrap_or_default(),
-                e.map(|e| e.input_sizes.clone()).unwrap_or_default(),
-                d.clone(),
-            )
-        } else {
-            // The group most of its direct waiters wait in.
-            let mut by_group: BTreeMap<(String, u64), usize> = BTreeMap::new();
-            for w in &waiters_direct {
-                *by_group.entry((w.group.clone(), w.seq)).or_default() += 1;
-            }
-            let best = by_group
-                .iter()
-                .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
-                .map(|(k, _)| k.clone());
-            let (g, s) = best.unwrap_or_else(|| {
-                waits
-                    .iter()
-                    .find(|w| w.rank == r)
-                    .map(|w| (w.group.clone(), w.seq))
-                    .unwrap_or_default()
-            });
-            let w0 = waits.iter().find(|w| w.group == g && w.seq == s);
-            let op = w0.map(|w| w.op.clone()).unwrap_or_default();
-            let sizes = w0.map(|w| w.sizes.clone()).unwrap_or_default();
-            let (reason, detail) = if let Some(d) = out_of_order.get(&r) {
-                (HangReason::Mismatch, d.clone())
-            } else if cyclic.contains(&r) {
-                (
-                    HangReason::Deadlock,
-                    format!(
-                        "waits in a cycle of groups: ranks {} each wait for another of them",
-                        join(&cyclic)
-                    ),
-                )
-            } else if waiters_direct.iter().any(|w| w.not_started.contains(&r)) {
-                (
-                    HangReason::NotStarted,
-                    format!(
-                        "issued {op} seq {s} of {} but its device never started it: work queued before it does not finish",
-                        job.label(&g)
-                    ),
-                )
-            } else if ev_r.is_some_and(|e| e.exited) {
-                (HangReason::Exited, "its process had exited".to_string())
-            } else if ev_r.is_none_or(|e| {
-                e.collectives.is_empty()
-                    && e.progress.is_empty()
-                    && e.stacks.iter().all(|s| s.source != "python")
-            }) {
-                let kernel = stack.as_ref().and_then(|s| {
-                    where_in(s).map(|f| (format!("{} ({})", s.thread, s.source), f.label()))
-                });
-                (
-                    HangReason::Unresponsive,
-                    match kernel {
-                        Some((thread, f)) => format!(
-                            "did not answer: alive, its {thread} in {f}; a rank that cannot run Python (holding the GIL in native code) or is stopped"
-                        ),
-                        None => "left no dump and no stack: it could not answer (holding the GIL in native code, stopped) or its process is gone".to_string(),
-                    },
-                )
-            } else {
-                (
-                    HangReason::NeverReached,
-                    never_reached(&job, r, &g, s, stack.as_ref()),
-                )
-            };
-            (reason, g, s, op, sizes, detail)
-        };
-        culprits.push(Culprit {
-            rank: r,
-            group_desc: job.desc(&group),
-            group_ranks: job
-                .members
-                .get(&group)
-                .map(|m| m.iter().copied().collect())
-                .unwrap_or_default(),
-            group,
-            op,
-            seq,
-            sizes,
-            reason,
-            detail,
-            stack: stack.or_else(|| last_issue_stack(ev_r)),
-            waited_by,
-        });
-    }
-    let waiting: Vec<Waiting> = waits
+    let ctx = Verdicts {
+        job: &job,
+        waits: &waits,
+        graph: &graph,
+        judged: &judged,
+        stale: &stale,
+        cyclic: &cyclic,
+        out_of_order: &out_of_order,
+    };
+    let mut culprits: Vec<Culprit> = roots.iter().map(|&r| ctx.rank_culprit(r)).collect();
+    culprits.extend(ctx.silent_culprits());
+    culprits.sort_by_key(|c| c.rank);
+    let waiting = waiting_lines(&job, &waits, &roots);
+    let waiting_only = waits
         .iter()
-        .filter(|w| !roots.contains(&w.rank) || !w.waits_for.is_empty())
-        .map(|w| Waiting {
-            rank: w.rank,
-            group: w.group.clone(),
-            group_desc: job.desc(&w.group),
-            op: w.op.clone(),
-            seq: w.seq,
-            waits_for: w.waits_for.union(&w.not_started).copied().collect(),
-            waited_s: w.waited_s,
+        .map(|w| w.rank)
+        .filter(|r| !roots.contains(r))
+        .collect::<BTreeSet<u32>>()
+        .len();
+    let verdict = verdict_line(&job, &culprits, &judged.stuck_groups, waiting_only);
+    if period.is_none() && cfg.min_wait_s.is_none() {
+        notes.push(format!(
+            "no iteration period in the dumps: pending collectives count as hung after {MIN_WAIT_FLOOR_S} s"
+        ));
+    }
+    if !job.silent.is_empty() {
+        notes.push(format!("no evidence from rank(s) {}", job.silent.label()));
+    }
+    HangReport {
+        version: HANG_REPORT_VERSION,
+        hang: true,
+        verdict,
+        culprits,
+        waiting,
+        stuck_groups: judged.stuck_groups.iter().cloned().collect(),
+        ranks: summaries,
+        min_wait_s,
+        notes,
+    }
+}
+
+/// One line per rank that left evidence; ranks that left nothing rank by
+/// rank in short runs, one line per long run.
+fn rank_summaries(job: &Job) -> Vec<RankSummary> {
+    let mut out: Vec<RankSummary> = job
+        .ranks
+        .values()
+        .filter(|e| e.rank < job.world)
+        .map(|e| {
+            let mut sources: Vec<String> = e.stacks.iter().map(|s| s.source.clone()).collect();
+            sources.sort();
+            sources.dedup();
+            RankSummary {
+                rank: e.rank,
+                collectives: e.collectives.len(),
+                stack_sources: sources,
+                exited: e.exited,
+                last_rank: None,
+            }
         })
         .collect();
-    let waiting_only: BTreeSet<u32> = waiting_ranks.difference(&roots).copied().collect();
-    let verdict = if !culprits.is_empty() {
+    let (one, ranges) = job.silent.split_listed(LISTED_RUN);
+    let silent = |rank, last_rank| RankSummary {
+        rank,
+        collectives: 0,
+        stack_sources: Vec::new(),
+        exited: false,
+        last_rank,
+    };
+    out.extend(one.into_iter().map(|r| silent(r, None)));
+    out.extend(ranges.into_iter().map(|[a, b]| silent(a, Some(b))));
+    out.sort_by_key(|s| s.rank);
+    out
+}
+
+fn waiting_lines(job: &Job, waits: &[Wait], roots: &BTreeSet<u32>) -> Vec<Waiting> {
+    waits
+        .iter()
+        .filter(|w| !roots.contains(&w.rank) || w.points())
+        .map(|w| {
+            let (mut one, ranges) = w.silent.split_listed(LISTED_RUN);
+            one.extend(w.waits_for.union(&w.not_started).copied());
+            one.sort_unstable();
+            one.dedup();
+            Waiting {
+                rank: w.rank,
+                group: w.group.clone(),
+                group_desc: job.desc(&w.group),
+                op: w.op.clone(),
+                seq: w.seq,
+                waits_for: one,
+                waits_for_ranges: ranges,
+                waited_s: w.waited_s,
+            }
+        })
+        .collect()
+}
+
+fn verdict_line(
+    job: &Job,
+    culprits: &[Culprit],
+    stuck_groups: &BTreeSet<String>,
+    waiting_only: usize,
+) -> String {
+    if !culprits.is_empty() {
         let names: Vec<String> = culprits
             .iter()
             .map(|c| {
+                let who = match c.last_rank {
+                    Some(l) => format!("ranks {}-{l}", c.rank),
+                    None => format!("rank {}", c.rank),
+                };
                 format!(
-                    "rank {} ({}, {} seq {} of {})",
-                    c.rank,
+                    "{who} ({}, {} seq {} of {})",
                     c.reason.as_str(),
                     c.op,
                     c.seq,
@@ -669,7 +384,7 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
         format!(
             "hang: {} hold(s) up {} waiting rank(s)",
             names.join("; "),
-            waiting_only.len()
+            waiting_only
         )
     } else if !stuck_groups.is_empty() {
         format!(
@@ -682,33 +397,228 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
         )
     } else {
         "hang: ranks wait in collectives, but the evidence names no rank they wait for".to_string()
-    };
-    if period.is_none() && cfg.min_wait_s.is_none() {
-        notes.push(format!(
-            "no iteration period in the dumps: pending collectives count as hung after {MIN_WAIT_FLOOR_S} s"
-        ));
-    }
-    let missing: Vec<u32> = (0..world).filter(|r| !job.ranks.contains_key(r)).collect();
-    if !missing.is_empty() {
-        notes.push(format!("no evidence from rank(s) {}", join(&missing)));
-    }
-    HangReport {
-        version: HANG_REPORT_VERSION,
-        hang: true,
-        verdict,
-        culprits,
-        waiting,
-        stuck_groups: stuck_groups.into_iter().collect(),
-        ranks: summaries,
-        min_wait_s,
-        notes,
     }
 }
 
-fn short(site: &str) -> String {
-    match site.rsplit_once('/') {
-        Some((_, s)) => s.to_string(),
-        None => site.to_string(),
+/// What the culprits are built from.
+struct Verdicts<'a, 'j> {
+    job: &'a Job<'j>,
+    waits: &'a [Wait],
+    graph: &'a WaitGraph,
+    judged: &'a waits::Judged,
+    stale: &'a BTreeMap<u32, waits::Stale>,
+    cyclic: &'a BTreeSet<u32>,
+    out_of_order: &'a BTreeMap<u32, String>,
+}
+
+impl Verdicts<'_, '_> {
+    /// The (group, seq) most of the given waits wait in, else the rank's
+    /// own.
+    fn where_waited<'w>(&'w self, direct: &[&'w Wait], r: u32) -> Option<&'w Wait> {
+        let mut by_group: BTreeMap<(&str, u64), usize> = BTreeMap::new();
+        for w in direct {
+            *by_group.entry((w.group.as_str(), w.seq)).or_default() += 1;
+        }
+        let best = by_group
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+            .map(|(k, _)| *k);
+        match best {
+            Some((g, s)) => direct.iter().copied().find(|w| w.group == g && w.seq == s),
+            None => self.waits.iter().find(|w| w.rank == r),
+        }
+    }
+
+    fn rank_culprit(&self, r: u32) -> Culprit {
+        let job = self.job;
+        let direct: Vec<&Wait> = self
+            .waits
+            .iter()
+            .filter(|w| w.waits_for.contains(&r) || w.not_started.contains(&r))
+            .collect();
+        let ev_r = job.ranks.get(&r).copied();
+        let stack = main_stack(ev_r);
+        let at = self.where_waited(&direct, r);
+        let (mut group, mut seq) = at.map(|w| (w.group.clone(), w.seq)).unwrap_or_default();
+        let mut op = at.map(|w| w.op.clone()).unwrap_or_default();
+        let mut sizes = at.map(|w| w.sizes.clone()).unwrap_or_default();
+        let (reason, detail) = if let Some((g, s, d)) = self.judged.mismatched.get(&r) {
+            let e = job.entry(r, g, *s);
+            (group, seq) = (g.clone(), *s);
+            op = e.map(|e| e.op.clone()).unwrap_or_default();
+            sizes = e.map(|e| e.input_sizes.clone()).unwrap_or_default();
+            (HangReason::Mismatch, d.clone())
+        } else if let Some(d) = self.out_of_order.get(&r) {
+            (HangReason::Mismatch, d.clone())
+        } else if self.cyclic.contains(&r) {
+            (
+                HangReason::Deadlock,
+                format!(
+                    "waits in a cycle of groups: ranks {} each wait for another of them",
+                    join(self.cyclic)
+                ),
+            )
+        } else if let (true, Some(st)) = (direct.is_empty(), self.stale.get(&r)) {
+            (group, seq) = (st.group.clone(), st.peer_completed);
+            (HangReason::NotStarted, stale_words(job, r, st))
+        } else if direct.iter().any(|w| w.not_started.contains(&r)) {
+            (
+                HangReason::NotStarted,
+                format!(
+                    "issued {op} seq {seq} of {} but its device never started it: work queued before it does not finish",
+                    job.label(&group)
+                ),
+            )
+        } else if ev_r.is_some_and(|e| e.exited) {
+            (HangReason::Exited, "its process had exited".to_string())
+        } else if ev_r
+            .is_none_or(|e| !job.has_fr(r) && e.stacks.iter().all(|s| s.source != "python"))
+        {
+            let kernel = stack.as_ref().and_then(|s| {
+                where_in(s).map(|f| (format!("{} ({})", s.thread, s.source), f.label()))
+            });
+            (
+                HangReason::Unresponsive,
+                match kernel {
+                    Some((thread, f)) => format!(
+                        "did not answer: alive, its {thread} in {f}; a rank that cannot run Python (holding the GIL in native code) or is stopped"
+                    ),
+                    None => "left no dump and no stack: it could not answer (holding the GIL in native code, stopped) or its process is gone".to_string(),
+                },
+            )
+        } else if direct.iter().all(|w| w.p2p) && !direct.is_empty() {
+            (
+                HangReason::NeverReached,
+                format!(
+                    "never posted the matching half of {} {} (seq {seq}) of {}{}",
+                    direct[0].rank,
+                    direct[0].op,
+                    job.label(&group),
+                    never_reached_tail(job, r, stack.as_ref())
+                ),
+            )
+        } else {
+            (
+                HangReason::NeverReached,
+                never_reached(job, r, &group, seq, stack.as_ref()),
+            )
+        };
+        let mut detail = detail;
+        let mut waited_by = self.graph.waiting_on(&[r], false);
+        if let Some(st) = self.stale.get(&r) {
+            if reason != HangReason::NotStarted {
+                detail.push_str("; ");
+                detail.push_str(&stale_words(job, r, st));
+            }
+            // Its group's waiters wait for it, whatever their counters say.
+            let in_group: Vec<u32> = self
+                .waits
+                .iter()
+                .filter(|w| {
+                    w.rank != r
+                        && job
+                            .members
+                            .get(&st.group)
+                            .is_some_and(|m| m.contains(&w.rank))
+                })
+                .map(|w| w.rank)
+                .collect();
+            waited_by.extend(self.graph.waiting_on(&in_group, true));
+            waited_by.retain(|&x| x != r);
+            waited_by.sort_unstable();
+            waited_by.dedup();
+        }
+        Culprit {
+            rank: r,
+            group_desc: job.desc(&group),
+            group_ranks: job.member_list(&group),
+            group,
+            op,
+            seq,
+            sizes,
+            reason,
+            detail,
+            stack: stack.or_else(|| last_issue_stack(ev_r)),
+            waited_by,
+            last_rank: None,
+        }
+    }
+
+    /// Ranks that left nothing and that waiters point at: rank by rank in
+    /// short runs, one culprit per long run of ranks waited for alike.
+    fn silent_culprits(&self) -> Vec<Culprit> {
+        let job = self.job;
+        let pointing: Vec<&Wait> = self.waits.iter().filter(|w| !w.silent.is_empty()).collect();
+        if pointing.is_empty() {
+            return Vec::new();
+        }
+        // Cut the silent ranks waited for where any wait's runs start or
+        // end: inside a piece, every rank is waited for by the same waits.
+        let mut cuts: BTreeSet<u64> = BTreeSet::new();
+        for w in &pointing {
+            for &(a, b) in w.silent.runs() {
+                cuts.insert(u64::from(a));
+                cuts.insert(u64::from(b) + 1);
+            }
+        }
+        let cuts: Vec<u64> = cuts.into_iter().collect();
+        let mut out = Vec::new();
+        for pair in cuts.windows(2) {
+            let (a, b) = (pair[0] as u32, (pair[1] - 1) as u32);
+            let direct: Vec<&Wait> = pointing
+                .iter()
+                .copied()
+                .filter(|w| w.silent.contains(a))
+                .collect();
+            if direct.is_empty() {
+                continue;
+            }
+            let starts: Vec<u32> = direct.iter().map(|w| w.rank).collect();
+            let waited_by = self.graph.waiting_on(&starts, true);
+            let at = self.where_waited(&direct, a);
+            let group = at.map(|w| w.group.clone()).unwrap_or_default();
+            let inferred = self.judged.inferred.contains(&a);
+            let known = (a..=b).all(|r| job.named_silent.contains(&r));
+            let (reason, detail) = if known && !inferred {
+                (
+                    HangReason::Unresponsive,
+                    "left no dump and no stack: it could not answer (holding the GIL in native code, stopped) or its process is gone".to_string(),
+                )
+            } else {
+                (
+                    HangReason::NoDump,
+                    format!(
+                        "left no dump, stack or record; {} waits for it{}: it could not answer (holding the GIL in native code, stopped) or its process is gone",
+                        job.label(&group),
+                        if inferred {
+                            " (its membership inferred: no dump lists the group's members)"
+                        } else {
+                            ""
+                        }
+                    ),
+                )
+            };
+            let culprit = |rank, last_rank| Culprit {
+                rank,
+                group: group.clone(),
+                group_desc: job.desc(&group),
+                group_ranks: job.member_list(&group),
+                op: at.map(|w| w.op.clone()).unwrap_or_default(),
+                seq: at.map_or(0, |w| w.seq),
+                sizes: at.map(|w| w.sizes.clone()).unwrap_or_default(),
+                reason,
+                detail: detail.clone(),
+                stack: None,
+                waited_by: waited_by.clone(),
+                last_rank,
+            };
+            if b - a < LISTED_RUN {
+                out.extend((a..=b).map(|r| culprit(r, None)));
+            } else {
+                out.push(culprit(a, Some(b)));
+            }
+        }
+        out
     }
 }
 
@@ -719,9 +629,31 @@ fn join<'a>(rs: impl IntoIterator<Item = &'a u32>) -> String {
         .join(",")
 }
 
+/// A device that stopped finishing work, in words.
+fn stale_words(job: &Job, r: u32, st: &waits::Stale) -> String {
+    format!(
+        "its device stopped finishing work: rank {} finished seq {} of {}, which rank {r} issued \
+         too (it issued up to {}) but saw finish only up to {} (a GPU fault, or its watchdog stopped)",
+        st.peer,
+        st.peer_completed,
+        job.label(&st.group),
+        st.own_enqueued,
+        st.own_completed.map_or("none".to_string(), |c| c.to_string()),
+    )
+}
+
 /// Where a rank that never issued the collective is instead.
 fn never_reached(job: &Job, r: u32, g: &str, s: u64, stack: Option<&ThreadStack>) -> String {
-    let mut parts = vec![format!("never issued seq {s} of {}", job.label(g))];
+    format!(
+        "never issued seq {s} of {}{}",
+        job.label(g),
+        never_reached_tail(job, r, stack)
+    )
+}
+
+/// `; its last collective: …; its main thread is in …`.
+fn never_reached_tail(job: &Job, r: u32, stack: Option<&ThreadStack>) -> String {
+    let mut parts = Vec::new();
     if let Some(last) = job.ranks.get(&r).and_then(|e| e.collectives.last()) {
         let site = site_of(last);
         parts.push(format!(
@@ -740,6 +672,8 @@ fn never_reached(job: &Job, r: u32, g: &str, s: u64, stack: Option<&ThreadStack>
                 CollectiveState::Scheduled => "issued",
             }
         ));
+    } else if job.has_fr(r) {
+        parts.push("its dump shows nothing pending: it finished all it issued".to_string());
     }
     if let Some(st) = stack {
         if let Some(f) = where_in(st) {
@@ -751,7 +685,7 @@ fn never_reached(job: &Job, r: u32, g: &str, s: u64, stack: Option<&ThreadStack>
             ));
         }
     }
-    parts.join("; ")
+    parts.into_iter().map(|p| format!("; {p}")).collect()
 }
 
 /// The Python frames that issued the rank's last collective, when no
@@ -774,6 +708,7 @@ fn last_issue_stack(ev: Option<&RankEvidence>) -> Option<ThreadStack> {
 /// it the way its own history does: it skipped one (or issued one too
 /// many). Returns the words for the report.
 fn program_order_break(job: &Job, r: u32, waits: &[Wait]) -> Option<String> {
+    let waits: Vec<&Wait> = waits.iter().filter(|w| !w.p2p).collect();
     let ev = job.ranks.get(&r)?;
     let cs: Vec<&RecordedCollective> = ev.collectives.iter().filter(|c| !c.p2p).collect();
     let key = |c: &RecordedCollective| (c.group.clone(), c.op.clone(), site_of(c));
@@ -815,55 +750,11 @@ fn program_order_break(job: &Job, r: u32, waits: &[Wait]) -> Option<String> {
     ))
 }
 
-/// Dumps are snapshots taken rank by rank, not at one instant. A collective
-/// completes for every member or for none, so a pending instance that any
-/// member's dump shows completed is not hung: that rank's dump is simply
-/// later. Likewise a member that "never reached" it, but whose dump was
-/// taken before the collective had been issued for `min_wait_s`, had not yet
-/// been absent long enough to count (the bound that makes a waiter count
-/// makes an absentee count too). Drops such
-/// waits and returns how many. (Dumps gathered after a real stall are all
-/// taken while everyone waits, so neither case arises there.)
-fn drop_snapshot_skew(job: &Job, waits: &mut Vec<Wait>, min_wait_s: f64) -> usize {
-    let keys: BTreeSet<(String, u64)> = waits.iter().map(|w| (w.group.clone(), w.seq)).collect();
-    let mut skewed: BTreeSet<(String, u64)> = BTreeSet::new();
-    for (group, seq) in keys {
-        let members = job.members.get(&group).cloned().unwrap_or_default();
-        let finished = members
-            .iter()
-            .any(|&m| job.prog(m, &group).completed.is_some_and(|c| c >= seq));
-        // When the waiters issued it: the earliest creation among them.
-        let issued_ns = members
-            .iter()
-            .filter_map(|&m| job.entry(m, &group, seq))
-            .filter_map(|e| e.created_ns)
-            .min();
-        let laggards: Vec<u32> = members
-            .iter()
-            .copied()
-            .filter(|&m| job.has_fr(m) && job.prog(m, &group).enqueued.is_none_or(|e| e < seq))
-            .collect();
-        let all_stale = !laggards.is_empty()
-            && laggards.iter().all(|&m| {
-                let dumped = job.ranks.get(&m).and_then(|e| e.dumped_at_ns);
-                matches!((dumped, issued_ns),
-                    (Some(d), Some(i)) if (d as f64) < i as f64 + min_wait_s * 1e9)
-            });
-        if finished || all_stale {
-            skewed.insert((group, seq));
-        }
-    }
-    let before = waits.len();
-    waits.retain(|w| !skewed.contains(&(w.group.clone(), w.seq)));
-    before - waits.len()
-}
-
 /// No collective is hung by the Flight Recorder's account: either nothing
 /// hangs, or there is no Flight Recorder state and the stacks must tell.
 fn no_flight_recorder_verdict(
     ev: &HangEvidence,
     job: &Job,
-    world: u32,
     ranks: Vec<RankSummary>,
     min_wait_s: f64,
     young: usize,
@@ -898,6 +789,7 @@ fn no_flight_recorder_verdict(
                         op,
                         seq: 0,
                         waits_for: Vec::new(),
+                        waits_for_ranges: Vec::new(),
                         waited_s: None,
                     });
                 }
@@ -906,7 +798,7 @@ fn no_flight_recorder_verdict(
                 }
             }
         }
-        let silent: Vec<u32> = (0..world).filter(|r| !job.ranks.contains_key(r)).collect();
+        let (silent, silent_ranges) = job.silent.split_listed(LISTED_RUN);
         if inside.is_empty() {
             "no hang named: no rank's stack is inside a collective (and no Flight Recorder dump)"
                 .to_string()
@@ -918,6 +810,7 @@ fn no_flight_recorder_verdict(
                 .collect();
             for w in &mut waiting {
                 w.waits_for = all.clone();
+                w.waits_for_ranges = silent_ranges.clone();
             }
             for (&r, st) in &outside {
                 let at = where_in(st).map(StackFrame::label).unwrap_or_default();
@@ -933,11 +826,17 @@ fn no_flight_recorder_verdict(
                     detail: format!("not in a collective: its {} thread is in {at}", st.thread),
                     stack: Some(st.clone()),
                     waited_by: inside.iter().copied().collect(),
+                    last_rank: None,
                 });
             }
-            for &r in &silent {
+            let runs = silent
+                .iter()
+                .map(|&r| (r, None))
+                .chain(silent_ranges.iter().map(|&[a, b]| (a, Some(b))));
+            for (r, last_rank) in runs {
                 culprits.push(Culprit {
                     rank: r,
+                    last_rank,
                     group: String::new(),
                     group_desc: String::new(),
                     group_ranks: Vec::new(),
@@ -986,7 +885,7 @@ mod tests {
     //! states, other sizes at the same sequence number, a collective all
     //! members entered, three-level chains, ranks that left nothing.
     use super::*;
-    use whyslow_model::hang::{GroupProgress, StackFrame};
+    use whyslow_model::hang::{GroupInfo, GroupProgress, StackFrame};
 
     const S: u64 = 1_000_000_000;
 
@@ -1024,6 +923,7 @@ mod tests {
                 file: "/job/train.py".into(),
                 line,
             }],
+            peer: None,
         }
     }
 

@@ -183,6 +183,7 @@ pub fn evidence_from_records(records: &[CollectiveRecord]) -> HangEvidence {
             },
             created_ns: Some(r.entry_ns),
             frames: Vec::new(),
+            peer: None,
         });
     }
     // The agents watch every rank at once: a rank with no open record was

@@ -17,7 +17,7 @@
 
 pub mod pickle;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use whyslow_model::hang::{
@@ -65,10 +65,47 @@ pub struct FlightRecorderDump {
     pub version: String,
     /// Groups with members (NCCL's `pg_config`).
     pub groups: Vec<GroupInfo>,
-    /// Per-group counters (`pg_status`).
+    /// Per-group counters (`pg_status`) of collectives, for the groups the
+    /// entries name. Counters of a group whose newest work was
+    /// point-to-point are left out: NCCL then counts its `p2p_seq_id`, which
+    /// does not pair across the group's members.
     pub progress: Vec<GroupProgress>,
+    /// Counters keyed by the process's own group index (`pg_id`) that no
+    /// entry names (a dump of a rank with nothing pending): the reader of a
+    /// whole folder maps them through other ranks' dumps.
+    pub unnamed_progress: BTreeMap<String, GroupProgress>,
+    /// `pg_id` → group name, as the entries show it.
+    pub pg_names: BTreeMap<String, (String, String)>,
+    /// Every `pg_id` of `pg_status`: which groups the process created, a
+    /// signature of its place in the job's layout.
+    pub status_keys: BTreeSet<String>,
     /// Entries, oldest first.
     pub collectives: Vec<RecordedCollective>,
+    /// Per entry, a point-to-point op's (own, peer) ranks as its name
+    /// writes them (world or group ranks).
+    pub p2p_ranks: Vec<Option<(u32, u32)>>,
+    /// The newest time the dump records (an entry issued, started or seen
+    /// finished), Unix ns: the dump's own clock. torch writes no time of
+    /// the dump itself.
+    pub newest_event_ns: Option<u64>,
+}
+
+impl FlightRecorderDump {
+    /// Sets each point-to-point entry's `peer` (a world rank) as seen from
+    /// `rank` (the dump's own, else the one its file name gives).
+    pub fn with_peers(mut self, rank: Option<u32>) -> Self {
+        for (c, raw) in self.collectives.iter_mut().zip(&self.p2p_ranks) {
+            if let Some((me, peer)) = raw {
+                let members = self
+                    .groups
+                    .iter()
+                    .find(|g| g.name == c.group)
+                    .and_then(|g| g.ranks.as_deref());
+                c.peer = resolve_peer(*me, *peer, rank, members);
+            }
+        }
+        self
+    }
 }
 
 /// Decodes a dump from its bytes (pickle, or JSON when it starts with `{`).
@@ -155,6 +192,34 @@ fn counter(v: Option<&Value>) -> Option<u64> {
     int(v).and_then(|i| u64::try_from(i).ok())
 }
 
+/// `send 0->3` / `recv 0<-3` (torch's profiling name without its backend):
+/// the op and the two ranks as written (self, peer).
+fn p2p_parts(name: &str) -> Option<(&str, u32, u32)> {
+    let (op, ranks) = name.split_once(' ')?;
+    let (a, b) = match op {
+        "send" => ranks.split_once("->")?,
+        "recv" => ranks.split_once("<-")?,
+        _ => return None,
+    };
+    Some((op, a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
+/// The peer's world rank. torch writes either world ranks or the group's
+/// own ranks (both occur in one Megatron dump): world ranks when `me` is
+/// this rank and the peer a member, else group ranks, indices into the
+/// group's members in order.
+fn resolve_peer(me: u32, peer: u32, rank: Option<u32>, members: Option<&[u32]>) -> Option<u32> {
+    let members = members?;
+    let rank = rank?;
+    if me == rank && members.contains(&peer) && peer != rank {
+        return Some(peer);
+    }
+    if members.get(me as usize) == Some(&rank) {
+        return members.get(peer as usize).copied();
+    }
+    None
+}
+
 fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
     let Value::Dict(top) = v else {
         return Err(DumpError::Shape("the top level is not a dict".into()));
@@ -171,6 +236,8 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
     };
     let mut pg_names: BTreeMap<String, (String, String)> = BTreeMap::new();
     let mut collectives = Vec::with_capacity(entries.len());
+    let mut p2p_raw: Vec<Option<(u32, u32)>> = Vec::with_capacity(entries.len());
+    let mut newest_event_ns = None;
     for e in entries {
         let Value::Dict(_) = e else { continue };
         let (group, desc) = match e.get("process_group").and_then(Value::as_seq) {
@@ -191,7 +258,14 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
         }
         .unwrap_or(0);
         let name = text(e.get("profiling_name"));
-        let op = name.rsplit(':').next().unwrap_or_default().to_string();
+        let mut op = name.rsplit(':').next().unwrap_or_default().to_string();
+        let mut p2p_ranks = None;
+        if p2p {
+            if let Some((kind, me, peer)) = p2p_parts(&op) {
+                p2p_ranks = Some((me, peer));
+                op = kind.to_string();
+            }
+        }
         let retired = matches!(e.get("retired"), Some(Value::Bool(true)));
         let state = match text(e.get("state")).as_str() {
             _ if retired => CollectiveState::Completed,
@@ -227,7 +301,16 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
             state,
             created_ns: counter(e.get("time_created_ns")),
             frames,
+            peer: None,
         });
+        p2p_raw.push(p2p_ranks);
+        for k in [
+            "time_created_ns",
+            "time_discovered_started_ns",
+            "time_discovered_completed_ns",
+        ] {
+            newest_event_ns = newest_event_ns.max(counter(e.get(k)));
+        }
     }
     let mut groups = Vec::new();
     if let Some(Value::Dict(cfg)) = top.get("pg_config") {
@@ -247,19 +330,36 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
             });
         }
     }
+    let rank = counter(top.get("rank")).and_then(|r| u32::try_from(r).ok());
     let mut progress = Vec::new();
+    let mut unnamed_progress = BTreeMap::new();
+    let mut status_keys = BTreeSet::new();
     if let Some(Value::Dict(status)) = top.get("pg_status") {
         for (pg_id, s) in status {
-            // Keys are the process's group indices (`pg_id`); entries map
-            // them to the group's name, which every rank shares.
-            let Some((name, _)) = pg_names.get(pg_id) else {
-                continue;
-            };
-            progress.push(GroupProgress {
-                group: name.clone(),
+            status_keys.insert(pg_id.clone());
+            let counters = GroupProgress {
+                group: String::new(),
                 last_enqueued: counter(s.get("last_enqueued_collective")),
                 last_started: counter(s.get("last_started_collective")),
                 last_completed: counter(s.get("last_completed_collective")),
+            };
+            // Keys are the process's group indices (`pg_id`); entries map
+            // them to the group's name, which every rank shares.
+            let Some((name, _)) = pg_names.get(pg_id) else {
+                unnamed_progress.insert(pg_id.clone(), counters);
+                continue;
+            };
+            let newest_is_p2p = collectives
+                .iter()
+                .rev()
+                .find(|c| &c.group == name)
+                .is_some_and(|c| c.p2p);
+            if newest_is_p2p {
+                continue;
+            }
+            progress.push(GroupProgress {
+                group: name.clone(),
+                ..counters
             });
         }
     }
@@ -277,12 +377,18 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
         }
     }
     Ok(FlightRecorderDump {
-        rank: counter(top.get("rank")).and_then(|r| u32::try_from(r).ok()),
+        rank,
         version,
         groups,
         progress,
+        unnamed_progress,
+        pg_names,
+        status_keys,
         collectives,
-    })
+        p2p_ranks: p2p_raw,
+        newest_event_ns,
+    }
+    .with_peers(rank))
 }
 
 /// The trailing integer of a file name (`nccl_trace_rank_12` → 12).
@@ -419,10 +525,103 @@ fn merge_groups(into: &mut Vec<GroupInfo>, from: Vec<GroupInfo>) {
     }
 }
 
-fn mtime_ns(path: &Path) -> Option<u64> {
-    let m = std::fs::metadata(path).ok()?.modified().ok()?;
-    let d = m.duration_since(std::time::UNIX_EPOCH).ok()?;
-    u64::try_from(d.as_nanos()).ok()
+/// Whether `kept` says more than `other` (two dumps of one rank: a rerun,
+/// a copy, a file dumped twice): the newer by its own clock, else the one
+/// with more entries and counters.
+fn says_more(kept: &FlightRecorderDump, other: &FlightRecorderDump) -> bool {
+    let weight = |d: &FlightRecorderDump| {
+        (
+            d.newest_event_ns,
+            d.collectives.len() + d.progress.len() + d.unnamed_progress.len(),
+        )
+    };
+    weight(kept) >= weight(other)
+}
+
+/// `0-3,7,9-12`.
+pub fn compact(ranks: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i + 1 {
+            format!("{}-{}", ranks[i], ranks[j])
+        } else if j == i + 1 {
+            format!("{},{}", ranks[i], ranks[j])
+        } else {
+            ranks[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// A rank with nothing pending leaves entries that name no group, so its
+/// counters (keyed by the process's own group index, `pg_id`) name none
+/// either. Programs create their groups in one order on every rank
+/// (Megatron does), so other ranks' entries say which kind of group an
+/// index is (its description); the rank's own `pg_config` then says which
+/// group of that kind it belongs to. Only an index every rank reads alike
+/// is mapped.
+fn name_unnamed_progress(
+    dumps: &mut BTreeMap<u32, (FlightRecorderDump, String)>,
+    notes: &mut Vec<String>,
+) {
+    // Learned only from ranks that created the same groups (the same
+    // layout): a first pipeline stage numbers its groups unlike a middle one.
+    let mut kinds: BTreeMap<(&BTreeSet<String>, String), BTreeSet<String>> = BTreeMap::new();
+    for (d, _) in dumps.values() {
+        for (pg_id, (_, desc)) in &d.pg_names {
+            kinds
+                .entry((&d.status_keys, pg_id.clone()))
+                .or_default()
+                .insert(desc.clone());
+        }
+    }
+    let kinds: BTreeMap<(BTreeSet<String>, String), BTreeSet<String>> = kinds
+        .into_iter()
+        .map(|((k, id), v)| ((k.clone(), id), v))
+        .collect();
+    let mut mapped = Vec::new();
+    for (&r, (d, _)) in dumps.iter_mut() {
+        let unnamed = std::mem::take(&mut d.unnamed_progress);
+        for (pg_id, counters) in unnamed {
+            let desc = match kinds.get(&(d.status_keys.clone(), pg_id.clone())) {
+                Some(k) if k.len() == 1 => k.iter().next().cloned().unwrap_or_default(),
+                _ => continue,
+            };
+            if desc.is_empty() {
+                continue;
+            }
+            let mut candidates = d
+                .groups
+                .iter()
+                .filter(|g| g.desc == desc && g.ranks.as_ref().is_none_or(|m| m.contains(&r)));
+            let (Some(g), None) = (candidates.next(), candidates.next()) else {
+                continue;
+            };
+            let name = g.name.clone();
+            if d.progress.iter().any(|p| p.group == name) {
+                continue;
+            }
+            d.progress.push(GroupProgress {
+                group: name,
+                ..counters
+            });
+            mapped.push(r);
+        }
+    }
+    mapped.dedup();
+    if !mapped.is_empty() {
+        notes.push(format!(
+            "rank(s) {}: counters of groups no entry names mapped through other ranks' dumps \
+             (the same group index, the same kind of group)",
+            compact(&mapped)
+        ));
+    }
 }
 
 /// Everything under `dir` (searched recursively), per rank.
@@ -432,9 +631,10 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
     let mut ranks: BTreeMap<u32, RankEvidence> = BTreeMap::new();
     let mut notes = Vec::new();
     let mut records = Vec::new();
-    // A dump file's modification time stands for when it was taken only
-    // where the rank's own stack file does not say (a copy loses it).
-    let mut file_times: BTreeMap<u32, u64> = BTreeMap::new();
+    // Flight Recorder dumps per rank, with the file each came from; ages
+    // come from the evidence's own clocks, never from file times (a copy
+    // or a checkout resets those).
+    let mut dumps: BTreeMap<u32, (FlightRecorderDump, String)> = BTreeMap::new();
     let mut has_profiles = false;
     for path in files {
         let name = path
@@ -527,24 +727,53 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
                 let Some(r) = plausible_rank(r, &shown, &mut notes) else {
                     continue;
                 };
-                let at = mtime_ns(&path);
-                let ev = rank_entry(&mut ranks, r);
-                ev.files.push(shown);
-                ev.fr_version = Some(d.version);
-                merge_groups(&mut ev.groups, d.groups);
-                ev.progress = d.progress;
-                ev.collectives = d.collectives;
-                if let Some(at) = at {
-                    file_times.entry(r).or_insert(at);
+                let d = if d.rank.is_none() {
+                    d.with_peers(Some(r))
+                } else {
+                    d
+                };
+                match dumps.get(&r) {
+                    Some((kept, _)) if says_more(kept, &d) => {
+                        notes.push(format!(
+                            "{shown}: set aside: a second dump of rank {r}, older or emptier than {}",
+                            dumps[&r].1
+                        ));
+                        continue;
+                    }
+                    Some((_, other)) => notes.push(format!(
+                        "{other}: set aside: a second dump of rank {r}, older or emptier than {shown}"
+                    )),
+                    None => {}
                 }
+                dumps.insert(r, (d, shown));
             }
             Err(e) => notes.push(format!("{shown}: skipped: {e}")),
         }
     }
-    for (r, at) in file_times {
-        if let Some(ev) = ranks.get_mut(&r) {
-            ev.dumped_at_ns = ev.dumped_at_ns.or(Some(at));
+    name_unnamed_progress(&mut dumps, &mut notes);
+    let mut unclocked = Vec::new();
+    for (r, (d, shown)) in dumps {
+        let ev = rank_entry(&mut ranks, r);
+        ev.files.push(shown);
+        // torch writes no time of the dump: only the rank's own stack file,
+        // written when the evidence was gathered, says when (the newest
+        // event a dump records is when its rank last issued or finished
+        // something, not how long it has waited since).
+        if ev.dumped_at_ns.is_none() && !d.collectives.is_empty() {
+            unclocked.push(r);
         }
+        ev.fr_version = Some(d.version);
+        merge_groups(&mut ev.groups, d.groups);
+        ev.progress = d.progress;
+        ev.collectives = d.collectives;
+    }
+    if !unclocked.is_empty() {
+        notes.push(format!(
+            "the dumps of rank(s) {} carry no time of their own (torch writes none) and no stack \
+             file says when they were taken: how long their collectives had waited is unknown, \
+             and they are judged as dumped at a stall",
+            compact(&unclocked)
+        ));
     }
     // Collective records stand in for ranks without Flight Recorder state.
     let mut recs = Vec::new();
