@@ -308,7 +308,8 @@ def hang(folder: PathLike, *, world_size: Optional[int] = None,
     """Who a hung job waits for, from what its ranks left in ``folder``
     (PyTorch Flight Recorder dumps, whyslow's stack files, an agent's
     collective records and profiles) — ``whyslow hang`` as a call. Raises
-    OSError when the folder cannot be read."""
+    ValueError exactly where the command exits 1: a folder that cannot be
+    read or holds nothing a rank left, a world size or bound out of range."""
     with tempfile.TemporaryDirectory(prefix="whyslow-hang-") as d:
         page_path = os.path.join(d, "hang.html")
         text, _ = _whyslow.hang_report(os.fspath(folder), world_size, min_wait_s, page_path)

@@ -556,8 +556,9 @@ fn hang_report(
             min_wait_s,
             world_size,
         };
+        // ValueError exactly where `whyslow hang` exits 1.
         let r = whyslow_pipeline::analyze_hang_dir(&folder, &cfg)
-            .map_err(|e| PyOSError::new_err(e.to_string()))?;
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         if let Some(p) = html_path {
             let page =
                 whyslow_report::hang::hang_html(&format!("whyslow hang {}", folder.display()), &r);

@@ -26,6 +26,8 @@ pub(crate) struct Job<'a> {
     /// `[0, world)` is a member, named or not.
     pub whole_world: BTreeSet<String>,
     pub progress: BTreeMap<(u32, String), Progress>,
+    /// Groups some dump lists the members of.
+    pub listed: BTreeSet<String>,
     /// Ranks in `[0, world)` that left nothing.
     pub silent: RankRuns,
     /// Silent ranks some evidence names as a member of a group: known to
@@ -69,6 +71,9 @@ impl<'a> Job<'a> {
         let mut groups: BTreeMap<String, GroupInfo> = BTreeMap::new();
         let mut members: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
         let mut progress: BTreeMap<(u32, String), Progress> = BTreeMap::new();
+        // A group's member list as each member's dump repeats it: merged
+        // once per distinct length (every member lists the same ranks).
+        let mut listed: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
         let add_group = |groups: &mut BTreeMap<String, GroupInfo>, g: &GroupInfo| {
             let e = groups.entry(g.name.clone()).or_insert_with(|| GroupInfo {
                 name: g.name.clone(),
@@ -85,7 +90,9 @@ impl<'a> Job<'a> {
                 let m = members.entry(g.name.clone()).or_default();
                 m.insert(r.rank);
                 if let Some(rs) = &g.ranks {
-                    m.extend(rs.iter().copied().filter(|&x| x < world));
+                    if listed.entry(g.name.clone()).or_default().insert(rs.len()) {
+                        m.extend(rs.iter().copied().filter(|&x| x < world));
+                    }
                 }
             }
             for p in &r.progress {
@@ -144,6 +151,7 @@ impl<'a> Job<'a> {
             members,
             whole_world,
             progress,
+            listed: listed.into_keys().collect(),
             silent,
             named_silent,
             world,
@@ -228,12 +236,7 @@ impl<'a> Job<'a> {
     /// Groups no dump lists the members of (gloo leaves `pg_config`
     /// empty): what is known of them is who showed their name.
     pub fn unlisted(&self, g: &str) -> bool {
-        !self.whole_world.contains(g)
-            && self
-                .ranks
-                .values()
-                .flat_map(|e| e.groups.iter())
-                .all(|x| x.name != g || x.ranks.is_none())
+        !self.whole_world.contains(g) && !self.listed.contains(g)
     }
 
     /// A group's kind where its description does not say: the places its

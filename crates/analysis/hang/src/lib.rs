@@ -1316,4 +1316,99 @@ mod tests {
             "{r:?}"
         );
     }
+
+    /// A pipeline stage's pending send or receive (NCCL's `nccl:send 1->2`).
+    fn p2p(op: &str, peer: u32, seq: u64, t: u64) -> RecordedCollective {
+        RecordedCollective {
+            p2p: true,
+            peer: Some(peer),
+            ..coll("pp", seq, op, 4096, CollectiveState::Scheduled, t, 40)
+        }
+    }
+
+    /// Four pipeline stages {0,1,2,3} (Megatron's PIPELINE_MODEL_PARALLEL
+    /// group, point-to-point only) in one world group. `stuck` issues
+    /// nothing more; its neighbours wait on it alone.
+    fn pipeline(stuck: u32) -> Vec<RankEvidence> {
+        let g = [
+            group("0", "default_pg", &[0, 1, 2, 3]),
+            group("pp", "PIPELINE_MODEL_PARALLEL_GROUP", &[0, 1, 2, 3]),
+        ];
+        (0..4u32)
+            .map(|r| {
+                let mut extra = Vec::new();
+                if r != stuck {
+                    // Every healthy stage has posted both halves with its
+                    // healthy neighbours; toward the stuck one, nothing
+                    // comes back.
+                    if r > 0 {
+                        extra.push(p2p("recv", r - 1, 100 + u64::from(r), 11 * S));
+                    }
+                    if r < 3 {
+                        extra.push(p2p("send", r + 1, 101 + u64::from(r), 11 * S + 1));
+                    }
+                }
+                rank(r, &g[..1], 10, extra, 200).with_groups(&g)
+            })
+            .collect()
+    }
+
+    trait WithGroups {
+        fn with_groups(self, g: &[GroupInfo]) -> Self;
+    }
+    impl WithGroups for RankEvidence {
+        fn with_groups(mut self, g: &[GroupInfo]) -> Self {
+            self.groups = g.to_vec();
+            self
+        }
+    }
+
+    #[test]
+    fn pipeline_send_and_recv_wait_for_one_peer_only() {
+        for stuck in 0..4u32 {
+            let r = judge(pipeline(stuck));
+            assert!(r.hang, "stuck {stuck}: {r:?}");
+            assert_eq!(
+                r.culprits
+                    .iter()
+                    .map(|c| (c.rank, c.reason))
+                    .collect::<Vec<_>>(),
+                vec![(stuck, HangReason::NeverReached)],
+                "stuck {stuck}: {}",
+                r.verdict
+            );
+            let c = &r.culprits[0];
+            // Its neighbours wait for it, and only they.
+            let mut neighbours: Vec<u32> = [stuck.wrapping_sub(1), stuck + 1]
+                .into_iter()
+                .filter(|&n| n < 4)
+                .collect();
+            neighbours.sort();
+            let direct: BTreeSet<u32> = r
+                .waiting
+                .iter()
+                .filter(|w| w.waits_for.contains(&stuck))
+                .map(|w| w.rank)
+                .collect();
+            assert_eq!(direct.into_iter().collect::<Vec<_>>(), neighbours, "{r:?}");
+            assert!(c.detail.contains("matching half"), "{}", c.detail);
+            // A stage whose halves both sides posted waits for nobody.
+            for w in r.waiting.iter().filter(|w| !neighbours.contains(&w.rank)) {
+                assert!(w.waits_for.is_empty(), "{w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn pipeline_counters_are_not_collective_progress() {
+        // NCCL counts a pipeline group's sends and receives in pg_status;
+        // the reader leaves those out, and entries alone must not make the
+        // first stage (fewer sends than a middle one) a laggard.
+        let mut ranks = pipeline(9);
+        for r in &mut ranks {
+            r.collectives.retain(|c| !c.p2p);
+        }
+        let r = judge(ranks);
+        assert!(!r.hang && r.culprits.is_empty(), "{r:?}");
+    }
 }

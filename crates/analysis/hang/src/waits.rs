@@ -77,39 +77,44 @@ fn complementary(a: &str, b: &str) -> bool {
     matches!((a, b), ("send", "recv") | ("recv", "send"))
 }
 
-/// Per rank and group, its oldest unfinished send or receive (NCCL runs a
-/// group's point-to-point work in order, so the rest waits behind it).
-/// It waits for its peer unless the peer has posted the matching half
-/// (then both sides are in, and the transfer waits on something else).
+/// Per rank and group, its unfinished sends and receives: it waits for
+/// the peer of the first whose peer has not posted the matching half (a
+/// batch's halves both sides posted go once that one does); when every
+/// half is matched, its oldest waits for nobody (both sides are in: the
+/// transfer waits on something else, e.g. a device).
 pub(crate) fn p2p_waits(job: &Job, min_wait_s: f64) -> (Vec<Wait>, usize) {
     let pending = |e: &RecordedCollective| e.p2p && e.state != CollectiveState::Completed;
     let mut waits = Vec::new();
     let mut young = 0;
     for (&r, ev) in &job.ranks {
-        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        let mut by_group: BTreeMap<&str, Vec<&RecordedCollective>> = BTreeMap::new();
         for c in ev.collectives.iter().filter(|c| pending(c)) {
-            if !seen.insert(c.group.as_str()) {
-                continue;
+            if c.peer.is_some_and(|q| q != r) {
+                by_group.entry(c.group.as_str()).or_default().push(c);
             }
-            let Some(peer) = c.peer.filter(|&q| q != r) else {
-                continue;
+        }
+        for (group, ops) in by_group {
+            let matched = |c: &RecordedCollective| {
+                let peer = c.peer.unwrap_or(u32::MAX);
+                job.ranks.get(&peer).is_some_and(|pe| {
+                    pe.collectives.iter().any(|x| {
+                        pending(x)
+                            && x.group == group
+                            && x.peer == Some(r)
+                            && complementary(&x.op, &c.op)
+                    })
+                })
             };
+            let open = ops.iter().copied().find(|c| !matched(c));
+            let c = open.unwrap_or(ops[0]);
             let waited_s = waited(job, r, Some(c));
             if waited_s.is_some_and(|w| w < min_wait_s) {
                 young += 1;
                 continue;
             }
-            let matched = job.ranks.get(&peer).is_some_and(|pe| {
-                pe.collectives.iter().any(|x| {
-                    pending(x)
-                        && x.group == c.group
-                        && x.peer == Some(r)
-                        && complementary(&x.op, &c.op)
-                })
-            });
             let mut w = Wait {
                 rank: r,
-                group: c.group.clone(),
+                group: group.to_string(),
                 seq: c.seq,
                 op: c.op.clone(),
                 sizes: c.input_sizes.clone(),
@@ -119,7 +124,7 @@ pub(crate) fn p2p_waits(job: &Job, min_wait_s: f64) -> (Vec<Wait>, usize) {
                 silent: RankRuns::default(),
                 not_started: BTreeSet::new(),
             };
-            if !matched {
+            if let (Some(_), Some(peer)) = (open, c.peer) {
                 if job.ranks.contains_key(&peer) {
                     w.waits_for.insert(peer);
                 } else if peer < job.world {

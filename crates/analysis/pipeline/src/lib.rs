@@ -591,14 +591,46 @@ pub fn iterations_from_history(history: Vec<(u64, f64)>) -> Option<IterationTime
 #[cfg(test)]
 mod tests;
 
+/// Why `whyslow hang` (any door) gives no verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum HangDirError {
+    /// The folder cannot be listed.
+    #[error(transparent)]
+    Unreadable(#[from] whyslow_hang_inputs::HangInputError),
+    /// The settings are out of range.
+    #[error(transparent)]
+    Config(#[from] whyslow_hang::HangConfigError),
+    /// Nothing in the folder is evidence of a rank.
+    #[error(
+        "{}: nothing a rank left (no Flight Recorder dump, stack file or collective record){}",
+        dir.display(),
+        if notes.is_empty() { String::new() } else { format!(": {}", notes.join("; ")) }
+    )]
+    Nothing {
+        /// The folder.
+        dir: std::path::PathBuf,
+        /// What was skipped and why.
+        notes: Vec<String>,
+    },
+}
+
 /// A hang's verdict from what the ranks left in `dir` (`whyslow hang`,
 /// the online package's hang report, the Python `whyslow.hang`): the one
 /// call every door makes (PerfTracker §4.1 detects the stall; this names
-/// the ranks the others wait for).
+/// the ranks the others wait for). An error exactly where no door can
+/// answer: bad settings, a folder that cannot be listed, or one that holds
+/// nothing a rank left.
 pub fn analyze_hang_dir(
     dir: &std::path::Path,
     cfg: &whyslow_hang::HangConfig,
-) -> Result<whyslow_model::hang::HangReport, whyslow_hang_inputs::HangInputError> {
+) -> Result<whyslow_model::hang::HangReport, HangDirError> {
+    cfg.validate()?;
     let evidence = whyslow_hang_inputs::read_dir(dir)?;
+    if evidence.ranks.is_empty() {
+        return Err(HangDirError::Nothing {
+            dir: dir.to_path_buf(),
+            notes: evidence.notes,
+        });
+    }
     Ok(whyslow_hang::analyze(&evidence, cfg))
 }

@@ -29,13 +29,13 @@ use pickle::Value;
 
 /// A folder that cannot be read.
 #[derive(Debug, thiserror::Error)]
-#[error("{path}: {source}")]
+#[error("{}: cannot list the folder: {cause}", path.display())]
 pub struct HangInputError {
     /// The folder.
     pub path: PathBuf,
-    /// Why.
-    #[source]
-    pub source: std::io::Error,
+    /// Why (in the message, not a second link of the error chain: one
+    /// cause, said once).
+    pub cause: std::io::Error,
 }
 
 /// Why one file was not used.
@@ -476,9 +476,9 @@ pub fn read_blocked_text(text: &str) -> Vec<ThreadStack> {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), HangInputError> {
-    let rd = std::fs::read_dir(dir).map_err(|source| HangInputError {
+    let rd = std::fs::read_dir(dir).map_err(|cause| HangInputError {
         path: dir.to_path_buf(),
-        source,
+        cause,
     })?;
     let mut entries: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
     entries.sort();
