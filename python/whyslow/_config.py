@@ -31,6 +31,7 @@ class Config:
     block_min_s                   WHYSLOW_BLOCK_MIN_S          1 (and never below this many seconds)
     hang_grace_s                  WHYSLOW_HANG_GRACE_S         10 (a stall must last this much longer to be gathered as a hang)
     hang_gather_s                 WHYSLOW_HANG_GATHER_S        20 (after a stall, wait this long for every rank's stacks)
+    hang_quiet_s                  WHYSLOW_HANG_QUIET_S         3.5 (...but no longer than this after the last rank answered: the rest cannot run Python)
     flight_recorder               WHYSLOW_FLIGHT_RECORDER      1 (turn PyTorch's Flight Recorder on unless TORCH_FR_BUFFER_SIZE is set)
     suggest_fix                   WHYSLOW_SUGGEST_FIX          0 (1: after each report, ask the configured model for a fix; docs/commands/analyze.md)
     k                             WHYSLOW_K                    200 (§4.1 K)
@@ -106,6 +107,7 @@ class Config:
     block_min_s: float = 1.0
     hang_grace_s: float = 10.0
     hang_gather_s: float = 20.0
+    hang_quiet_s: float = 3.5
     flight_recorder: bool = True
     suggest_fix: bool = False
     k: int = 200

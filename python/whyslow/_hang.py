@@ -228,18 +228,8 @@ class HangGatherer:
         store.set(self.jobstore.key("hang", hid, "rank%d" % self.rank), json.dumps(payload))
         if store.add(self.jobstore.key("hang", hid, "writer"), 1) != 1:
             return
-        deadline = time.monotonic() + float(getattr(self.cfg, "hang_gather_s", 20.0))
         missing = set(range(self.world_size)) - {self.rank}
-        while missing and time.monotonic() < deadline and not self.stop.is_set():
-            for r in sorted(missing):
-                key = self.jobstore.key("hang", hid, "rank%d" % r)
-                if store.check([key]):
-                    doc = json.loads(store.get(key).decode())
-                    fr = doc.pop("fr_b64", None)
-                    write_local(folder, r, {"doc": doc, "fr": base64.b64decode(fr) if fr else None})
-                    missing.discard(r)
-            if missing:
-                time.sleep(0.2)
+        self._gather(store, hid, folder, missing)
         for r in sorted(missing):
             try:
                 key = self.jobstore.key("pid", r)
@@ -254,6 +244,56 @@ class HangGatherer:
             log.warning("whyslow: no hang evidence from rank(s) %s within the wait (they may hold "
                         "the GIL, be stopped or gone)", ",".join(map(str, sorted(missing))))
         self._report(folder)
+
+    def _gather(self, store: Any, hid: str, folder: str, missing: set) -> None:
+        """Waits for the other ranks' evidence, at most ``hang_gather_s``.
+        Every rank that can run Python answers within moments of the others
+        (their watchdogs see the same stall; the grace is the same), so once
+        answers stop coming for ``hang_quiet_s``, the ranks still missing
+        cannot answer (holding the GIL in native code, stopped): waiting
+        the whole bound for them only delays the report. A missing rank on
+        this host whose process is gone is not waited for at all."""
+        now = time.monotonic()
+        deadline = now + float(getattr(self.cfg, "hang_gather_s", 20.0))
+        quiet = float(getattr(self.cfg, "hang_quiet_s", 3.5))
+        last_answer = now
+        gone: set = set()
+        while missing - gone and not self.stop.is_set():
+            for r in sorted(missing - gone):
+                key = self.jobstore.key("hang", hid, "rank%d" % r)
+                if store.check([key]):
+                    doc = json.loads(store.get(key).decode())
+                    fr = doc.pop("fr_b64", None)
+                    write_local(folder, r, {"doc": doc, "fr": base64.b64decode(fr) if fr else None})
+                    missing.discard(r)
+                    last_answer = time.monotonic()
+                elif self._gone(store, r):
+                    gone.add(r)  # its /proc view is written after the wait
+            now = time.monotonic()
+            if not missing - gone or now >= deadline or now - last_answer >= quiet:
+                break
+            time.sleep(0.2)
+
+    def _gone(self, store: Any, r: int) -> bool:
+        """Whether a rank on this host has exited (read from /proc, never by
+        stopping or tracing it)."""
+        try:
+            key = self.jobstore.key("pid", r)
+            if not store.check([key]):
+                return False
+            host, pid = store.get(key).decode().rsplit(" ", 1)
+            if host != os.uname().nodename:
+                return False
+        except (OSError, ValueError):
+            return False
+        try:
+            with open("/proc/%d/stat" % int(pid)) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True  # no such process
+        except (IndexError, ValueError):
+            return False
+        return state in ("Z", "X")
 
     def _report(self, folder: str) -> None:
         from . import _whyslow
