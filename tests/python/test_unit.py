@@ -404,7 +404,7 @@ def test_a_hang_report_from_recorded_dumps(tmp_path):
     html = tmp_path / "hang.html"
     _whyslow.hang_report(root, None, None, str(html))
     assert "waits-for graph" in html.read_text()
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError):
         _whyslow.hang_report(str(tmp_path / "missing"))
 
 
@@ -416,6 +416,22 @@ def test_whyslow_hang_as_a_call():
     assert "waits-for graph" in h._repr_html_()
     healthy = whyslow.hang(os.path.join(os.path.dirname(__file__), "..", "fixtures", "hang", "healthy"))
     assert not healthy.hang and not healthy.culprits
+
+
+def test_whyslow_hang_raises_value_error_where_the_cli_exits_1(tmp_path):
+    # Issue 42: a folder that cannot be read, one of garbage, a world size
+    # out of range: ValueError with the cause, as `whyslow hang` exits 1.
+    with pytest.raises(ValueError, match="cannot list the folder"):
+        whyslow.hang(tmp_path / "nonexistent")
+    (tmp_path / "_dump_3").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "x.json").write_text("junk")
+    with pytest.raises(ValueError, match="nothing a rank left.*_dump_3"):
+        whyslow.hang(tmp_path)
+    root = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hang", "sleep")
+    with pytest.raises(ValueError, match="world size"):
+        whyslow.hang(root, world_size=4_000_000_000)
+    big = whyslow.hang(root, world_size=1_000_000)
+    assert [c.rank for c in big.culprits][:1] == [2]
 
 
 def _stand_in(status, answer):
