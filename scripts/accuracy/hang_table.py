@@ -30,8 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG = ROOT / "tests" / "fixtures" / "hang"
-OURS = ["sleep", "gil", "exit", "mismatch", "slow", "healthy", "testbed-sleep", "testbed-gil"]
-DUMPS_ONLY = ["sleep", "gil", "exit", "mismatch", "testbed-gil", "slow", "healthy"]
+OURS = ["sleep", "gil", "exit", "mismatch", "slow", "healthy", "testbed-sleep", "testbed-gil",
+        "pp-sleep", "pp-gil"]
+DUMPS_ONLY = ["sleep", "gil", "exit", "mismatch", "testbed-gil", "pp-sleep", "pp-gil", "slow", "healthy"]
 
 
 def truth(case_dir: Path) -> list[int]:

@@ -56,6 +56,20 @@ CASES = {
         "truth": {"hang": False, "culprits": {}},
         "about": "not a hang: a healthy job; every rank dumps mid-run",
     },
+    "pp-sleep": {
+        "args": ["--layout", "pp", "--hang", "sleep", "--hang-rank", "3"],
+        "truth": {"hang": True, "culprits": {3: {"reason": "never_reached", "groups": ["dp", "pp"],
+                                                "function": "stalled_data_loader"}}},
+        "about": "2 pipeline stages x 2 dp: rank 3 (stage 1) sleeps in Python before its step; "
+                 "its stage-0 peer waits in recv, that peer's dp partner in the all-reduce",
+    },
+    "pp-gil": {
+        "args": ["--layout", "pp", "--hang", "gil", "--hang-rank", "1"],
+        "truth": {"hang": True, "culprits": {1: {"reason": "unresponsive", "groups": ["dp", "pp"],
+                                                "function": None}}},
+        "about": "2 pipeline stages x 2 dp: rank 1 (stage 0) holds the GIL in native code before "
+                 "its send; its stage-1 peer waits in recv",
+    },
 }
 
 ENV = {

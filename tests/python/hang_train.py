@@ -18,6 +18,14 @@ in dp, all-reduce of the loss in the default group, optimizer step.
   slow      not a hang: the rank sleeps --slow-ms every step from then on
   none      healthy
 
+--layout pp: the same 4 ranks as 2 pipeline stages x 2 data-parallel
+ranks instead: stage 0 = {0,1}, stage 1 = {2,3}; pp = {0,2}, {1,3} (send
+and recv between stages: activations forward, gradients back); dp = {0,1},
+{2,3}. Each step: stage 0 computes and sends to its stage-1 peer, stage 1
+receives, computes and sends the gradient back, then the dp all-reduce
+within the stage and the loss all-reduce in the default group. gloo's
+Flight Recorder records the collectives, not the sends and receives.
+
 --dump-after-s S: every rank also writes its evidence (stacks, Flight
 Recorder dump) S seconds after its first step into $HANG_DUMP_DIR, as the
 online package does after a stall: what a healthy or a slow job looks like
@@ -68,7 +76,10 @@ def main():
     ap.add_argument("--slow-ms", type=float, default=150.0)
     ap.add_argument("--dim", type=int, default=192)
     ap.add_argument("--dump-after-s", type=float, default=-1.0)
+    ap.add_argument("--layout", choices=["tp", "pp"], default="tp")
     a = ap.parse_args()
+    if a.layout == "pp":
+        return pipeline(a)
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -109,6 +120,62 @@ def main():
             skip_gradient_sync()
         else:
             dist.all_reduce(w.grad, group=dp)
+        dist.all_reduce(loss.detach().reshape(1))
+        opt.step()
+    dist.destroy_process_group()
+
+
+def inject(a, step, rank):
+    hit = step >= a.hang_at and rank == a.hang_rank
+    if hit and a.hang == "sleep":
+        stalled_data_loader()
+    if hit and a.hang == "gil":
+        native_tokenizer_holding_gil()
+    if hit and a.hang == "exit":
+        if os.fork() == 0:
+            time.sleep(3600)
+        os._exit(0)
+    if hit and a.hang == "slow":
+        slow_storage_read(a.slow_ms)
+
+
+def pipeline(a):
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == 4, "the layout is 2 stages x 2"
+    pp_groups = [dist.new_group([0, 2], group_desc="pp"), dist.new_group([1, 3], group_desc="pp")]
+    dp_groups = [dist.new_group([0, 1], group_desc="dp"), dist.new_group([2, 3], group_desc="dp")]
+    stage, peer = rank // 2, rank ^ 2
+    pp = pp_groups[rank % 2]
+    dp = dp_groups[stage]
+    torch.manual_seed(rank)
+    w = torch.nn.Parameter(torch.randn(a.dim, a.dim) * 0.01)
+    opt = torch.optim.SGD([w], lr=1e-3)
+    data = torch.utils.data.TensorDataset(torch.randn(64 * a.steps, a.dim))
+    loader = torch.utils.data.DataLoader(data, batch_size=64)
+    for step, (x,) in enumerate(loader):
+        if step == 1 and a.dump_after_s >= 0:
+            threading.Thread(target=dump_later, args=(a.dump_after_s, rank), daemon=True).start()
+        inject(a, step, rank)
+        opt.zero_grad()
+        if stage == 0:
+            h = x @ w
+            dist.send(h.detach(), dst=peer, group=pp)
+            g = torch.empty_like(h)
+            dist.recv(g, src=peer, group=pp)
+            h.backward(g)
+            loss = h.detach().pow(2).mean()
+        else:
+            h = torch.empty(x.shape[0], a.dim)
+            dist.recv(h, src=peer, group=pp)
+            h.requires_grad_(True)
+            out = h @ w
+            for _ in range(3):
+                (x @ x.T @ x).sum()  # compute between the collectives
+            loss = out.pow(2).mean()
+            loss.backward()
+            dist.send(h.grad, dst=peer, group=pp)
+        dist.all_reduce(w.grad, group=dp)
         dist.all_reduce(loss.detach().reshape(1))
         opt.step()
     dist.destroy_process_group()

@@ -37,6 +37,7 @@ mod waits;
 
 use graph::WaitGraph;
 use job::Job;
+use ranks::RankRuns;
 use waits::Wait;
 
 use whyslow_model::hang::{
@@ -215,8 +216,18 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
 
     // 3. The graph's roots: ranks waited for that wait for nobody, ranks
     // that left nothing, and cycles with no way out.
-    let graph = WaitGraph::new(job.ranks.keys().copied(), &waits);
+    let mut graph = WaitGraph::new(job.ranks.keys().copied(), &waits);
     let mut roots = graph.roots();
+    // A root blocked in a send or receive (its stack says so; gloo's Flight
+    // Recorder records no point-to-point) waits for its peer: a pipeline
+    // stage that has not reached its next collective because it waits for
+    // the next stage is a waiter, not a root.
+    let blocked = blocked_in_p2p(&job, &roots, &judged);
+    if !blocked.is_empty() {
+        waits.extend(blocked);
+        graph = WaitGraph::new(job.ranks.keys().copied(), &waits);
+        roots = graph.roots();
+    }
     let mut cyclic = graph.cyclic(&roots);
     // A mismatch inside a cycle explains it: name those ranks, not every
     // member of the cycle. Else: the rank whose pending collective leaves
@@ -252,7 +263,7 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
     // Devices that stopped finishing work hold up their groups whether or
     // not a waiter's counters point at them.
     let stale = waits::stale_devices(&job);
-    for (&r, _) in &stale {
+    for &r in stale.keys() {
         let points = waits.iter().any(|w| w.rank == r && w.points());
         if !points && !cyclic.contains(&r) {
             roots.insert(r);
@@ -299,6 +310,60 @@ pub fn analyze(ev: &HangEvidence, cfg: &HangConfig) -> HangReport {
         min_wait_s,
         notes,
     }
+}
+
+/// Point-to-point entry points, as they appear in Python stacks.
+const P2P_FUNCTIONS: &[&str] = &["send", "recv", "isend", "irecv", "batch_isend_irecv"];
+
+/// Roots whose main stack is inside a torch.distributed send or receive,
+/// as waits on the other roots they share a group with (the peer is not
+/// in the stack). Only when some root is not inside one: ranks that all
+/// wait in point-to-point calls stay roots (a send/recv deadlock).
+fn blocked_in_p2p(job: &Job, roots: &BTreeSet<u32>, judged: &waits::Judged) -> Vec<Wait> {
+    let in_p2p = |r: u32| -> Option<String> {
+        let st = main_stack(job.ranks.get(&r).copied())?;
+        in_collective(&st).filter(|f| P2P_FUNCTIONS.contains(&f.as_str()))
+    };
+    let blocked: BTreeMap<u32, String> = roots
+        .iter()
+        .filter(|r| !judged.mismatched.contains_key(r))
+        .filter_map(|&r| in_p2p(r).map(|f| (r, f)))
+        .collect();
+    let others: Vec<u32> = roots
+        .iter()
+        .copied()
+        .filter(|r| !blocked.contains_key(r))
+        .collect();
+    if others.is_empty() {
+        return Vec::new();
+    }
+    let shares = |a: u32, b: u32| {
+        job.members
+            .iter()
+            .any(|(g, m)| !job.whole_world.contains(g) && m.contains(&a) && m.contains(&b))
+    };
+    blocked
+        .into_iter()
+        .map(|(r, op)| {
+            let mut peers: BTreeSet<u32> =
+                others.iter().copied().filter(|&o| shares(r, o)).collect();
+            if peers.is_empty() {
+                peers = others.iter().copied().collect();
+            }
+            Wait {
+                rank: r,
+                group: String::new(),
+                seq: 0,
+                op,
+                sizes: Vec::new(),
+                waited_s: None,
+                p2p: true,
+                waits_for: peers,
+                silent: RankRuns::default(),
+                not_started: BTreeSet::new(),
+            }
+        })
+        .collect()
 }
 
 /// One line per rank that left evidence; ranks that left nothing rank by
@@ -415,8 +480,11 @@ impl Verdicts<'_, '_> {
     /// The (group, seq) most of the given waits wait in, else the rank's
     /// own.
     fn where_waited<'w>(&'w self, direct: &[&'w Wait], r: u32) -> Option<&'w Wait> {
+        // A wait read from a stack alone names no group: count it only when
+        // no wait with a group points here.
+        let grouped = direct.iter().any(|w| !w.group.is_empty());
         let mut by_group: BTreeMap<(&str, u64), usize> = BTreeMap::new();
-        for w in direct {
+        for w in direct.iter().filter(|w| !grouped || !w.group.is_empty()) {
             *by_group.entry((w.group.as_str(), w.seq)).or_default() += 1;
         }
         let best = by_group

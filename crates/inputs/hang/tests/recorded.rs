@@ -116,6 +116,19 @@ fn across_testbed_hosts_a_rank_holding_the_gil_is_unresponsive() {
 }
 
 #[test]
+fn a_pipeline_stage_sleeping_is_named_not_the_peer_waiting_in_recv() {
+    // 2 stages x 2 dp (gloo: its Flight Recorder records no send/recv).
+    // Rank 1 (stage 0) waits in recv for rank 3 and so never reaches its
+    // dp all-reduce: its stack says where it waits; it is not a culprit.
+    check("pp-sleep");
+}
+
+#[test]
+fn a_pipeline_stage_holding_the_gil_is_named_not_the_peer_waiting_in_recv() {
+    check("pp-gil");
+}
+
+#[test]
 fn a_slow_job_is_not_a_hang() {
     check("slow");
 }

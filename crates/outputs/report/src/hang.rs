@@ -59,7 +59,13 @@ pub fn hang_table(r: &HangReport) -> String {
                 }
             )
         };
-        let _ = writeln!(s, "  rank {} [{}]{}", c.rank, c.reason.as_str(), group);
+        let _ = writeln!(
+            s,
+            "  {} [{}]{}",
+            who(c.rank, c.last_rank),
+            c.reason.as_str(),
+            group
+        );
         let _ = writeln!(s, "    {}", clean(&c.detail));
         if !c.waited_by.is_empty() {
             let _ = writeln!(
@@ -87,10 +93,10 @@ pub fn hang_table(r: &HangReport) -> String {
                 .waited_s
                 .map(|x| format!(" for {x:.1} s"))
                 .unwrap_or_default();
-            let whom = if w.waits_for.is_empty() {
+            let whom = if w.waits_for.is_empty() && w.waits_for_ranges.is_empty() {
                 "the collective itself".to_string()
             } else {
-                format!("rank(s) {}", crate::compact_ranks(&w.waits_for, 120))
+                format!("rank(s) {}", waits_for_label(w))
             };
             let group = if w.group.is_empty() {
                 String::new()
@@ -116,6 +122,24 @@ pub fn hang_table(r: &HangReport) -> String {
         }
     }
     s
+}
+
+/// `rank 3`, or `ranks 16-999999` for a run of ranks that left nothing.
+fn who(rank: u32, last: Option<u32>) -> String {
+    match last {
+        Some(l) => format!("ranks {rank}-{l}"),
+        None => format!("rank {rank}"),
+    }
+}
+
+/// The ranks a waiter waits for, listed ranks and long runs together.
+fn waits_for_label(w: &whyslow_model::hang::Waiting) -> String {
+    let mut parts = Vec::new();
+    if !w.waits_for.is_empty() {
+        parts.push(crate::compact_ranks(&w.waits_for, 120));
+    }
+    parts.extend(w.waits_for_ranges.iter().map(|[a, b]| format!("{a}-{b}")));
+    parts.join(",")
 }
 
 /// The waits-for graph as SVG: culprits on the top row, each waiting rank
@@ -245,7 +269,7 @@ pub fn hang_html(title: &str, r: &HangReport) -> String {
             let _ = write!(
                 s,
                 "<tr><td class='culprit'>{}</td><td>{}</td><td>{} {}</td><td>{} seq {} {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                c.rank,
+                escape(&who(c.rank, c.last_rank)),
                 c.reason.as_str(),
                 escape(&group_label(&c.group, &c.group_desc)),
                 escape(&format!("{:?}", c.group_ranks)),
@@ -270,7 +294,7 @@ pub fn hang_html(title: &str, r: &HangReport) -> String {
                 escape(&w.op),
                 w.seq,
                 w.waited_s.map(|x| format!("{x:.1} s")).unwrap_or_default(),
-                escape(&crate::compact_ranks(&w.waits_for, 120))
+                escape(&waits_for_label(w))
             );
         }
         s.push_str("</table>");
