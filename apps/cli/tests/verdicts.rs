@@ -222,3 +222,43 @@ fn flows_on_garbage_could_not_be_judged() {
     );
     assert!(!stdout.contains("Could not judge"), "{stdout}");
 }
+
+/// LLMPrism's step division on real production step timing (issue 43):
+/// ByteDance's StragglerAnalysis timelines (Apache-2.0; tests/fixtures/flows/
+/// real-timing/*/SOURCE.md) rendered to flow records by
+/// scripts/flows/timeline_to_flows.py. Every rank of every job: the right
+/// step count (a rank shows one step fewer than it ran: the last one has no
+/// end in the capture) and its mean period within 0.3 %.
+#[test]
+fn steps_on_real_production_timing_are_right_on_every_rank() {
+    for job in ["stragglers-AR", "stragglers-ST"] {
+        let dir = common::fixtures().unwrap().join("flows/real-timing").join(job);
+        let out = whyslow(&[
+            "flows",
+            "analyze",
+            dir.join("flows.csv.gz").to_str().unwrap(),
+            "--topology",
+            dir.join("topology.json").to_str().unwrap(),
+            "--format",
+            "json",
+        ]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{job}: {stderr}");
+        let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let truth: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.join("truth.json")).unwrap()).unwrap();
+        let want = truth["ranks"].as_object().unwrap();
+        let ranks = report["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), want.len(), "{job}");
+        for r in ranks {
+            let addr = r["address"].as_str().unwrap();
+            let t = &want[addr];
+            let steps = r["steps"].as_array().unwrap().len() as u64;
+            assert_eq!(steps, t["steps_true"].as_u64().unwrap() - 1, "{job} {addr}");
+            let found = r["mean_step_us"].as_f64().unwrap();
+            let truth = t["mean_period_us"].as_f64().unwrap();
+            let err = (found - truth).abs() / truth;
+            assert!(err <= 0.003, "{job} {addr}: {found} vs {truth} ({:.3} %)", err * 100.0);
+        }
+    }
+}
