@@ -97,8 +97,9 @@ fn analyze(args: FlowsAnalyzeArgs) -> Result<u8> {
                 records.append(&mut r);
             }
             Err(e) if !args.strict => {
-                eprintln!("whyslow: warning: skipped {e}");
-                outcomes.push(e.to_string());
+                // Said once: in the verdict when nothing could be read,
+                // else as a warning beside the report.
+                outcomes.push(format!("skipped {e}"));
             }
             Err(e) => bail!("{e} (--strict)"),
         }
@@ -108,6 +109,10 @@ fn analyze(args: FlowsAnalyzeArgs) -> Result<u8> {
         // The files, each with what it gave: the user sees which one is not
         // the capture they meant.
         *why = format!("{why} ({})", outcomes.join("; "));
+    } else {
+        for o in outcomes.iter().filter(|o| o.starts_with("skipped ")) {
+            eprintln!("whyslow: warning: {o}");
+        }
     }
     if let Some(path) = &args.timeline {
         fs::write(path, whyslow_report::flows::to_perfetto_trace(&report))
@@ -139,7 +144,10 @@ fn analyze(args: FlowsAnalyzeArgs) -> Result<u8> {
     }
     out.flush()?;
     if let Some(why) = &report.could_not_judge {
-        eprintln!("whyslow: could not judge: {why}");
+        // Said once: the table on stdout says why; beside JSON, stderr does.
+        if matches!(args.format, FlowFormat::Json) {
+            eprintln!("whyslow: could not judge: {why}");
+        }
         return Ok(4);
     }
     Ok(0)

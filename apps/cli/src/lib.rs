@@ -61,9 +61,48 @@ where
                 return 0;
             }
             let _ = io::stdout().flush();
-            let chain: Vec<String> = err.chain().map(|e| e.to_string()).collect();
-            eprintln!("whyslow: error: {}", chain.join(": "));
+            eprintln!("whyslow: error: {}", error_line(&err));
             1
         }
+    }
+}
+
+/// An error and its causes in one line, each cause said once: a message
+/// that already quotes its cause (most library errors do) is not followed
+/// by that cause again.
+pub fn error_line(err: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for e in err.chain() {
+        let text = e.to_string();
+        if parts.iter().any(|p| p.contains(&text)) {
+            continue;
+        }
+        parts.push(text);
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod error_line_tests {
+    #[test]
+    fn each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        #[derive(Debug)]
+        struct Quoting(std::io::Error);
+        impl std::fmt::Display for Quoting {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "/x.json: {}", self.0)
+            }
+        }
+        impl std::error::Error for Quoting {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = anyhow::Error::new(Quoting(io)).context("reading the topology");
+        assert_eq!(
+            super::error_line(&e),
+            "reading the topology: /x.json: No such file or directory"
+        );
     }
 }

@@ -52,22 +52,7 @@ fn esc(s: &str) -> String {
 
 /// `YYYY-MM-DD HH:MM:SS UTC` of a Unix time (civil-from-days, Hinnant).
 fn utc(unix_s: i64) -> String {
-    let (days, secs) = (unix_s.div_euclid(86_400), unix_s.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
+    whyslow_model::time::utc_seconds(unix_s)
 }
 
 fn cookie_token(headers: &HeaderMap) -> Option<String> {

@@ -298,6 +298,12 @@ pub struct FlowFinding {
     pub value: f64,
     /// The threshold it crossed, same unit.
     pub threshold: f64,
+    /// When it happened (Unix µs), for a step or a link's worst stretch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_us: Option<u64>,
+    /// Until when (Unix µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_us: Option<u64>,
 }
 
 /// DP statistics of one switch (§IV-D switch-level diagnosis; Fig. 5).

@@ -26,6 +26,7 @@ pub mod os;
 mod report;
 pub mod rng;
 pub mod stack;
+pub mod time;
 pub mod topology;
 mod trace;
 pub mod wire;

@@ -393,9 +393,8 @@ pub fn diagnose(
                 level: FindingLevel::Step,
                 subject: format!("job {job} step {}", g[0].4),
                 reason: format!(
-                    "step from t={} us to t={} us took {} on {}/{} ranks, above mean {} + {k}σ (threshold {})",
-                    g[0].0,
-                    end,
+                    "step {} took {} on {}/{} ranks, above mean {} + {k}σ (threshold {})",
+                    whyslow_model::time::utc_span(g[0].0, end),
                     ms(dur),
                     g.len(),
                     ranks.len(),
@@ -405,6 +404,8 @@ pub fn diagnose(
                 job: Some(job),
                 value: dur,
                 threshold: thr,
+                start_us: Some(g[0].0),
+                end_us: Some(end),
             });
             i = j;
         }
@@ -465,6 +466,8 @@ pub fn diagnose(
                     job: Some(job),
                     value: means[gi],
                     threshold: thr,
+                    start_us: None,
+                    end_us: None,
                 });
             }
         }
@@ -510,6 +513,8 @@ pub fn diagnose(
                 job: None,
                 value: s.p90_dp_gbps,
                 threshold: thr,
+                start_us: None,
+                end_us: None,
             });
         }
     }
@@ -526,6 +531,8 @@ pub fn diagnose(
                     job: None,
                     value: s.max_concurrent_dp_flows as f64,
                     threshold: limit as f64,
+                    start_us: None,
+                    end_us: None,
                 });
             }
         }

@@ -250,8 +250,9 @@ pub fn hop_findings(hops: &[HopStats], cfg: &FlowConfig) -> Vec<FlowFinding> {
                 .map(|h| {
                     let peak = if h.peak_stretch > h.stretch {
                         format!(
-                            ", ×{:.2} from t={} us to t={} us",
-                            h.peak_stretch, h.peak_start_us, h.peak_end_us
+                            ", ×{:.2} {}",
+                            h.peak_stretch,
+                            whyslow_model::time::utc_span(h.peak_start_us, h.peak_end_us)
                         )
                     } else {
                         String::new()
@@ -281,6 +282,8 @@ pub fn hop_findings(hops: &[HopStats], cfg: &FlowConfig) -> Vec<FlowFinding> {
                 job: None,
                 value: worst(worst_hop),
                 threshold: limit,
+                start_us: (worst_hop.peak_stretch > worst_hop.stretch).then_some(worst_hop.peak_start_us),
+                end_us: (worst_hop.peak_stretch > worst_hop.stretch).then_some(worst_hop.peak_end_us),
             }
         })
         .collect()

@@ -74,19 +74,6 @@ struct Truth {
     slow_steps: Vec<(u64, u64)>,
 }
 
-/// The step interval a step finding names ("… from t=A us to t=B us …").
-fn step_span(reason: &str) -> (u64, u64) {
-    let num = |key: &str| -> u64 {
-        let at = reason.find(key).expect("a step finding names its interval") + key.len();
-        reason[at..]
-            .split(' ')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .expect("µs")
-    };
-    (num("from t="), num(" to t="))
-}
-
 fn truth(name: &str) -> Truth {
     let mut t = Truth {
         members: Vec::new(),
@@ -200,7 +187,10 @@ fn check(c: &Capture) {
     let subjects: Vec<&str> = others.iter().map(|f| f.subject.as_str()).collect();
     assert_eq!(subjects, c.findings, "{name}: {:#?}", report.findings);
     for f in steps {
-        let (from, to) = step_span(&f.reason);
+        let (from, to) = (
+            f.start_us.expect("a step finding says when"),
+            f.end_us.expect("a step finding says until when"),
+        );
         assert!(
             t.slow_steps.iter().any(|&(a, b)| a < to && from < b),
             "{name}: no rank timed a slow step from {from} to {to} us: {f:#?}"

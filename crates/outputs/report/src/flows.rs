@@ -105,18 +105,27 @@ pub fn switch_bandwidth_series(report: &FlowReport) -> Vec<SwitchSeries> {
 /// Plain-text rendering: jobs, pair types, per-rank step durations, switches, findings.
 pub fn render_table(report: &FlowReport) -> String {
     let mut s = String::new();
+    if report.flows == 0 {
+        if let Some(why) = &report.could_not_judge {
+            let _ = writeln!(s, "Could not judge: {why}.");
+            return s;
+        }
+    }
     let _ = writeln!(
         s,
-        "{} flows ({} duplicate switch reports merged, {} control messages left out), window {:.3} s",
+        "{} flows from {} ({:.3} s; {} duplicate switch reports merged, {} control messages left out)",
         report.flows,
+        whyslow_model::time::utc_span(report.window_start_us, report.window_end_us),
+        report.window_end_us.saturating_sub(report.window_start_us) as f64 / 1e6,
         report.merged_duplicates,
         report.control_flows,
-        report.window_end_us.saturating_sub(report.window_start_us) as f64 / 1e6
     );
     if let Some(why) = &report.could_not_judge {
         let _ = writeln!(s, "\nCould not judge: {why}.");
         return s;
     }
+    // The verdict first: what is slow, then the jobs it was judged from.
+    render_findings(&mut s, report);
     for j in &report.jobs {
         let dp = report
             .pairs
@@ -232,6 +241,10 @@ pub fn render_table(report: &FlowReport) -> String {
             );
         }
     }
+    s
+}
+
+fn render_findings(s: &mut String, report: &FlowReport) {
     if report.findings.is_empty() {
         let _ = writeln!(s, "\nno findings");
     } else {
@@ -245,5 +258,4 @@ pub fn render_table(report: &FlowReport) -> String {
             let _ = writeln!(s, "  [{level}] {}: {}", f.subject, f.reason);
         }
     }
-    s
 }
