@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Optional, Sequence, Tuple
 
 from . import _whyslow
@@ -76,10 +77,13 @@ def suggest_fix(report_json: str, source_roots: Sequence[str], *, url: Optional[
         return _whyslow.fix_answer(report_json, model, code_bytes, roots,
                                    error="WHYSLOW_LLM_API_KEY_FILE: %s" % e)
     endpoint = url + "/chat/completions"
+    started = time.monotonic()
     answer, why = _post(endpoint, body, key, timeout_s)
+    seconds = round(time.monotonic() - started, 2)
     if answer is None:
         return _whyslow.fix_answer(report_json, model, code_bytes, roots, error=why)
-    report, patch = _whyslow.fix_answer(report_json, model, code_bytes, roots, answer=answer)
+    report, patch = _whyslow.fix_answer(report_json, model, code_bytes, roots, answer=answer,
+                                        seconds=seconds)
     r = json.loads(report)
     if r.get("fix_error"):
         r["fix_error"] = "%s: %s" % (endpoint, r["fix_error"])

@@ -159,7 +159,8 @@ struct OutputArgs {
     /// --source-root) to the OpenAI-compatible API at WHYSLOW_LLM_URL
     /// (WHYSLOW_LLM_MODEL, WHYSLOW_LLM_API_KEY or _FILE). Its answer goes
     /// into the report (`fix`, or `fix_error`) and its patch into fix.patch
-    /// beside the report; a failure costs nothing else. Never by default.
+    /// beside the report written with --json or --html (nothing is written
+    /// elsewhere); a failure costs nothing else. Never by default.
     #[arg(long)]
     suggest_fix: bool,
     /// With --suggest-fix: print exactly the request body and send nothing.
@@ -177,6 +178,10 @@ struct OutputArgs {
     /// code is cut first).
     #[arg(long, value_name = "BYTES", default_value_t = whyslow_fix::DEFAULT_MAX_CODE_BYTES, requires = "suggest_fix")]
     max_code_bytes: usize,
+    /// With --suggest-fix: tokens of the answer at most (`max_tokens`; a
+    /// small local model otherwise writes until its context is full).
+    #[arg(long, value_name = "TOKENS", default_value_t = whyslow_fix::DEFAULT_MAX_TOKENS, requires = "suggest_fix")]
+    llm_max_tokens: u32,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -463,6 +468,7 @@ fn write_report(
             timeout_s: out.llm_timeout,
             roots: &out.source_root,
             max_code_bytes: out.max_code_bytes,
+            max_tokens: out.llm_max_tokens,
         };
         match whyslow_pipeline::suggest::suggest(&mut report, &args) {
             whyslow_pipeline::suggest::Outcome::DryRun(body) => {
@@ -474,12 +480,12 @@ fn write_report(
                 if let Some(e) = &report.fix_error {
                     warn(&format!("no fix proposal: {e}"));
                 }
-                if let Some(p) = patch {
-                    let dir = out
-                        .json
-                        .as_ref()
-                        .or(out.html.as_ref())
-                        .and_then(|f| f.parent())
+                // Beside a report the user asked for, never into the
+                // working directory unasked.
+                let report_file = out.json.as_ref().or(out.html.as_ref());
+                if let (Some(p), Some(file)) = (patch, report_file) {
+                    let dir = file
+                        .parent()
                         .filter(|d| !d.as_os_str().is_empty())
                         .map(Path::to_path_buf)
                         .unwrap_or_else(|| PathBuf::from("."));

@@ -387,3 +387,49 @@ fn the_server_asks_what_the_command_line_asks() {
         assert!(!page.contains("/fix\""), "no button without the setting");
     });
 }
+
+/// Issue 44: the exchange is bounded (`max_tokens`, stop sequences), its
+/// cost is in the report (seconds, the endpoint's token counts, a cut
+/// answer said so), an answer without a diff is "no change" and not a fix,
+/// and nothing lands in the working directory unasked.
+#[test]
+fn the_exchange_is_bounded_and_its_cost_reported() {
+    let body = serde_json::json!({
+        "choices": [{"index": 0, "finish_reason": "length",
+                     "message": {"role": "assistant", "content": "def unrelated():\n    return 42\n"}}],
+        "usage": {"prompt_tokens": 3811, "completion_tokens": 256, "total_tokens": 4067}
+    })
+    .to_string();
+    let (url, seen) = stand_in(200, body);
+    let dir = temp("bounded");
+    let (code, out, err) = analyze(
+        &url,
+        &[
+            "--suggest-fix",
+            "--llm-max-tokens",
+            "256",
+            "--format",
+            "json",
+        ],
+        &dir,
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let fix = &report["fix"];
+    assert!(fix["patch"].is_null() && fix["applies"].is_null(), "{fix}");
+    assert_eq!(fix["usage"]["prompt_tokens"], 3811, "{fix}");
+    assert_eq!(fix["usage"]["completion_tokens"], 256, "{fix}");
+    assert_eq!(fix["truncated"], true, "{fix}");
+    assert!(fix["seconds"].as_f64().unwrap() >= 0.0, "{fix}");
+    let request: serde_json::Value = serde_json::from_str(&seen.lock().unwrap()[0].1).unwrap();
+    assert_eq!(request["max_tokens"], 256, "{request}");
+    assert!(!request["stop"].as_array().unwrap().is_empty(), "{request}");
+    // Nothing was asked to be written: nothing is.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    // The table says no change was proposed, and what it cost.
+    let (_, table, _) = analyze(&url, &["--suggest-fix", "--no-color"], &dir);
+    assert!(table.contains("the model proposed no change"), "{table}");
+    assert!(table.contains("3811 prompt + 256 answer tokens"), "{table}");
+    assert!(table.contains("cut at the bound"), "{table}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}

@@ -593,12 +593,13 @@ fn report_table(report_json: &str) -> PyResult<String> {
 /// report (JSON) and the code under `source_roots`: `(body JSON, bytes of
 /// code in it)`, exactly what `whyslow analyze --suggest-fix` sends.
 #[pyfunction]
-#[pyo3(signature = (report_json, source_roots, model, max_code_bytes=whyslow_fix::DEFAULT_MAX_CODE_BYTES))]
+#[pyo3(signature = (report_json, source_roots, model, max_code_bytes=whyslow_fix::DEFAULT_MAX_CODE_BYTES, max_tokens=whyslow_fix::DEFAULT_MAX_TOKENS))]
 fn fix_request(
     report_json: &str,
     source_roots: Vec<PathBuf>,
     model: &str,
     max_code_bytes: usize,
+    max_tokens: u32,
 ) -> PyResult<(String, usize)> {
     let r: whyslow_model::Report = serde_json::from_str(report_json)
         .map_err(|e| PyValueError::new_err(format!("not a whyslow report: {e}")))?;
@@ -606,6 +607,7 @@ fn fix_request(
     let opts = whyslow_fix::FixOptions {
         model: model.to_string(),
         max_code_bytes,
+        max_tokens,
     };
     let (body, bytes) = whyslow_fix::request(&r, &code, &opts);
     Ok((
@@ -619,7 +621,7 @@ fn fix_request(
 /// under `source_roots`, or `fix_error`. Returns `(report JSON, patch or
 /// None)`: the same call as the command line's.
 #[pyfunction]
-#[pyo3(signature = (report_json, model, code_bytes, source_roots, answer=None, error=None))]
+#[pyo3(signature = (report_json, model, code_bytes, source_roots, answer=None, error=None, seconds=None))]
 fn fix_answer(
     report_json: &str,
     model: &str,
@@ -627,6 +629,7 @@ fn fix_answer(
     source_roots: Vec<PathBuf>,
     answer: Option<&str>,
     error: Option<&str>,
+    seconds: Option<f64>,
 ) -> PyResult<(String, Option<String>)> {
     let mut r: whyslow_model::Report = serde_json::from_str(report_json)
         .map_err(|e| PyValueError::new_err(format!("not a whyslow report: {e}")))?;
@@ -637,6 +640,9 @@ fn fix_answer(
     let patch = whyslow_fix::apply_answer(&mut r, model, code_bytes, got, &|p: &str| {
         whyslow_report::read_source_file(&source_roots, p)
     });
+    if let Some(f) = &mut r.fix {
+        f.seconds = seconds;
+    }
     Ok((whyslow_report::render_json(&r), patch))
 }
 

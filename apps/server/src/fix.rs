@@ -64,6 +64,7 @@ impl FixSetting {
             timeout_s: self.timeout_s,
             roots: &self.source_roots,
             max_code_bytes: self.max_code_bytes,
+            max_tokens: suggest::DEFAULT_MAX_TOKENS,
         };
         // Not a dry run: the outcome is always `Asked`; the patch is in
         // `report.fix`.

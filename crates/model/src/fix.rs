@@ -40,4 +40,23 @@ pub struct Fix {
     /// Bytes of the user's code that left the machine in the request.
     #[serde(default)]
     pub code_bytes: usize,
+    /// Tokens the endpoint counted (its `usage`), when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<FixUsage>,
+    /// Seconds the exchange took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    /// The answer was cut at the bound on its length (`finish_reason`
+    /// `length`): the text or the diff may be incomplete.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// Token counts of one exchange, as the endpoint reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FixUsage {
+    /// Tokens of the request.
+    pub prompt_tokens: u64,
+    /// Tokens of the answer.
+    pub completion_tokens: u64,
 }

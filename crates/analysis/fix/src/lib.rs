@@ -21,6 +21,16 @@ use whyslow_model::{Finding, Report};
 /// Bytes of code sent by default.
 pub const DEFAULT_MAX_CODE_BYTES: usize = 16 * 1024;
 
+/// The bound on the answer by default, tokens: room for a short
+/// explanation and a diff of a few hunks, and an answer in about 15 s from
+/// a 135M-parameter model on 2 CPU cores (without a bound a small model
+/// writes until its context is full: 9 minutes).
+pub const DEFAULT_MAX_TOKENS: u32 = 512;
+
+/// Where an answer ends: chat templates' end-of-turn markers some local
+/// servers let through, and a run of blank lines (a small model rambling).
+pub const STOP: &[&str] = &["<|im_end|>", "<end_of_turn>", "<|endoftext|>", "\n\n\n\n\n"];
+
 /// Lines kept on each side of the flagged line when a function is cut.
 const CUT_CONTEXT: usize = 15;
 
@@ -31,6 +41,8 @@ pub struct FixOptions {
     pub model: String,
     /// Bytes of code at most.
     pub max_code_bytes: usize,
+    /// Tokens of the answer at most (`max_tokens`).
+    pub max_tokens: u32,
 }
 
 /// Why an answer gave no proposal.
@@ -152,6 +164,8 @@ pub fn request(report: &Report, code: &[CodeContext], opts: &FixOptions) -> (Val
             {"role": "user", "content": user},
         ],
         "temperature": 0.2,
+        "max_tokens": opts.max_tokens,
+        "stop": STOP,
     });
     (body, sent)
 }
@@ -210,6 +224,27 @@ fn split_patch(content: &str) -> (String, Option<String>) {
     (content.trim().to_string(), None)
 }
 
+/// What the endpoint says of the exchange besides the text: its token
+/// counts and whether the answer hit the length bound.
+pub fn answer_meta(body: &str) -> (Option<whyslow_model::fix::FixUsage>, bool) {
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return (None, false);
+    };
+    let usage = v.get("usage").and_then(|u| {
+        Some(whyslow_model::fix::FixUsage {
+            prompt_tokens: u.get("prompt_tokens")?.as_u64()?,
+            completion_tokens: u.get("completion_tokens")?.as_u64()?,
+        })
+    });
+    let truncated = v
+        .get("choices")
+        .and_then(|c| c.get(0))
+        .and_then(|c| c.get("finish_reason"))
+        .and_then(Value::as_str)
+        == Some("length");
+    (usage, truncated)
+}
+
 /// Puts what came back into the report: `fix` (with the patch checked
 /// against the files `read` gives) or `fix_error` in one line. `answer` is
 /// the HTTP answer's body, or why there was none. Returns the patch. Every
@@ -221,6 +256,10 @@ pub fn apply_answer(
     answer: Result<&str, String>,
     read: &dyn Fn(&str) -> Option<String>,
 ) -> Option<String> {
+    let (usage, truncated) = answer
+        .as_ref()
+        .map(|a| answer_meta(a))
+        .unwrap_or((None, false));
     let parsed = answer.and_then(|a| parse_answer(a).map_err(|e| e.to_string()));
     match parsed {
         Err(why) => {
@@ -238,6 +277,9 @@ pub fn apply_answer(
                 applies: checked.as_ref().map(Result::is_ok),
                 applies_error: checked.and_then(Result::err),
                 code_bytes,
+                usage,
+                seconds: None,
+                truncated,
             });
             patch
         }
@@ -401,6 +443,7 @@ mod tests {
         let opts = FixOptions {
             model: "m".into(),
             max_code_bytes: 700,
+            max_tokens: DEFAULT_MAX_TOKENS,
         };
         let (body, sent) = request(&report, &code, &opts);
         let user = body["messages"][1]["content"].as_str().unwrap();

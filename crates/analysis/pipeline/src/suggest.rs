@@ -16,6 +16,9 @@ use std::time::Duration;
 
 use whyslow_model::Report;
 
+/// The bound on the answer by default, tokens (`--llm-max-tokens`).
+pub use whyslow_fix::DEFAULT_MAX_TOKENS;
+
 /// How to ask: what `--suggest-fix` (or the server's setting) says.
 pub struct SuggestArgs<'a> {
     /// `--dry-run`: print the request body, send nothing.
@@ -26,6 +29,8 @@ pub struct SuggestArgs<'a> {
     pub roots: &'a [PathBuf],
     /// Bytes of code at most.
     pub max_code_bytes: usize,
+    /// Tokens of the answer at most (`--llm-max-tokens`).
+    pub max_tokens: u32,
 }
 
 /// Where to ask: the model's base URL, its name and the key (kept out of
@@ -126,6 +131,7 @@ pub fn suggest_at(
     let opts = whyslow_fix::FixOptions {
         model: model.clone(),
         max_code_bytes: args.max_code_bytes,
+        max_tokens: args.max_tokens,
     };
     let (body, code_bytes) = whyslow_fix::request(report, &code, &opts);
     let text = serde_json::to_string_pretty(&body).unwrap_or_default();
@@ -139,7 +145,19 @@ pub fn suggest_at(
             return Outcome::Asked(None);
         }
     };
-    let sent = send(&ep, &text, args.timeout_s);
+    let started = std::time::Instant::now();
+    let sent = send(&ep, &text, args.timeout_s).map_err(|e| {
+        if e.to_lowercase().contains("timeout") || e.to_lowercase().contains("timed out") {
+            format!(
+                "{e}: no answer within {:.0} s (--llm-timeout); a local CPU model writes tens of \
+                 tokens a second: raise --llm-timeout or lower --llm-max-tokens ({})",
+                args.timeout_s, args.max_tokens
+            )
+        } else {
+            e
+        }
+    });
+    let seconds = started.elapsed().as_secs_f64();
     let answer = match &sent {
         Ok(a) => Ok(a.as_str()),
         Err(e) => Err(e.clone()),
@@ -149,6 +167,9 @@ pub fn suggest_at(
     });
     if let (Some(e), true) = (&report.fix_error, sent.is_ok()) {
         report.fix_error = Some(format!("{}/chat/completions: {e}", ep.base));
+    }
+    if let Some(f) = &mut report.fix {
+        f.seconds = Some((seconds * 100.0).round() / 100.0);
     }
     Outcome::Asked(patch)
 }

@@ -562,14 +562,40 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
             (Some(true), _) => "the patch applies (<code>git apply fix.patch</code>)".to_string(),
             (Some(false), Some(e)) => format!("the patch does not apply: {}", escape(e)),
             (Some(false), None) => "the patch does not apply".to_string(),
-            (None, _) => "no patch".to_string(),
+            (None, _) => "the model proposed no change".to_string(),
+        };
+        let cost = format!(
+            "{} bytes of code were sent{}{}{}",
+            f.code_bytes,
+            f.seconds
+                .map(|x| format!("; answered in {x:.1} s"))
+                .unwrap_or_default(),
+            f.usage
+                .map(|u| format!(
+                    "; {} prompt + {} answer tokens",
+                    u.prompt_tokens, u.completion_tokens
+                ))
+                .unwrap_or_default(),
+            if f.truncated {
+                "; the answer was cut at the bound on its length"
+            } else {
+                ""
+            }
+        );
+        let words = if f.patch.is_some() {
+            format!("<pre>{}</pre>", escape(&f.text))
+        } else {
+            format!(
+                "<details><summary>its answer, without a diff</summary><pre>{}</pre></details>",
+                escape(&f.text)
+            )
         };
         let _ = writeln!(
             out,
-            r#"<section class="fix"><h2>Proposed fix <small>(a model's proposal: {}; not verified)</small></h2><p>{applies}; {} bytes of code were sent.</p><pre>{}</pre>{}</section>"#,
+            r#"<section class="fix"><h2>Proposed fix <small>(a model's proposal: {}; not verified)</small></h2><p>{applies}; {}.</p>{}{}</section>"#,
             escape(&f.model),
-            f.code_bytes,
-            escape(&f.text),
+            escape(&cost),
+            words,
             f.patch
                 .as_ref()
                 .map(|p| format!("<pre class=\"patch\">{}</pre>", escape(p)))

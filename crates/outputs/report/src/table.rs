@@ -246,7 +246,7 @@ pub fn render_table(report: &Report, color: bool) -> String {
             (Some(true), _) => "the patch applies (git apply fix.patch)".to_string(),
             (Some(false), Some(e)) => format!("the patch does not apply: {}", printable(e)),
             (Some(false), None) => "the patch does not apply".to_string(),
-            (None, _) => "no patch".to_string(),
+            (None, _) => "the model proposed no change".to_string(),
         };
         let _ = writeln!(
             out,
@@ -256,18 +256,46 @@ pub fn render_table(report: &Report, color: bool) -> String {
                 printable(&f.model)
             ))
         );
-        for l in f.text.lines().take(40) {
-            let _ = writeln!(out, "  {}", printable(l));
+        if f.patch.is_some() {
+            for l in f.text.lines().take(40) {
+                let _ = writeln!(out, "  {}", printable(l));
+            }
+        } else {
+            // No diff: its words are not a fix; a few lines say what it
+            // answered.
+            let _ = writeln!(out, "  {}", st.dim("its answer, without a diff:"));
+            for l in f.text.lines().take(6) {
+                let _ = writeln!(out, "  {}", st.dim(&printable(l)));
+            }
         }
         if let Some(p) = &f.patch {
             for l in p.lines().take(80) {
                 let _ = writeln!(out, "  {}", printable(l));
             }
         }
+        if f.truncated {
+            let _ = writeln!(
+                out,
+                "  {}",
+                st.red("the answer was cut at the bound on its length (--llm-max-tokens)")
+            );
+        }
         let _ = writeln!(
             out,
             "{}\n",
-            st.dim(&format!("({} bytes of code were sent)", f.code_bytes))
+            st.dim(&format!(
+                "({} bytes of code were sent{}{})",
+                f.code_bytes,
+                f.seconds
+                    .map(|x| format!("; answered in {x:.1} s"))
+                    .unwrap_or_default(),
+                f.usage
+                    .map(|u| format!(
+                        "; {} prompt + {} answer tokens",
+                        u.prompt_tokens, u.completion_tokens
+                    ))
+                    .unwrap_or_default()
+            ))
         );
     } else if let Some(e) = &report.fix_error {
         let _ = writeln!(
