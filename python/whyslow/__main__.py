@@ -57,5 +57,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     return code
 
 
+def _main_quiet_on_closed_pipe() -> int:
+    """``whyslow --help | head``: a reader that stops early is not an error
+    (as in the Rust binary): no traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at nothing first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_quiet_on_closed_pipe())

@@ -41,6 +41,15 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    if let Some(line) = args
+        .get(1)
+        .and_then(|a| a.to_str())
+        .and_then(absent_command)
+    {
+        eprintln!("whyslow: {line}");
+        return 2;
+    }
     let cli = match commands::Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -105,4 +114,19 @@ mod error_line_tests {
             "reading the topology: /x.json: No such file or directory"
         );
     }
+}
+
+/// Commands this build left out (the Python wheel's command line has no
+/// node agent or server): one line saying where they are.
+fn absent_command(name: &str) -> Option<String> {
+    let node = ["agent", "profile", "collectives", "symbols"];
+    let left_out = (!cfg!(feature = "node") && node.contains(&name))
+        || (!cfg!(feature = "server") && name == "server");
+    left_out.then(|| {
+        format!(
+            "`whyslow {name}` is in the full binary, not in this build (the Python package's): \
+             install it with `cargo install --locked --path apps/cli` from a clone, or use the \
+             image (docs/deploy.md)"
+        )
+    })
 }
