@@ -431,7 +431,15 @@ fn localize_and_report(
     warnings: Vec<String>,
 ) -> Result<u8> {
     if fps.is_empty() {
-        bail!("no input could be read in {}", display_paths(inputs));
+        bail!(
+            "no input could be read in {}{}",
+            display_paths(inputs),
+            if warnings.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", warnings.join("; "))
+            }
+        );
     }
     let said = warnings.clone();
     let evidence = whyslow_pipeline::JobEvidence {

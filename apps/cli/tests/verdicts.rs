@@ -277,3 +277,29 @@ fn steps_on_real_production_timing_are_right_on_every_rank() {
         }
     }
 }
+
+/// Issue 47: a single unreadable input says which file, why and what was
+/// expected, once; a path that does not exist says its cause once.
+#[test]
+fn an_unreadable_input_says_why_once() {
+    let dir = temp_dir("one-bad-input");
+    let empty = dir.join("empty");
+    let png = dir.join("png");
+    fs::create_dir_all(&empty).unwrap();
+    fs::create_dir_all(&png).unwrap();
+    fs::write(empty.join("rank0.json"), b"").unwrap();
+    fs::write(png.join("rank0.json"), b"\x89PNG\r\n\x1a\n0000").unwrap();
+    for (d, why) in [
+        (&empty, "empty file: expected a Kineto JSON trace"),
+        (&png, "not JSON: expected '{' opening a Kineto trace"),
+    ] {
+        let out = whyslow(&["analyze", d.to_str().unwrap()]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("rank0.json") && stderr.contains(why), "{stderr}");
+    }
+    let out = whyslow(&["analyze", "/no/such/dir"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(stderr.matches("No such file or directory").count(), 1, "{stderr}");
+}

@@ -54,9 +54,14 @@ pub enum AnalyzeError {
         "no traces found in {0} (expected Kineto *.json[.gz], generic *.csv/*.jsonl[.gz] or *.fingerprint.json)"
     )]
     NoInputs(String),
-    /// Inputs were there but none could be read.
-    #[error("no input could be read in {0}")]
-    NoneReadable(String),
+    /// Inputs were there but none could be read: each file with why.
+    #[error("no input could be read in {paths}: {}", why.join("; "))]
+    NoneReadable {
+        /// The paths given.
+        paths: String,
+        /// Per file: what it is and why it was skipped.
+        why: Vec<String>,
+    },
     /// An unreadable input under `strict`.
     #[error("{0} (--strict)")]
     Strict(#[source] whyslow_ingest::IngestError),
@@ -183,7 +188,10 @@ pub fn analyze_inputs(
     let traces = if opts.keep_traces { traces } else { Vec::new() };
     fingerprints.extend(made.iter().cloned());
     if fingerprints.is_empty() {
-        return Err(AnalyzeError::NoneReadable(display(paths)));
+        return Err(AnalyzeError::NoneReadable {
+            paths: display(paths),
+            why: std::mem::take(&mut warnings),
+        });
     }
     let evidence = JobEvidence {
         fingerprints,
