@@ -297,9 +297,16 @@ fn an_unreadable_input_says_why_once() {
         let (stdout, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(stderr.contains("rank0.json") && stderr.contains(why), "{stderr}");
+        assert!(
+            stderr.contains("rank0.json") && stderr.contains(why),
+            "{stderr}"
+        );
     }
     let out = whyslow(&["analyze", "/no/such/dir"]);
     let (_, stderr) = text(&out);
-    assert_eq!(stderr.matches("No such file or directory").count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
 }
