@@ -91,6 +91,21 @@ pub fn error_line(err: &anyhow::Error) -> String {
     parts.join(": ")
 }
 
+/// Commands this build left out (the Python wheel's command line has no
+/// node agent or server): one line saying where they are.
+fn absent_command(name: &str) -> Option<String> {
+    let node = ["agent", "profile", "collectives", "symbols"];
+    let left_out = (!cfg!(feature = "node") && node.contains(&name))
+        || (!cfg!(feature = "server") && name == "server");
+    left_out.then(|| {
+        format!(
+            "`whyslow {name}` is in the full binary, not in this build (the Python package's): \
+             install it with `cargo install --locked --path apps/cli` from a clone, or use the \
+             image (docs/deploy.md)"
+        )
+    })
+}
+
 #[cfg(test)]
 mod error_line_tests {
     #[test]
@@ -114,19 +129,4 @@ mod error_line_tests {
             "reading the topology: /x.json: No such file or directory"
         );
     }
-}
-
-/// Commands this build left out (the Python wheel's command line has no
-/// node agent or server): one line saying where they are.
-fn absent_command(name: &str) -> Option<String> {
-    let node = ["agent", "profile", "collectives", "symbols"];
-    let left_out = (!cfg!(feature = "node") && node.contains(&name))
-        || (!cfg!(feature = "server") && name == "server");
-    left_out.then(|| {
-        format!(
-            "`whyslow {name}` is in the full binary, not in this build (the Python package's): \
-             install it with `cargo install --locked --path apps/cli` from a clone, or use the \
-             image (docs/deploy.md)"
-        )
-    })
 }
