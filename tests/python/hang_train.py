@@ -98,16 +98,7 @@ def main():
         if step == 1 and a.dump_after_s >= 0:
             threading.Thread(target=dump_later, args=(a.dump_after_s, rank), daemon=True).start()
         hit = step >= a.hang_at and rank == a.hang_rank
-        if hit and a.hang == "sleep":
-            stalled_data_loader()
-        if hit and a.hang == "gil":
-            native_tokenizer_holding_gil()
-        if hit and a.hang == "exit":
-            if os.fork() == 0:
-                time.sleep(3600)  # the child keeps the sockets open
-            os._exit(0)
-        if hit and a.hang == "slow":
-            slow_storage_read(a.slow_ms)
+        inject(a, step, rank)
         opt.zero_grad()
         h = x @ w
         parts = [torch.empty_like(h) for _ in range(2)]
@@ -133,7 +124,7 @@ def inject(a, step, rank):
         native_tokenizer_holding_gil()
     if hit and a.hang == "exit":
         if os.fork() == 0:
-            time.sleep(3600)
+            time.sleep(3600)  # the child keeps the sockets open
         os._exit(0)
     if hit and a.hang == "slow":
         slow_storage_read(a.slow_ms)

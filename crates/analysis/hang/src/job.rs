@@ -102,7 +102,21 @@ impl<'a> Job<'a> {
                 e.completed = e.completed.max(p.last_completed);
                 members.entry(p.group.clone()).or_default().insert(r.rank);
             }
-            for c in r.collectives.iter().filter(|c| !c.p2p) {
+            for c in &r.collectives {
+                members.entry(c.group.clone()).or_default().insert(r.rank);
+                add_group(
+                    &mut groups,
+                    &GroupInfo {
+                        name: c.group.clone(),
+                        desc: String::new(),
+                        ranks: None,
+                    },
+                );
+                // Point-to-point counts apart (its own numbering): no
+                // collective progress.
+                if c.p2p {
+                    continue;
+                }
                 let e = progress.entry((r.rank, c.group.clone())).or_default();
                 e.enqueued = e.enqueued.max(Some(c.seq));
                 if c.state >= CollectiveState::Started {
@@ -111,26 +125,6 @@ impl<'a> Job<'a> {
                 if c.state == CollectiveState::Completed {
                     e.completed = e.completed.max(Some(c.seq));
                 }
-                members.entry(c.group.clone()).or_default().insert(r.rank);
-                add_group(
-                    &mut groups,
-                    &GroupInfo {
-                        name: c.group.clone(),
-                        desc: String::new(),
-                        ranks: None,
-                    },
-                );
-            }
-            for c in r.collectives.iter().filter(|c| c.p2p) {
-                members.entry(c.group.clone()).or_default().insert(r.rank);
-                add_group(
-                    &mut groups,
-                    &GroupInfo {
-                        name: c.group.clone(),
-                        desc: String::new(),
-                        ranks: None,
-                    },
-                );
             }
         }
         let whole_world: BTreeSet<String> = groups

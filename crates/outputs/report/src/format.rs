@@ -255,3 +255,26 @@ pub fn printable(s: &str) -> String {
         .map(|c| if c.is_control() && c != '\n' { '?' } else { c })
         .collect()
 }
+
+/// What a model's fix cost, for both renderings: the code sent, the
+/// exchange's seconds and token counts, and whether the answer was cut.
+pub(crate) fn fix_cost(f: &whyslow_model::fix::Fix) -> String {
+    format!(
+        "{} bytes of code were sent{}{}{}",
+        f.code_bytes,
+        f.seconds
+            .map(|x| format!("; answered in {x:.1} s"))
+            .unwrap_or_default(),
+        f.usage
+            .map(|u| format!(
+                "; {} prompt + {} answer tokens",
+                u.prompt_tokens, u.completion_tokens
+            ))
+            .unwrap_or_default(),
+        if f.truncated {
+            "; the answer was cut at the bound on its length (--llm-max-tokens)"
+        } else {
+            ""
+        }
+    )
+}

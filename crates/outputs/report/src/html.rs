@@ -564,24 +564,7 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
             (Some(false), None) => "the patch does not apply".to_string(),
             (None, _) => "the model proposed no change".to_string(),
         };
-        let cost = format!(
-            "{} bytes of code were sent{}{}{}",
-            f.code_bytes,
-            f.seconds
-                .map(|x| format!("; answered in {x:.1} s"))
-                .unwrap_or_default(),
-            f.usage
-                .map(|u| format!(
-                    "; {} prompt + {} answer tokens",
-                    u.prompt_tokens, u.completion_tokens
-                ))
-                .unwrap_or_default(),
-            if f.truncated {
-                "; the answer was cut at the bound on its length"
-            } else {
-                ""
-            }
-        );
+        let cost = crate::format::fix_cost(f);
         let words = if f.patch.is_some() {
             format!("<pre>{}</pre>", escape(&f.text))
         } else {

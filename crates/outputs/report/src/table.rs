@@ -273,29 +273,10 @@ pub fn render_table(report: &Report, color: bool) -> String {
                 let _ = writeln!(out, "  {}", printable(l));
             }
         }
-        if f.truncated {
-            let _ = writeln!(
-                out,
-                "  {}",
-                st.red("the answer was cut at the bound on its length (--llm-max-tokens)")
-            );
-        }
         let _ = writeln!(
             out,
             "{}\n",
-            st.dim(&format!(
-                "({} bytes of code were sent{}{})",
-                f.code_bytes,
-                f.seconds
-                    .map(|x| format!("; answered in {x:.1} s"))
-                    .unwrap_or_default(),
-                f.usage
-                    .map(|u| format!(
-                        "; {} prompt + {} answer tokens",
-                        u.prompt_tokens, u.completion_tokens
-                    ))
-                    .unwrap_or_default()
-            ))
+            st.dim(&format!("({})", crate::format::fix_cost(f)))
         );
     } else if let Some(e) = &report.fix_error {
         let _ = writeln!(
