@@ -89,11 +89,7 @@ def main():
     tp = tp_groups[rank // 2]
     dp = dp_groups[rank % 2]
 
-    torch.manual_seed(rank)
-    w = torch.nn.Parameter(torch.randn(a.dim, a.dim) * 0.01)
-    opt = torch.optim.SGD([w], lr=1e-3)
-    data = torch.utils.data.TensorDataset(torch.randn(64 * a.steps, a.dim))
-    loader = torch.utils.data.DataLoader(data, batch_size=64)
+    w, opt, loader = model_and_data(a, rank)
     for step, (x,) in enumerate(loader):
         if step == 1 and a.dump_after_s >= 0:
             threading.Thread(target=dump_later, args=(a.dump_after_s, rank), daemon=True).start()
@@ -114,6 +110,15 @@ def main():
         dist.all_reduce(loss.detach().reshape(1))
         opt.step()
     dist.destroy_process_group()
+
+
+def model_and_data(a, rank):
+    """The rank's weight, optimizer and batches (both layouts)."""
+    torch.manual_seed(rank)
+    w = torch.nn.Parameter(torch.randn(a.dim, a.dim) * 0.01)
+    opt = torch.optim.SGD([w], lr=1e-3)
+    data = torch.utils.data.TensorDataset(torch.randn(64 * a.steps, a.dim))
+    return w, opt, torch.utils.data.DataLoader(data, batch_size=64)
 
 
 def inject(a, step, rank):
@@ -139,11 +144,7 @@ def pipeline(a):
     stage, peer = rank // 2, rank ^ 2
     pp = pp_groups[rank % 2]
     dp = dp_groups[stage]
-    torch.manual_seed(rank)
-    w = torch.nn.Parameter(torch.randn(a.dim, a.dim) * 0.01)
-    opt = torch.optim.SGD([w], lr=1e-3)
-    data = torch.utils.data.TensorDataset(torch.randn(64 * a.steps, a.dim))
-    loader = torch.utils.data.DataLoader(data, batch_size=64)
+    w, opt, loader = model_and_data(a, rank)
     for step, (x,) in enumerate(loader):
         if step == 1 and a.dump_after_s >= 0:
             threading.Thread(target=dump_later, args=(a.dump_after_s, rank), daemon=True).start()

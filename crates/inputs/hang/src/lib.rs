@@ -85,8 +85,8 @@ pub struct FlightRecorderDump {
     /// writes them (world or group ranks).
     pub p2p_ranks: Vec<Option<(u32, u32)>>,
     /// The newest time the dump records (an entry issued, started or seen
-    /// finished), Unix ns: the dump's own clock. torch writes no time of
-    /// the dump itself.
+    /// finished), Unix ns. torch writes no time of the dump itself, so this
+    /// is no age: it only tells which of two dumps of one rank is later.
     pub newest_event_ns: Option<u64>,
 }
 
