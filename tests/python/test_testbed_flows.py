@@ -50,7 +50,8 @@ def _whyslow():
 
 def _two_jobs(tmp_path, fault):
     """Runs the two jobs with `fault`; returns (report, truth members, true
-    pair types, true step periods)."""
+    pair types, true step periods, the (start, end) Unix seconds of every
+    step a rank timed at >= 1.1x its median step)."""
     assert shutil.which("softflowd"), "softflowd is missing (scripts/test-python installs it)"
     out = str(tmp_path / "tb")
     flows = os.path.join(out, "flows.csv")
@@ -83,7 +84,7 @@ def _two_jobs(tmp_path, fault):
     assert a.returncode == 0, a.stderr.decode(errors="replace")
     report = json.loads(a.stdout)
     # Ground truth from the jobs themselves.
-    truth, pairs, periods = [], {}, {}
+    truth, pairs, periods, slow_steps = [], {}, {}, []
     addr = lambda r: "10.99.0.%d" % (int(r["host"][1:]) + 1)  # noqa: E731
     for sub, traces in (("truth-a", "torch-a"), ("truth-b", "torch-b")):
         ranks = [json.load(open(os.path.join(out, sub, n)))
@@ -96,6 +97,10 @@ def _two_jobs(tmp_path, fault):
                     if q != r["rank"]:
                         pairs[frozenset((addr(r), addr(by_rank[q])))] = kind
         steps = [b - a for r in ranks for a, b in zip(r["step_end_unix_s"], r["step_end_unix_s"][1:])]
+        for r in ranks:
+            ends = r["step_end_unix_s"]
+            med = statistics.median(b - a for a, b in zip(ends, ends[1:]))
+            slow_steps += [(a, b) for a, b in zip(ends, ends[1:]) if b - a >= 1.1 * med]
         profiled = [d for r in ranks for d in _profiler_steps_us(
             os.path.join(out, traces, "rank%d.json" % r["rank"]))]
         assert len(profiled) >= len(steps) - len(ranks), (len(profiled), len(steps))
@@ -104,7 +109,7 @@ def _two_jobs(tmp_path, fault):
             "step ends": statistics.median(steps) * 1e6}
     assert truth == [["10.99.0.1", "10.99.0.2", "10.99.0.3", "10.99.0.4"],
                      ["10.99.0.5", "10.99.0.6"]]
-    return report, truth, pairs, periods
+    return report, truth, pairs, periods, slow_steps
 
 
 def _profiler_steps_us(trace):
@@ -135,8 +140,14 @@ def _check_jobs_and_pairs(report, truth, pairs):
                           sorted((tuple(sorted(k)), v) for k, v in pairs.items()))
 
 
+def _a_slow_step_by_the_ranks_clocks(slow_steps, start_us, end_us):
+    """Whether a step of some rank that its own clock timed at least 1.1x its
+    median step overlaps [start_us, end_us]."""
+    return any(a * 1e6 < end_us and b * 1e6 > start_us for a, b in slow_steps)
+
+
 def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
-    report, truth, pairs, periods = _two_jobs(tmp_path, "none")
+    report, truth, pairs, periods, slow_steps = _two_jobs(tmp_path, "none")
     _check_jobs_and_pairs(report, truth, pairs)
     # Step periods (§IV-C) against torch.profiler's steps and the ranks' step ends.
     for j in report["jobs"]:
@@ -146,12 +157,18 @@ def test_two_jobs_are_recognized_from_real_switch_exports(tmp_path):
                 ",".join(sorted(j["members"])), j["step_us"], source, want, 100 * err))
             assert err <= 0.003, "job %s: step period %.1f us vs %.1f us from %s (%.2f %%)" % (
                 j["members"], j["step_us"], want, source, 100 * err)
-    # A healthy run: nothing to report.
-    assert report["findings"] == [], json.dumps(report["findings"], indent=1)
+    # A healthy run: nothing to report but a step the ranks themselves timed
+    # as slow. (A CI run: step 47 took 532-539 ms on all four ranks of job A,
+    # by their own clocks, against a median of 446 ms: load outside the
+    # testbed, rightly flagged.)
+    shown = json.dumps(report["findings"], indent=1)
+    assert [f for f in report["findings"] if f["level"] != "step"] == [], shown
+    for f in report["findings"]:
+        assert _a_slow_step_by_the_ranks_clocks(slow_steps, f["start_us"], f["end_us"]), shown
 
 
 def test_a_throttled_uplink_is_named_from_real_switch_exports(tmp_path):
-    report, truth, pairs, _ = _two_jobs(tmp_path, "slow-uplink:leaf=0,rate=50mbit")
+    report, truth, pairs, _, _ = _two_jobs(tmp_path, "slow-uplink:leaf=0,rate=50mbit")
     _check_jobs_and_pairs(report, truth, pairs)
     where = [f["subject"] for f in report["findings"] if f["level"] == "switch"]
     assert where == ["link leaf0<->spine"], json.dumps(report["findings"], indent=1)
