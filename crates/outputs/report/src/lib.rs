@@ -26,7 +26,7 @@ pub use perfetto::render_perfetto;
 pub use source::{attach_source_excerpts, code_contexts, read_source_file};
 pub use table::render_table;
 
-use whyslow_model::{Report, Verdict};
+use whyslow_model::{Finding, Report, Verdict};
 
 /// The report's one-line verdict: what was found, that nothing was, or why
 /// the data could not support either ("No anomaly found" is a claim: it is
@@ -52,12 +52,64 @@ pub fn verdict_line(report: &Report) -> String {
             }
             s
         }
-        _ => format!(
-            "{} abnormal function execution(s) in {} workers.",
-            report.findings.len(),
+        _ => findings_headline(report),
+    }
+}
+
+/// Whether a finding is on every worker of its comparison group: the job's
+/// own behaviour (PerfTracker §4.3's "unexpected" on all workers), not a
+/// slow worker among healthy peers.
+pub fn is_job_wide(f: &Finding) -> bool {
+    f.group_workers > 0 && f.workers.len() >= f.group_workers
+}
+
+/// The verdict of a report with findings, the story first: which ranks are
+/// slow and in what (the first finding on part of a group, findings being
+/// ordered by the share of the iteration they explain), then how many
+/// findings are the whole job's.
+fn findings_headline(report: &Report) -> String {
+    let (wide, partial): (Vec<&Finding>, Vec<&Finding>) =
+        report.findings.iter().partition(|f| is_job_wide(f));
+    let job_wide = match wide.len() {
+        0 => String::new(),
+        n => format!(
+            "{n} function(s) abnormal on all {} workers (the job itself, not a slow rank).",
             report.workers
         ),
+    };
+    let Some(top) = partial.first() else {
+        return format!("No slow rank: {job_wide}");
+    };
+    let mut ranks: Vec<u32> = partial.iter().flat_map(|f| f.workers.clone()).collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    let who = match ranks.as_slice() {
+        [r] => format!("Rank {r} is slow"),
+        rs => format!("Ranks {} are slow", compact_ranks(rs, 40)),
+    };
+    let on = if top.workers.len() == ranks.len() {
+        String::new()
+    } else {
+        format!(" on {}", format::workers_phrase(top))
+    };
+    let mut s = format!(
+        "{who}: {}{on} takes {} of the critical path (peers {})",
+        format::function_title(top, 80),
+        format::pct(top.beta.value),
+        format::pct(top.beta.peers)
+    );
+    if partial.len() > 1 {
+        s.push_str(&format!(
+            " (+{} more finding(s) on those ranks)",
+            partial.len() - 1
+        ));
     }
+    s.push('.');
+    if !job_wide.is_empty() {
+        s.push(' ');
+        s.push_str(&job_wide);
+    }
+    s
 }
 
 /// Renders the report as pretty JSON (the contract of `whyslow_model::Report`:

@@ -286,17 +286,23 @@ pub fn render_table(report: &Report, color: bool) -> String {
         );
     }
     if report.verdict == Verdict::CouldNotJudge {
-        let _ = writeln!(out, "{}", st.red(&crate::verdict_line(report)));
+        let _ = writeln!(out, "{}", st.red(&printable(&crate::verdict_line(report))));
     } else if report.findings.is_empty() {
-        let _ = writeln!(out, "{}", st.green(&crate::verdict_line(report)));
+        let _ = writeln!(
+            out,
+            "{}",
+            st.green(&printable(&crate::verdict_line(report)))
+        );
     } else {
         let _ = writeln!(
             out,
             "{}\n",
-            st.bold(&format!(
-                "{} abnormal function execution(s), the cause of most of the slowdown first:",
-                report.findings.len()
-            ))
+            st.bold(&printable(&crate::verdict_line(report)))
+        );
+        let _ = writeln!(
+            out,
+            "{} abnormal function execution(s), the cause of most of the slowdown first:\n",
+            report.findings.len()
         );
         let via = divergent_frames(&report.findings);
         for (i, f) in report.findings.iter().enumerate() {
