@@ -603,7 +603,7 @@ fn fix_request(
 ) -> PyResult<(String, usize)> {
     let r: whyslow_model::Report = serde_json::from_str(report_json)
         .map_err(|e| PyValueError::new_err(format!("not a whyslow report: {e}")))?;
-    let code = whyslow_report::code_contexts(&r, &source_roots);
+    let code = whyslow_ingest::source::code_contexts(&r, &source_roots);
     let opts = whyslow_fix::FixOptions {
         model: model.to_string(),
         max_code_bytes,
@@ -638,7 +638,7 @@ fn fix_answer(
         (None, e) => Err(e.unwrap_or("no answer").to_string()),
     };
     let patch = whyslow_fix::apply_answer(&mut r, model, code_bytes, got, &|p: &str| {
-        whyslow_report::read_source_file(&source_roots, p)
+        whyslow_ingest::source::read_source_file(&source_roots, p)
     });
     if let Some(f) = &mut r.fix {
         f.seconds = seconds;

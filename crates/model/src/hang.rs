@@ -6,6 +6,8 @@
 //! PerfTracker §4.1 detects a blocked job (no event for 5× the mean
 //! iteration); this vocabulary names *who* the blocked ranks wait for.
 
+pub mod records;
+
 use serde::{Deserialize, Serialize};
 
 /// Version of [`HangReport`]'s JSON.

@@ -23,6 +23,7 @@ pub mod fix;
 pub mod flow;
 pub mod hang;
 pub mod os;
+pub mod python_frame;
 mod report;
 pub mod rng;
 pub mod stack;

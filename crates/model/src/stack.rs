@@ -112,10 +112,39 @@ pub struct StackProfile {
     pub labels: BTreeMap<String, String>,
 }
 
+/// What a frame index outside [`StackProfile::frames`] reads as.
+static MISSING_FRAME: Frame = Frame {
+    kind: FrameKind::Native,
+    name: None,
+    module: None,
+    build_id: None,
+    offset: 0,
+    line: None,
+};
+
 impl StackProfile {
     /// Total samples.
     pub fn total(&self) -> u64 {
         self.stacks.iter().map(|s| s.count).sum()
+    }
+
+    /// Total samples, adding up saturating (unlike [`StackProfile::total`],
+    /// which may overflow on hostile counts).
+    pub fn total_saturating(&self) -> u64 {
+        self.stacks
+            .iter()
+            .fold(0u64, |acc, s| acc.saturating_add(s.count))
+    }
+
+    /// The frame `id`, or an unknown native frame when `id` is out of range
+    /// (a hand-built or decoded profile may hold any index).
+    pub fn frame_or_unknown(&self, id: u32) -> &Frame {
+        self.frames.get(id as usize).unwrap_or(&MISSING_FRAME)
+    }
+
+    /// The sampling rate when it is usable (finite and positive).
+    pub fn usable_hz(&self) -> Option<f64> {
+        (self.hz.is_finite() && self.hz > 0.0).then_some(self.hz)
     }
 
     /// One profile holding the stacks of `profiles` (frames interned anew,

@@ -107,7 +107,7 @@ fn tenant_id(name: &str) -> i64 {
 /// profile).
 #[cfg(test)]
 fn frame_digest(f: &Frame) -> [u64; 2] {
-    frame_ref_digest(&whyslow_stack_output::FrameRef {
+    frame_ref_digest(&whyslow_codec::FrameRef {
         kind: f.kind,
         name: f.name.as_deref(),
         module: f.module.as_deref(),
@@ -118,7 +118,7 @@ fn frame_digest(f: &Frame) -> [u64; 2] {
 }
 
 /// [`frame_digest`] of a frame borrowed from an upload.
-fn frame_ref_digest(f: &whyslow_stack_output::FrameRef<'_>) -> [u64; 2] {
+fn frame_ref_digest(f: &whyslow_codec::FrameRef<'_>) -> [u64; 2] {
     let mut h = Sha256::new();
     let field = |h: &mut Sha256, s: Option<&str>| match s {
         Some(s) => {
@@ -152,7 +152,7 @@ struct DigestMemo {
 const MEMO_FRAMES: usize = 1 << 16;
 
 impl DigestMemo {
-    fn digest(&mut self, f: &whyslow_stack_output::FrameRef<'_>) -> [u64; 2] {
+    fn digest(&mut self, f: &whyslow_codec::FrameRef<'_>) -> [u64; 2] {
         use std::hash::{Hash, Hasher};
         let mut h = rustc_hash::FxHasher::default();
         (f.kind as u8, f.name, f.module, f.build_id, f.offset, f.line).hash(&mut h);
@@ -185,7 +185,7 @@ impl DigestMemo {
 
 /// The id of each pprof sample's stack: each frame digested once, a
 /// stack's id folding its frames' digests.
-fn view_stack_ids(v: &whyslow_stack_output::PprofView<'_>, memo: &mut DigestMemo) -> Vec<u64> {
+fn view_stack_ids(v: &whyslow_codec::PprofView<'_>, memo: &mut DigestMemo) -> Vec<u64> {
     let digests: Vec<[u64; 2]> = v.frames.iter().map(|f| memo.digest(f)).collect();
     (0..v.stacks.len())
         .map(|i| stack_id(v.stack(i).iter().map(|&f| digests[f as usize])))
@@ -1113,9 +1113,9 @@ impl Store for ClickHouseStore {
         let today = (now / 86_400_000_000_000) as i64;
         // Read without building the profile: frames borrow the upload's
         // strings; only stacks new to the dictionary are made owned.
-        let read = whyslow_stack_output::visit_pprof_limited(
+        let read = whyslow_codec::visit_pprof_limited(
             pprof,
-            whyslow_stack_output::MAX_PPROF_DECOMPRESSED,
+            whyslow_codec::MAX_PPROF_DECOMPRESSED,
             |v| -> Result<_, StoreError> {
                 let mut stacks: Vec<StackRow> = Vec::new();
                 let mut samples: FxHashMap<u64, u64> = FxHashMap::default();
@@ -1415,16 +1415,16 @@ mod tests {
             "tests/fixtures/diagnose/noisy-neighbour/agent/h0/wstb19083/h0-rank0-pid19263-1795714544.pb.gz",
         ] {
             let bytes = std::fs::read(root.join(f)).unwrap();
-            let built = whyslow_stack_output::from_pprof(&bytes).unwrap();
+            let built = whyslow_codec::from_pprof(&bytes).unwrap();
             let digests: Vec<[u64; 2]> = built.frames.iter().map(frame_digest).collect();
             let mut want: FxHashMap<u64, u64> = FxHashMap::default();
             for s in &built.stacks {
                 let id = stack_id(s.frames.iter().map(|&i| digests[i as usize]));
                 *want.entry(id).or_default() += s.count;
             }
-            let got = whyslow_stack_output::visit_pprof_limited(
+            let got = whyslow_codec::visit_pprof_limited(
                 &bytes,
-                whyslow_stack_output::MAX_PPROF_DECOMPRESSED,
+                whyslow_codec::MAX_PPROF_DECOMPRESSED,
                 |v| {
                     let mut got: FxHashMap<u64, u64> = FxHashMap::default();
                     let mut memo = DigestMemo::default();

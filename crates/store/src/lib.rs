@@ -160,9 +160,7 @@ impl StoredProfile {
     /// `max_decompressed` bytes.
     pub fn into_profile(self, max_decompressed: u64) -> Option<whyslow_model::stack::StackProfile> {
         match self {
-            StoredProfile::Pprof(b) => {
-                whyslow_stack_output::from_pprof_limited(&b, max_decompressed).ok()
-            }
+            StoredProfile::Pprof(b) => whyslow_codec::from_pprof_limited(&b, max_decompressed).ok(),
             StoredProfile::Decoded(p) => Some(p),
         }
     }
@@ -639,7 +637,7 @@ pub fn fold_decoded<A: Default + Send>(
     let one = |part: Vec<StoredProfile>| {
         let mut acc = A::default();
         for p in part {
-            if let Some(p) = p.into_profile(whyslow_stack_output::MAX_PPROF_DECOMPRESSED) {
+            if let Some(p) = p.into_profile(whyslow_codec::MAX_PPROF_DECOMPRESSED) {
                 add(&mut acc, &p);
             }
         }
@@ -733,11 +731,7 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
             let ids = vec![b.frame(Frame::label("main")), b.frame(Frame::label(*leaf))];
             b.add(ids, *n);
         }
-        whyslow_stack_output::to_pprof(&b.finish(
-            99.0,
-            (at_s * 1_000_000_000) as u64,
-            1_000_000_000,
-        ))
+        whyslow_codec::to_pprof(&b.finish(99.0, (at_s * 1_000_000_000) as u64, 1_000_000_000))
     };
     let totals = |ps: Vec<StoredProfile>| -> Vec<u64> {
         ps.into_iter()
@@ -776,7 +770,7 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
             .pop()
             .and_then(|p| p.into_profile(1 << 24))
             .map(canonical)
-            == whyslow_stack_output::from_pprof_limited(&two, 1 << 24)
+            == whyslow_codec::from_pprof_limited(&two, 1 << 24)
                 .ok()
                 .map(canonical)
     );
@@ -927,7 +921,7 @@ fn conformance_functions(s: &dyn Store, a: TenantId, b: TenantId) -> Result<(), 
             start_unix_ns: at_s * 1_000_000_000,
             samples: p.total(),
         };
-        s.put_profile(a, job, &meta, &whyslow_stack_output::to_pprof(&p))
+        s.put_profile(a, job, &meta, &whyslow_codec::to_pprof(&p))
     };
     check!(ok!(put(
         "job-f",

@@ -139,9 +139,9 @@ impl SqliteStore {
                 }
                 let (mut good, mut kept) = (Vec::new(), Vec::new());
                 for (b, pprof) in batch {
-                    match whyslow_stack_output::from_pprof_limited(
+                    match whyslow_codec::from_pprof_limited(
                         &pprof,
-                        whyslow_stack_output::MAX_PPROF_DECOMPRESSED,
+                        whyslow_codec::MAX_PPROF_DECOMPRESSED,
                     ) {
                         Ok(p) => good.push((b, p)),
                         Err(_) => kept.push(b),
@@ -695,7 +695,7 @@ mod tests {
             .map(|r| a_profile(r, 1_000 + u64::from(r), &format!("leaf_{r}")))
             .collect();
         for (i, p) in profiles.iter().enumerate() {
-            let bytes = whyslow_stack_output::to_pprof(p);
+            let bytes = whyslow_codec::to_pprof(p);
             assert!(s
                 .put_profile(a, "job", &meta(&format!("b{i}"), p.start_unix_ns), &bytes)
                 .unwrap());
@@ -724,7 +724,7 @@ mod tests {
             assert_eq!(p.labels["rank"], (4 - i).to_string());
         }
         // A retry of a compacted batch is still recognised.
-        let again = whyslow_stack_output::to_pprof(&profiles[0]);
+        let again = whyslow_codec::to_pprof(&profiles[0]);
         assert!(!s.put_profile(a, "job", &meta("b0", 1_000), &again).unwrap());
         assert_eq!(s.jobs(a).unwrap()[0].profiles, 6);
         // Across a restart; a segment no row names is removed at open.
@@ -757,7 +757,7 @@ mod tests {
                 start_unix_ns: start as i64,
                 samples: 1,
             };
-            let p = whyslow_stack_output::to_pprof(&a_profile(0, start, job));
+            let p = whyslow_codec::to_pprof(&a_profile(0, start, job));
             s.put_profile(a, job, &meta, &p).unwrap();
         }
         assert_eq!(s.compact(now_unix() + 1).unwrap(), (2, 2));

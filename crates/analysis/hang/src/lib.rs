@@ -27,8 +27,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-mod records;
-pub use records::{any_open, evidence_from_records};
+// Built where the records' type lives (whyslow-model), so that the readers
+// of spools make hang evidence without depending on this analysis.
+pub use whyslow_model::hang::records::{any_open, evidence_from_records};
 
 mod graph;
 mod job;

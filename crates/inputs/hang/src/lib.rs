@@ -794,7 +794,7 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
         }
     }
     if !recs.is_empty() {
-        for from in whyslow_hang::evidence_from_records(&recs).ranks {
+        for from in whyslow_model::hang::records::evidence_from_records(&recs).ranks {
             let ev = rank_entry(&mut ranks, from.rank);
             if ev.fr_version.is_some() {
                 continue;

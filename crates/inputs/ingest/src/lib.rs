@@ -17,6 +17,7 @@ pub mod kineto;
 mod open;
 pub mod peaks;
 mod samples;
+pub mod source;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

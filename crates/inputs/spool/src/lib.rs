@@ -104,7 +104,7 @@ pub fn read_spool(dir: &Path) -> Result<Spool, SpoolError> {
             path: f.clone(),
             source,
         })?;
-        match whyslow_stack_output::from_pprof(&bytes) {
+        match whyslow_codec::from_pprof(&bytes) {
             Ok(p) => evidence.profiles.push(p),
             Err(e) => evidence.notes.push(format!(
                 "skipped {}: not a readable profile: {e}",

@@ -141,26 +141,7 @@ pub fn duration_us(us: f64) -> String {
     }
 }
 
-/// The frames of a Python stack, outermost first.
-pub fn frames(name: &str) -> Vec<&str> {
-    name.split(';')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
-/// A frame `path/to/file.py(123): name` as (path, line, name).
-pub fn parse_frame(frame: &str) -> Option<(&str, u32, &str)> {
-    let close = frame.rfind("): ")?;
-    let head = &frame[..close];
-    let open = head.rfind('(')?;
-    let line: u32 = head[open + 1..].trim().parse().ok()?;
-    let path = head[..open].trim();
-    if path.is_empty() {
-        return None;
-    }
-    Some((path, line, frame[close + 3..].trim()))
-}
+pub use whyslow_model::python_frame::{frames, parse_frame};
 
 /// A frame with its file shortened to the base name: `socket.py(704): recv_into`.
 pub fn short_frame(frame: &str) -> String {

@@ -1,8 +1,8 @@
 //! whyslow's outputs: a terminal table (PerfTracker Figure 7, EROICA's output
 //! table), JSON (the report contract) and a self-contained HTML page with the
 //! per-worker scatter plots of PerfTracker Figure 13 and the β CDFs of
-//! Figure 15. Source excerpts for Python findings follow EROICA's "the
-//! relevant code is here".
+//! Figure 15. Source excerpts for Python findings (EROICA's "the relevant code is
+//! here") are read by `whyslow_ingest::source` and only shown here.
 //!
 //! Nothing here panics on any [`Report`]; all text from the inputs (function
 //! names, hosts, groups) is escaped in HTML and stripped of control
@@ -16,14 +16,12 @@ pub mod hang;
 mod html;
 mod lines;
 mod perfetto;
-mod source;
 mod table;
 
 pub use format::compact_ranks;
 pub use html::{escape as escape_html, render_html, render_html_with, HtmlOptions};
 pub use lines::{line_chart_svg, render_lines_page, LineSeries};
 pub use perfetto::render_perfetto;
-pub use source::{attach_source_excerpts, code_contexts, read_source_file};
 pub use table::render_table;
 
 use whyslow_model::{Finding, Report, Verdict};

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use super::*;
+use whyslow_ingest::source::attach_source_excerpts;
 use whyslow_model::{
     Finding, FunctionKind, Reason, Resource, Stat, UtilizationSource, Verdict, WorkerPoint,
     REPORT_VERSION,

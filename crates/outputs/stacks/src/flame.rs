@@ -8,7 +8,6 @@ use std::fmt::Write as _;
 use whyslow_model::stack::{FrameKind, StackProfile};
 
 use crate::tree::Tree;
-use crate::util::usable_hz;
 
 /// Left and right margin, px.
 const XPAD: f64 = 10.0;
@@ -475,7 +474,7 @@ pub fn to_flamegraph_svg(profile: &StackProfile, options: &FlameOptions) -> Stri
     let height = TOP + graph_height(&g, !placed.is_empty(), max_depth) + BOTTOM;
 
     let mut subtitle = samples(total);
-    if let Some(hz) = usable_hz(profile) {
+    if let Some(hz) = profile.usable_hz() {
         let _ = write!(subtitle, " at {hz} Hz");
     }
     if profile.duration_ns > 0 {

@@ -21,20 +21,19 @@
 
 mod diagnosis;
 mod flame;
-mod folded;
-mod pprof;
 mod speedscope;
 mod tree;
-mod util;
 
 pub use diagnosis::{diagnosis_html, diagnosis_table, diff_flamegraph};
 pub use flame::{to_diff_flamegraph_svg, to_flamegraph_svg, FlameOptions};
-pub use folded::{parse_folded, to_folded, FoldedError};
-pub use pprof::{
-    from_pprof, from_pprof_limited, pprof_summary_inflated, pprof_summary_limited, to_pprof,
-    visit_pprof_limited, FrameRef, PprofError, PprofSummary, PprofView, MAX_PPROF_DECOMPRESSED,
-};
+// The formats live in whyslow-codec (below the inputs that decode them);
+// re-exported so that a renderer's user has them in one place.
 pub use speedscope::{to_speedscope_json, SPEEDSCOPE_SCHEMA};
+pub use whyslow_codec::{
+    from_pprof, from_pprof_limited, parse_folded, pprof_summary_inflated, pprof_summary_limited,
+    to_folded, to_pprof, visit_pprof_limited, FoldedError, FrameRef, PprofError, PprofSummary,
+    PprofView, MAX_PPROF_DECOMPRESSED,
+};
 
 #[doc(no_inline)]
 pub use whyslow_model::stack::StackProfile;

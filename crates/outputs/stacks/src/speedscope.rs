@@ -5,8 +5,6 @@ use std::collections::HashMap;
 use serde::Serialize;
 use whyslow_model::stack::{FrameKind, StackProfile};
 
-use crate::util::{frame_at, total, usable_hz};
-
 /// The `$schema` of speedscope files.
 pub const SPEEDSCOPE_SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
 
@@ -66,7 +64,7 @@ pub fn to_speedscope_json(profile: &StackProfile) -> String {
         .iter()
         .find_map(|k| profile.labels.get(*k))
         .map_or("whyslow", String::as_str);
-    let per_sample = usable_hz(profile).map(|hz| 1e9 / hz);
+    let per_sample = profile.usable_hz().map(|hz| 1e9 / hz);
     let mut frames: Vec<SFrame> = Vec::new();
     let mut frame_index: HashMap<SFrame, usize> = HashMap::new();
     let mut by_id: HashMap<u32, usize> = HashMap::new();
@@ -81,7 +79,7 @@ pub fn to_speedscope_json(profile: &StackProfile) -> String {
             let i = match by_id.get(&id) {
                 Some(&i) => i,
                 None => {
-                    let f = frame_at(profile, id);
+                    let f = profile.frame_or_unknown(id);
                     let sf = SFrame {
                         name: f.name.clone().unwrap_or_else(|| f.display()),
                         file: match f.kind {
@@ -116,7 +114,7 @@ pub fn to_speedscope_json(profile: &StackProfile) -> String {
     }
     let end_value = match per_sample {
         Some(_) => weights.iter().fold(0u64, |a, &w| a.saturating_add(w)),
-        None => total(profile),
+        None => profile.total_saturating(),
     };
     let file = File {
         schema: SPEEDSCOPE_SCHEMA,

@@ -6,8 +6,6 @@ use std::collections::HashMap;
 
 use whyslow_model::stack::{FrameKind, StackProfile};
 
-use crate::util::frame_at;
-
 /// One node: a frame at one path.
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
@@ -53,7 +51,7 @@ impl Tree {
             let mut cur = 0;
             tree.nodes[0].value = tree.nodes[0].value.saturating_add(stack.count);
             for &id in &stack.frames {
-                let frame = frame_at(profile, id);
+                let frame = profile.frame_or_unknown(id);
                 let name = names.entry(id).or_insert_with(|| frame.display());
                 let key = (cur, name.clone(), frame.kind);
                 let next = tree.nodes.len();

@@ -4,7 +4,7 @@ use std::path::{Component, Path, PathBuf};
 
 use whyslow_model::{FunctionKind, Report};
 
-use crate::format::{frames, parse_frame};
+use whyslow_model::python_frame::{frames, parse_frame};
 
 /// Lines shown on each side of the frame's line.
 const CONTEXT: u32 = 2;

@@ -127,7 +127,7 @@ pub fn suggest_at(
     let model = ep.as_ref().map(|e| e.model.clone()).unwrap_or_else(|_| {
         std::env::var("WHYSLOW_LLM_MODEL").unwrap_or_else(|_| "default".into())
     });
-    let code = whyslow_report::code_contexts(report, &roots);
+    let code = whyslow_ingest::source::code_contexts(report, &roots);
     let opts = whyslow_fix::FixOptions {
         model: model.clone(),
         max_code_bytes: args.max_code_bytes,
@@ -163,7 +163,7 @@ pub fn suggest_at(
         Err(e) => Err(e.clone()),
     };
     let patch = whyslow_fix::apply_answer(report, &model, code_bytes, answer, &|path: &str| {
-        whyslow_report::read_source_file(&roots, path)
+        whyslow_ingest::source::read_source_file(&roots, path)
     });
     if let (Some(e), true) = (&report.fix_error, sent.is_ok()) {
         report.fix_error = Some(format!("{}/chat/completions: {e}", ep.base));

@@ -468,7 +468,7 @@ mod tests {
     }
 
     fn shipped_profiles() -> Vec<Vec<u8>> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../tests/fixtures");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
         let mut out = Vec::new();
         let mut stack = vec![dir];
         while let Some(d) = stack.pop() {

@@ -8,7 +8,7 @@ use super::*;
 use whyslow_model::Verdict;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 fn fingerprint_of(path: &Path) -> Fingerprint {

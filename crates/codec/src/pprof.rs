@@ -10,8 +10,6 @@ use rustc_hash::FxHashMap;
 use thiserror::Error;
 use whyslow_model::stack::{Frame, FrameKind, StackProfile, StackProfileBuilder};
 
-use crate::util::{frame_at, usable_hz};
-
 /// The most bytes [`from_pprof`] inflates a gzip-compressed profile to
 /// (256 MiB): a guard against decompression bombs.
 pub const MAX_PPROF_DECOMPRESSED: u64 = 256 << 20;
@@ -318,7 +316,7 @@ fn sat_i64(v: u64) -> i64 {
 /// Stacks with no samples are left out.
 pub fn to_pprof(profile: &StackProfile) -> Vec<u8> {
     let mut strings = Strings::new();
-    let hz = usable_hz(profile);
+    let hz = profile.usable_hz();
     let samples = strings.get("samples");
     let count = strings.get("count");
     let cpu = strings.get("cpu");
@@ -346,7 +344,7 @@ pub fn to_pprof(profile: &StackProfile) -> Vec<u8> {
         let mut label = Vec::new();
         let mut location_id = Vec::new();
         for &fid in &stack.frames {
-            let frame = frame_at(profile, fid);
+            let frame = profile.frame_or_unknown(fid);
             if frame.kind == FrameKind::Label {
                 let key = match label.len() {
                     0 => THREAD_LABEL.to_string(),

@@ -6,7 +6,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use whyslow_stack_output::{from_pprof_limited, pprof_summary_limited, PprofError};
+use whyslow_codec::{from_pprof_limited, pprof_summary_limited, PprofError};
 
 fn profiles(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -48,7 +48,7 @@ fn same(bytes: &[u8], what: &str) -> bool {
 
 #[test]
 fn summary_reads_every_recorded_profile_as_the_full_reader() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../tests/fixtures");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     let mut files = Vec::new();
     profiles(&root, &mut files);
     files.sort();
@@ -74,7 +74,7 @@ fn mix(x: &mut u64) -> u64 {
 
 #[test]
 fn summary_rejects_exactly_what_the_full_reader_rejects() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../tests/fixtures");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
     let mut files = Vec::new();
     profiles(&root, &mut files);
     files.sort();

@@ -332,7 +332,7 @@ pub fn analyze_job(evidence: JobEvidence, policy: &JobPolicy) -> Result<Report, 
     }
     judge_network(&fps, &mut report);
     if let Some(roots) = &policy.source_roots {
-        whyslow_report::attach_source_excerpts(&mut report, roots);
+        whyslow_ingest::source::attach_source_excerpts(&mut report, roots);
     }
     report.warnings.extend(door_warnings);
     report.warnings.extend(warnings);

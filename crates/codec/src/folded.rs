@@ -6,8 +6,6 @@ use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;
 use whyslow_model::stack::{Frame, FrameKind, StackProfile, StackProfileBuilder};
 
-use crate::util::frame_at;
-
 /// The suffix perf's folding (`stackcollapse-perf.pl --kernel`) appends to
 /// kernel frames, and that `flamegraph.pl` colours by.
 const KERNEL_SUFFIX: &str = "_[k]";
@@ -99,7 +97,7 @@ pub fn to_folded(profile: &StackProfile) -> String {
         let text = stack
             .frames
             .iter()
-            .map(|&id| folded_frame(frame_at(profile, id)))
+            .map(|&id| folded_frame(profile.frame_or_unknown(id)))
             .collect::<Vec<_>>()
             .join(";");
         let c = lines.entry(text).or_insert(0);
