@@ -29,13 +29,6 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("whyslow-agent-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// A busy child process (a spinning shell): the "training rank".
 struct Busy(Child);
 
@@ -209,7 +202,8 @@ fn time_weighted_mean(s: &whyslow_model::SampleSeries) -> f64 {
 #[ignore = "system test (./scripts/test --all): the node agent serving live ranks"]
 fn serves_two_ranks_holds_the_pause_file_and_runs_hooks() {
     let _g = serial();
-    let dir = temp_dir("two");
+    let _dir_guard = whyslow_testkit::temp_dir("two");
+    let dir = _dir_guard.path().to_path_buf();
     let hooks = dir.join("hooks.log");
     // Stale files of an agent that died: removed at startup.
     put(&dir, "whyslow.pause", "{}");
@@ -345,7 +339,8 @@ fn serves_two_ranks_holds_the_pause_file_and_runs_hooks() {
 #[ignore = "system test (./scripts/test --all): the node agent serving live ranks"]
 fn missing_process_gets_an_error_file() {
     let _g = serial();
-    let dir = temp_dir("missing");
+    let _dir_guard = whyslow_testkit::temp_dir("missing");
+    let dir = _dir_guard.path().to_path_buf();
     let mut agent = Agent::spawn(&dir, &[]);
     // Far above any pid_max: no such process.
     request(&dir, 2, 99_999_999, "gone");
@@ -383,7 +378,8 @@ fn missing_process_gets_an_error_file() {
 #[ignore = "system test (./scripts/test --all): the node agent serving live ranks"]
 fn sigterm_writes_what_was_sampled_and_removes_the_pause_file() {
     let _g = serial();
-    let dir = temp_dir("term");
+    let _dir_guard = whyslow_testkit::temp_dir("term");
+    let dir = _dir_guard.path().to_path_buf();
     let pause = dir.join("elsewhere.pause");
     let mut agent = Agent::spawn(&dir, &["--pause-file", pause.to_str().unwrap()]);
     let busy = Busy::spawn();
@@ -407,7 +403,8 @@ fn sigterm_writes_what_was_sampled_and_removes_the_pause_file() {
 #[ignore = "system test (./scripts/test --all): the node agent serving live ranks"]
 fn window_ends_when_the_process_exits() {
     let _g = serial();
-    let dir = temp_dir("exit");
+    let _dir_guard = whyslow_testkit::temp_dir("exit");
+    let dir = _dir_guard.path().to_path_buf();
     let _agent = Agent::spawn(&dir, &[]);
     let mut busy = Busy::spawn();
     request(&dir, 0, busy.pid(), "x");
@@ -427,7 +424,8 @@ fn window_ends_when_the_process_exits() {
 #[ignore = "system test (./scripts/test --all): the node agent serving live ranks"]
 fn registered_processes_are_profiled_into_a_bounded_spool() {
     let _g = serial();
-    let dir = temp_dir("profile");
+    let _dir_guard = whyslow_testkit::temp_dir("profile");
+    let dir = _dir_guard.path().to_path_buf();
     let spool = dir.join("spool");
     let mut agent = Agent::spawn(
         &dir,
@@ -518,7 +516,8 @@ fn registered_processes_are_profiled_into_a_bounded_spool() {
 #[ignore = "system test (./scripts/test --all): the node agent serving live ranks"]
 fn the_host_profile_shows_a_process_that_never_registered() {
     let _g = serial();
-    let dir = temp_dir("profile-host");
+    let _dir_guard = whyslow_testkit::temp_dir("profile-host");
+    let dir = _dir_guard.path().to_path_buf();
     let spool = dir.join("spool");
     let busy = Busy::spawn();
     let mut agent = Agent::spawn(
@@ -587,7 +586,8 @@ fn the_host_profile_shows_a_process_that_never_registered() {
 #[ignore = "system test (./scripts/test --all): the node agent serving live ranks"]
 fn over_its_memory_cap_the_agent_stops_profiling_and_the_job_runs_on() {
     let _g = serial();
-    let dir = temp_dir("capped");
+    let _dir_guard = whyslow_testkit::temp_dir("capped");
+    let dir = _dir_guard.path().to_path_buf();
     let spool = dir.join("spool");
     let mut agent = Agent::spawn(
         &dir,

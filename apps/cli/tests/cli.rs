@@ -19,13 +19,6 @@ fn example_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/data/slow-rank-cpu-gloo")
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("whyslow-cli-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn copy_example(to: &Path) {
     for entry in fs::read_dir(example_dir()).unwrap() {
         let p = entry.unwrap().path();
@@ -100,7 +93,8 @@ fn iteration_times_show_the_onset_of_the_fault() {
 /// spans on the flagged worker and the same tracks on peers.
 #[test]
 fn perfetto_export_holds_the_flagged_spans() {
-    let dir = temp_dir("perfetto");
+    let _dir_guard = whyslow_testkit::temp_dir("perfetto");
+    let dir = _dir_guard.path().to_path_buf();
     let trace = dir.join("flagged.json");
     let page = dir.join("report.html");
     let out = whyslow(&[
@@ -218,7 +212,8 @@ fn the_network_reading_names_the_link_not_its_neighbour() {
 
 #[test]
 fn bad_files_are_skipped_with_one_clear_line_each_and_the_rest_is_analyzed() {
-    let dir = temp_dir("bad");
+    let _dir_guard = whyslow_testkit::temp_dir("bad");
+    let dir = _dir_guard.path().to_path_buf();
     copy_example(&dir);
     let good = fs::read(dir.join("rank-0.json.gz")).unwrap();
     fs::write(dir.join("truncated.json.gz"), &good[..good.len() / 2]).unwrap();
@@ -260,7 +255,8 @@ fn bad_files_are_skipped_with_one_clear_line_each_and_the_rest_is_analyzed() {
 
 #[test]
 fn summarize_then_localize_gives_the_same_answer_as_analyze() {
-    let dir = temp_dir("fp");
+    let _dir_guard = whyslow_testkit::temp_dir("fp");
+    let dir = _dir_guard.path().to_path_buf();
     for r in 0..4 {
         let trace = example_dir().join(format!("rank-{r}.json.gz"));
         let fp = dir.join(format!("rank-{r}.fingerprint.json"));
@@ -316,7 +312,8 @@ fn summarize_then_localize_gives_the_same_answer_as_analyze() {
 
 #[test]
 fn html_report_is_written_and_self_contained() {
-    let dir = temp_dir("html");
+    let _dir_guard = whyslow_testkit::temp_dir("html");
+    let dir = _dir_guard.path().to_path_buf();
     let html = dir.join("report.html");
     let out = whyslow(&[
         "analyze",
@@ -358,7 +355,8 @@ fn sample_writes_a_readable_samples_file_for_a_busy_process() {
         .args(["-c", "while :; do :; done"])
         .spawn()
         .expect("spawn a busy loop");
-    let dir = temp_dir("sample");
+    let _dir_guard = whyslow_testkit::temp_dir("sample");
+    let dir = _dir_guard.path().to_path_buf();
     let file = dir.join("rank-0.samples.csv");
     let out = whyslow(&[
         "sample",
@@ -428,7 +426,8 @@ fn a_recorded_h100_run_names_the_extra_cuda_kernel_on_its_rank() {
 fn a_fingerprint_keeps_every_kernel_for_the_gpu_diff() {
     // Rank 0's GPU idles: each kernel is far under the floor of the
     // fingerprint's functions, yet the GPU diff needs its times.
-    let dir = temp_dir("h100-kernels");
+    let _dir_guard = whyslow_testkit::temp_dir("h100-kernels");
+    let dir = _dir_guard.path().to_path_buf();
     let fp = dir.join("rank-0.fingerprint.json");
     let out = whyslow(&[
         "summarize",

@@ -71,13 +71,6 @@ impl Drop for Kill {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("whyslow-diagnose-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
-}
-
 use common::{perf_events_allowed, start_ticks};
 
 /// `whyslow diagnose SPOOL --format json ARGS…`, which must succeed.
@@ -109,7 +102,8 @@ fn the_waterline_names_the_busy_rank_and_the_baseline_names_the_new_call() {
         whyslow_testkit::skip("perf events need root or perf_event_paranoid <= 1");
         return;
     }
-    let dir = temp_dir("job");
+    let _dir_guard = whyslow_testkit::temp_dir("job");
+    let dir = _dir_guard.path().to_path_buf();
     let spool = dir.join("spool");
     let _agent = Kill(
         Command::new(env!("CARGO_BIN_EXE_whyslow"))
@@ -240,7 +234,8 @@ fn the_waterline_names_the_busy_rank_and_the_baseline_names_the_new_call() {
 #[test]
 #[ignore = "system test (./scripts/test --all): node agents profiling live ranks"]
 fn collective_records_name_the_late_rank_and_bad_input_is_reported() {
-    let dir = temp_dir("collectives");
+    let _dir_guard = whyslow_testkit::temp_dir("collectives");
+    let dir = _dir_guard.path().to_path_buf();
     let mut lines = String::new();
     for k in 0..60u64 {
         let t = 1_000_000_000 + k * 50_000_000; // ns, a step every 50 ms
@@ -285,7 +280,9 @@ fn collective_records_name_the_late_rank_and_bad_input_is_reported() {
         "{show}"
     );
 
-    let empty = temp_dir("empty");
+    let _empty_guard = whyslow_testkit::temp_dir("empty");
+
+    let empty = _empty_guard.path().to_path_buf();
     let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
         .arg("diagnose")
         .arg(&empty)
@@ -323,7 +320,8 @@ fn four_rank_collectives(t0: u64, exit_ns: u64, late: impl Fn(u64) -> u64) -> St
 /// four ranks (30 s, one per second); `flood` raises rank 1's NET_RX
 /// softirqs per CPU-second.
 fn late_rank_spool(name: &str, flood: f64) -> PathBuf {
-    let dir = temp_dir(name);
+    let _dir_guard = whyslow_testkit::temp_dir(name);
+    let dir = _dir_guard.path().to_path_buf();
     fs::create_dir_all(dir.join("h0")).unwrap();
     let t0: u64 = 1_795_000_000_000_000_000;
     let lines = four_rank_collectives(
@@ -416,7 +414,8 @@ fn a_late_ranks_softirq_load_is_the_os_layer_and_plain_lateness_is_unexplained()
 /// segments it sends and receives `loss[r].1` % out of order; `None` leaves
 /// the counters out (an older agent).
 fn tcp_spool(name: &str, loss: Option<[(f64, f64); 4]>) -> PathBuf {
-    let dir = temp_dir(name);
+    let _dir_guard = whyslow_testkit::temp_dir(name);
+    let dir = _dir_guard.path().to_path_buf();
     fs::create_dir_all(dir.join("node")).unwrap();
     let t0: u64 = 1_795_000_000_000_000_000;
     let lines = four_rank_collectives(t0, 60_000_000, |_| 0);
@@ -648,7 +647,8 @@ fn a_late_ranks_slower_gpu_kernels_are_the_gpu_layer_uniform_or_specific() {
 /// the collectives come 1.5x slower from then: 4 ranks, CPU profiles of 2 s.
 fn regression_spool(name: &str, onset_s: u64) -> PathBuf {
     use whyslow_model::stack::{Frame, FrameKind, StackProfileBuilder};
-    let dir = temp_dir(name);
+    let _dir_guard = whyslow_testkit::temp_dir(name);
+    let dir = _dir_guard.path().to_path_buf();
     let h = dir.join("h0");
     fs::create_dir_all(&h).unwrap();
     let t0: u64 = 1_795_000_000_000_000_000;

@@ -18,13 +18,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("whyslow-brain-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn whyslow(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_whyslow"))
         .args(args)
@@ -94,7 +87,8 @@ fn findings(report: &serde_json::Value) -> Vec<(String, serde_json::Value)> {
 
 #[test]
 fn the_server_judges_three_of_four_ranks_as_analyze_does() {
-    let dir = temp_dir("demo");
+    let _dir_guard = whyslow_testkit::temp_dir("demo");
+    let dir = _dir_guard.path().to_path_buf();
     let traces = dir.join("traces");
     fs::create_dir_all(&traces).unwrap();
     for r in 0..3 {
@@ -164,7 +158,8 @@ fn the_server_judges_three_of_four_ranks_as_analyze_does() {
 
 #[test]
 fn two_jobs_are_refused_by_the_command_line_and_the_server_alike() {
-    let dir = temp_dir("mixed");
+    let _dir_guard = whyslow_testkit::temp_dir("mixed");
+    let dir = _dir_guard.path().to_path_buf();
     let single = common::fixtures().unwrap().join("kineto/single");
     let mut bodies = Vec::new();
     for name in ["a100-rank3of8.json.gz", "mi250-rocm.json.gz"] {
@@ -269,7 +264,8 @@ fn the_server_diagnoses_a_recorded_spool_as_the_library_does() {
         )
         .unwrap()
         .report;
-        let dir = temp_dir(&format!("spool-{case}"));
+        let _dir_guard = whyslow_testkit::temp_dir(&format!("spool-{case}"));
+        let dir = _dir_guard.path().to_path_buf();
         let (app, token) = server(&dir.join("store"));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -324,7 +320,8 @@ fn a_hang_report_reads_the_same_from_the_command_line_and_the_server() {
     assert_eq!(code, Some(0), "{err}");
     let local: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(local["culprits"][0]["rank"], 2, "{out}");
-    let dir = temp_dir("hang");
+    let _dir_guard = whyslow_testkit::temp_dir("hang");
+    let dir = _dir_guard.path().to_path_buf();
     let (app, token) = server(&dir.join("store"));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -403,7 +400,8 @@ fn runtime() -> tokio::runtime::Runtime {
 /// it, in the API and on the UI's list.
 #[test]
 fn the_job_list_names_jobs_as_their_scheduler_does() {
-    let dir = temp_dir("identity");
+    let _dir_guard = whyslow_testkit::temp_dir("identity");
+    let dir = _dir_guard.path().to_path_buf();
     let fps = demo_fingerprints(&dir);
     let (app, token) = server(&dir.join("store"));
     let rt = runtime();
@@ -463,7 +461,8 @@ fn the_job_list_names_jobs_as_their_scheduler_does() {
 /// `whyslow_job_hang`; a job with nothing concluded has none.
 #[test]
 fn what_the_server_concluded_of_each_job_is_on_metrics() {
-    let dir = temp_dir("gauges");
+    let _dir_guard = whyslow_testkit::temp_dir("gauges");
+    let dir = _dir_guard.path().to_path_buf();
     let fps = demo_fingerprints(&dir);
     let (app, token) = server(&dir.join("store"));
     let rt = runtime();

@@ -16,13 +16,6 @@ fn whyslow(args: &[&str]) -> Output {
         .expect("run whyslow")
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("whyslow-verdict-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn single(name: &str) -> PathBuf {
     common::fixtures().unwrap().join("kineto/single").join(name)
 }
@@ -44,7 +37,8 @@ fn text(out: &Output) -> (String, String) {
 
 #[test]
 fn empty_traces_could_not_be_judged() {
-    let dir = temp_dir("empty");
+    let _dir_guard = whyslow_testkit::temp_dir("empty");
+    let dir = _dir_guard.path().to_path_buf();
     for (name, body) in [
         ("empty-list.json", "[]"),
         ("no-events.json", r#"{"traceEvents": []}"#),
@@ -75,7 +69,8 @@ fn empty_traces_could_not_be_judged() {
 
 #[test]
 fn a_truncated_trace_is_refused_under_strict_and_its_missing_ranks_are_named() {
-    let dir = temp_dir("trunc");
+    let _dir_guard = whyslow_testkit::temp_dir("trunc");
+    let dir = _dir_guard.path().to_path_buf();
     let p = dir.join("cut.json");
     let whole = gunzip(&single("a100-rank3of8.json.gz"));
     fs::write(&p, &whole[..5000]).unwrap();
@@ -111,7 +106,8 @@ fn one_rank_of_two_reports_the_other_missing_and_strict_refuses() {
 
 #[test]
 fn traces_of_different_jobs_are_refused_not_pooled() {
-    let dir = temp_dir("mixed");
+    let _dir_guard = whyslow_testkit::temp_dir("mixed");
+    let dir = _dir_guard.path().to_path_buf();
     for name in [
         "a100-rank3of8.json.gz",
         "b200-eager-rank0of8.json.gz",
@@ -131,7 +127,8 @@ fn traces_of_different_jobs_are_refused_not_pooled() {
         "{stderr}"
     );
     // Two ranks of the same model but different world sizes are two jobs too.
-    let dir = temp_dir("sizes");
+    let _dir_guard = whyslow_testkit::temp_dir("sizes");
+    let dir = _dir_guard.path().to_path_buf();
     fs::copy(single("a100-rank3of8.json.gz"), dir.join("a.json.gz")).unwrap();
     fs::copy(single("a100-nccl-rank0of2.json.gz"), dir.join("b.json.gz")).unwrap();
     let out = whyslow(&["analyze", dir.to_str().unwrap()]);
@@ -142,7 +139,8 @@ fn traces_of_different_jobs_are_refused_not_pooled() {
 
 #[test]
 fn duplicate_ranks_are_refused_under_strict() {
-    let dir = temp_dir("dup");
+    let _dir_guard = whyslow_testkit::temp_dir("dup");
+    let dir = _dir_guard.path().to_path_buf();
     let src = single("v100-rank1of2.json.gz");
     fs::copy(&src, dir.join("first.json.gz")).unwrap();
     fs::copy(&src, dir.join("second.json.gz")).unwrap();
@@ -165,7 +163,8 @@ fn duplicate_ranks_are_refused_under_strict() {
 /// judged (exit 0) beside it.
 #[test]
 fn flows_on_garbage_could_not_be_judged() {
-    let dir = temp_dir("flows-garbage");
+    let _dir_guard = whyslow_testkit::temp_dir("flows-garbage");
+    let dir = _dir_guard.path().to_path_buf();
     let mut seed = 7u64;
     let bytes: Vec<u8> = (0..100_000)
         .map(|_| {
@@ -282,7 +281,8 @@ fn steps_on_real_production_timing_are_right_on_every_rank() {
 /// expected, once; a path that does not exist says its cause once.
 #[test]
 fn an_unreadable_input_says_why_once() {
-    let dir = temp_dir("one-bad-input");
+    let _dir_guard = whyslow_testkit::temp_dir("one-bad-input");
+    let dir = _dir_guard.path().to_path_buf();
     let empty = dir.join("empty");
     let png = dir.join("png");
     fs::create_dir_all(&empty).unwrap();

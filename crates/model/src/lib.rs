@@ -27,6 +27,7 @@ pub mod python_frame;
 mod report;
 pub mod rng;
 pub mod stack;
+pub mod stats;
 pub mod time;
 pub mod topology;
 mod trace;

@@ -488,16 +488,7 @@ fn judge_network(fps: &[Fingerprint], report: &mut Report) {
 }
 
 fn median_of(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    whyslow_model::stats::median(v).unwrap_or(0.0)
 }
 
 /// One sentence of a network row's evidence.

@@ -23,6 +23,16 @@ pub fn fixtures() -> PathBuf {
     dir
 }
 
+/// A fresh directory for one test, removed when the returned guard drops
+/// (also when the test fails); `name` goes into its file name so that a
+/// directory left by a killed run says whose it was.
+pub fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("whyslow-{name}-"))
+        .tempdir()
+        .expect("a temporary directory")
+}
+
 /// Says that the calling test cannot run here, and why: printed, and
 /// appended as `test<TAB>reason` to `$WHYSLOW_SKIP_LOG` when set
 /// (`./scripts/test` sets it, then counts and lists the skips in its

@@ -71,14 +71,9 @@ fn per_call(kernels: &[KernelTime]) -> BTreeMap<&str, (u64, f64)> {
     m
 }
 
+/// The median of a non-empty list (the caller skips empty ones); 0 for none.
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    whyslow_model::stats::median(&mut v).unwrap_or(0.0)
 }
 
 /// The GPU diff of `rank` (its kernels over the window) against `peers`

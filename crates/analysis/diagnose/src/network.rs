@@ -115,16 +115,7 @@ fn share(part: f64, whole: f64, cfg: &NetworkConfig) -> Option<f64> {
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+    whyslow_model::stats::median(&mut v)
 }
 
 /// Each host's share on one side, and the others' median.

@@ -196,16 +196,7 @@ pub fn instances(records: &[CollectiveRecord]) -> Vec<Instance> {
 }
 
 fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
+    whyslow_model::stats::median(v).unwrap_or(0.0)
 }
 
 /// One group's aligned entries over its recent complete instances: what

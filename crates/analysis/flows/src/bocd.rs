@@ -557,10 +557,9 @@ pub fn normalize_intervals(dts: &[f64], unit_us: f64) -> Vec<f64> {
     v
 }
 
+/// The median (`whyslow_model::stats::median`); 0 for no values.
 fn median(v: &mut [f64]) -> f64 {
-    let mid = v.len() / 2;
-    let (_, m, _) = v.select_nth_unstable_by(mid, |a, b| a.total_cmp(b));
-    *m
+    whyslow_model::stats::median(v).unwrap_or(0.0)
 }
 
 /// ln Γ(x) for x > 0 (Lanczos approximation, g = 7, n = 9; |error| < 1e-13).

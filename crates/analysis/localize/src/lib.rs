@@ -241,18 +241,7 @@ fn sample_indices(n: usize, count: usize, rng: &mut SplitMix64, out: &mut Vec<u3
 
 /// Median (mean of the two middle values for even counts); 0 when empty.
 fn median(v: &mut [f64]) -> f64 {
-    let n = v.len();
-    if n == 0 {
-        return 0.0;
-    }
-    let mid = n / 2;
-    let (_, &mut hi, _) = v.select_nth_unstable_by(mid, f64::total_cmp);
-    if n % 2 == 1 {
-        hi
-    } else {
-        let lo = v[..mid].iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        (lo + hi) / 2.0
-    }
+    whyslow_model::stats::median(v).unwrap_or(0.0)
 }
 
 /// The k-th smallest (0-based) value of a histogram of small integers.

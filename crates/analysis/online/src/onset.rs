@@ -43,18 +43,10 @@ pub struct Split {
     pub after: f64,
 }
 
+/// The median of the finite values; NaN when there are none.
 fn median(xs: &[f64]) -> f64 {
     let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    whyslow_model::stats::median(&mut v).unwrap_or(f64::NAN)
 }
 
 /// The step at which `durations` rose, if they rose (see the module docs).
