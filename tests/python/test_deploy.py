@@ -40,6 +40,30 @@ def test_kubernetes_manifests_validate_against_the_api_schemas():
         assert name in kust or name.startswith("example-"), name
 
 
+def _tolerates(t, taint):
+    """Kubernetes' rule: a toleration matches a taint by key (none: any),
+    effect (none: any), and value unless the operator is Exists."""
+    if t.get("key") not in (None, "", taint["key"]):
+        return False
+    if t.get("effect") not in (None, "", taint["effect"]):
+        return False
+    return t.get("operator", "Equal") == "Exists" or t.get("value") == taint.get("value")
+
+
+def test_the_agent_runs_on_gpu_nodes():
+    # Issue 47: GPU nodes carry nvidia.com/gpu:NoSchedule (the GPU
+    # operator's default); a DaemonSet without a matching toleration never
+    # runs there.
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (kubernetes-validate brings it)")
+    with open(os.path.join(DEPLOY, "kubernetes", "agent.yaml")) as f:
+        ds = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == "DaemonSet")
+    tolerations = ds["spec"]["template"]["spec"].get("tolerations", [])
+    for taint in ({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                  {"key": "nvidia.com/gpu", "effect": "NoExecute"},
+                  {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}):
+        assert any(_tolerates(t, taint) for t in tolerations), (taint, tolerations)
+
+
 def test_systemd_units_verify(tmp_path):
     exe = shutil.which("systemd-analyze")
     if exe is None:
