@@ -238,7 +238,13 @@ fn flows_on_garbage_could_not_be_judged() {
 /// end in the capture) and its mean period within 0.3 %.
 #[test]
 fn steps_on_real_production_timing_are_right_on_every_rank() {
-    for job in ["stragglers-AR", "stragglers-ST"] {
+    for job in [
+        "stragglers-AR",
+        "stragglers-ST",
+        // One flow per ring round: one flow size per DP phase.
+        "stragglers-AR-one-bucket",
+        "stragglers-ST-one-bucket",
+    ] {
         let dir = common::fixtures()
             .unwrap()
             .join("flows/real-timing")

@@ -18,7 +18,7 @@
 
 use crate::bocd::{change_points, normalize_intervals, BocdConfig};
 use crate::jobs::Jobs;
-use crate::steps::divide;
+use crate::steps::{bursts_per_step, divide, step_ending_bursts};
 use crate::{FlowIndex, FxHashMap, PairType};
 
 /// Classification of every pair of a [`FlowIndex`] (vectors parallel to
@@ -66,17 +66,51 @@ pub fn step_division(flows: &[(u64, u64)], cfg: &BocdConfig) -> Vec<usize> {
 /// Pairs with fewer steps than this are re-divided at their job's DP burst ends.
 pub const MIN_STEPS: usize = 3;
 
+/// Steps of one pair and the mode of their distinct flow sizes (Algorithm 2,
+/// lines 7–12). Where the pair's segments come k to a step (ZeRO: the
+/// reduce-scatter's rounds, a gap for the optimizer, the all-gather's: each
+/// phase one size when a bucket makes a round's only flow), the segments are
+/// joined into steps as the timelines join bursts
+/// ([`crate::steps::bursts_per_step`], [`crate::steps::step_ending_bursts`])
+/// before their sizes are counted: else a DP pair whose every phase carries
+/// one size reads as PP (Nₖ = 1 per phase).
 fn divide_and_count(spans: &[(u64, u64)], sizes: &[u64], cfg: &BocdConfig) -> (usize, usize) {
     let cps = divide(spans, cfg);
     let mut prev = 0;
-    let mut steps: Vec<&[u64]> = Vec::with_capacity(cps.len() + 1);
+    let mut segments: Vec<std::ops::Range<usize>> = Vec::with_capacity(cps.len() + 1);
     for &cp in cps.iter().chain(std::iter::once(&sizes.len())) {
         if cp > prev {
-            steps.push(&sizes[prev..cp]);
+            segments.push(prev..cp);
         }
         prev = cp;
     }
-    (steps.len(), mode_of_distinct_sizes(&steps))
+    let bursts: Vec<(u64, u64)> = segments
+        .iter()
+        .map(|r| {
+            let s = spans[r.clone()].iter().map(|t| t.0).min().unwrap_or(0);
+            let e = spans[r.clone()].iter().map(|t| t.1).max().unwrap_or(0);
+            (s, e)
+        })
+        .collect();
+    let (k, phase) = bursts_per_step(&bursts);
+    let ends = if k > 1 {
+        step_ending_bursts(&bursts, k, phase)
+    } else {
+        vec![true; segments.len()]
+    };
+    let mut steps: Vec<Vec<u64>> = Vec::with_capacity(segments.len());
+    let mut cur: Vec<u64> = Vec::new();
+    for (r, &end) in segments.iter().zip(&ends) {
+        cur.extend_from_slice(&sizes[r.clone()]);
+        if end {
+            steps.push(std::mem::take(&mut cur));
+        }
+    }
+    if !cur.is_empty() {
+        steps.push(cur);
+    }
+    let refs: Vec<&[u64]> = steps.iter().map(Vec::as_slice).collect();
+    (refs.len(), mode_of_distinct_sizes(&refs))
 }
 
 /// Relative difference below which two flow sizes count as the same in Nₖ.
