@@ -33,6 +33,7 @@ pub mod gpu;
 pub mod job;
 pub mod layer;
 pub mod network;
+mod stages;
 pub mod stragglers;
 
 use std::collections::{BTreeMap, HashMap};
