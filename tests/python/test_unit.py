@@ -106,6 +106,17 @@ def test_the_command_line_ships_in_the_package(tmp_path):
     assert p.returncode == 0 and p.stdout.startswith(b"whyslow "), p.stdout
     # A usage error is an exit code, not the end of the calling interpreter.
     assert _whyslow.cli_main(["no-such-command"]) == 2
+    # Issue 47: the full binary's commands, asked of the wheel's, say in one
+    # line where they are; output cut short by a closed pipe (`| head`) is no
+    # traceback.
+    for cmd in ("agent", "server", "profile"):
+        p = subprocess.run([exe, cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        said = (p.stdout + p.stderr).decode().strip().splitlines()
+        assert p.returncode != 0 and len(said) == 1, (cmd, p.returncode, said)
+        assert "full binary" in said[0] and "cargo install" in said[0], said
+    p = subprocess.run("%s analyze --help | head -1" % exe, shell=True, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=60)
+    assert b"Traceback" not in p.stderr and b"BrokenPipe" not in p.stderr, p.stderr.decode()
     # `trigger` stays Python's own subcommand.
     p = subprocess.run([sys.executable, "-m", "whyslow", "trigger", "--report-dir", str(tmp_path),
                         "--job", "j"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
