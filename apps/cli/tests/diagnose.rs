@@ -320,8 +320,8 @@ fn four_rank_collectives(t0: u64, exit_ns: u64, late: impl Fn(u64) -> u64) -> St
 /// four ranks (30 s, one per second); `flood` raises rank 1's NET_RX
 /// softirqs per CPU-second.
 fn late_rank_spool(name: &str, flood: f64) -> PathBuf {
-    let _dir_guard = whyslow_testkit::temp_dir(name);
-    let dir = _dir_guard.path().to_path_buf();
+    // Returned to the caller: kept (the caller's run reads it).
+    let dir = whyslow_testkit::temp_dir(name).keep();
     fs::create_dir_all(dir.join("h0")).unwrap();
     let t0: u64 = 1_795_000_000_000_000_000;
     let lines = four_rank_collectives(
@@ -391,6 +391,20 @@ fn a_late_ranks_softirq_load_is_the_os_layer_and_plain_lateness_is_unexplained()
         assert_eq!(os[0]["signal"], "softirq_NET_RX_per_cpu_s", "{show}");
         assert_eq!(os[0]["rank"], 1, "{show}");
         assert!(html.contains("rank 1 (flagged)") && html.contains("<polyline"));
+        // Issue 46: the page leads with the verdict, the layer and the
+        // measure that decided it, before the plots and the tables.
+        let verdict = html.find("class=\"verdict slow\"").expect("a verdict card");
+        assert!(
+            verdict < html.find("Entry into collectives").unwrap(),
+            "{html}"
+        );
+        assert!(
+            html[verdict..]
+                .starts_with("class=\"verdict slow\" aria-label=\"verdict\"><p><b>Rank 1 is late")
+                && html.contains("Layer: <b>os</b> — softirq_NET_RX_per_cpu_s on rank 1: "),
+            "{}",
+            &html[verdict..verdict + 600]
+        );
     }
     // The same lateness with ordinary OS readings: no layer whyslow sees
     // explains it, and the report says so instead of naming one.
@@ -414,8 +428,8 @@ fn a_late_ranks_softirq_load_is_the_os_layer_and_plain_lateness_is_unexplained()
 /// segments it sends and receives `loss[r].1` % out of order; `None` leaves
 /// the counters out (an older agent).
 fn tcp_spool(name: &str, loss: Option<[(f64, f64); 4]>) -> PathBuf {
-    let _dir_guard = whyslow_testkit::temp_dir(name);
-    let dir = _dir_guard.path().to_path_buf();
+    // Returned to the caller: kept (the caller's run reads it).
+    let dir = whyslow_testkit::temp_dir(name).keep();
     fs::create_dir_all(dir.join("node")).unwrap();
     let t0: u64 = 1_795_000_000_000_000_000;
     let lines = four_rank_collectives(t0, 60_000_000, |_| 0);
@@ -647,8 +661,8 @@ fn a_late_ranks_slower_gpu_kernels_are_the_gpu_layer_uniform_or_specific() {
 /// the collectives come 1.5x slower from then: 4 ranks, CPU profiles of 2 s.
 fn regression_spool(name: &str, onset_s: u64) -> PathBuf {
     use whyslow_model::stack::{Frame, FrameKind, StackProfileBuilder};
-    let _dir_guard = whyslow_testkit::temp_dir(name);
-    let dir = _dir_guard.path().to_path_buf();
+    // Returned to the caller: kept (the caller's run reads it).
+    let dir = whyslow_testkit::temp_dir(name).keep();
     let h = dir.join("h0");
     fs::create_dir_all(&h).unwrap();
     let t0: u64 = 1_795_000_000_000_000_000;

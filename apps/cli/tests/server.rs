@@ -339,10 +339,26 @@ fn the_web_ui_signs_in_lists_jobs_and_shows_reports_per_tenant() {
     let (st, _, body) = srv.raw("GET", "/ui/", &jar(&ta), b"");
     assert_eq!(st, 200);
     assert!(body.contains("href=\"/ui/jobs/job-ui\""), "{body}");
+    // Issue 46: the list says how each job stands (its latest session
+    // judged), and the job page leads with the verdict.
+    let verdict = "Ranks {1,3} are slow: aten::mm";
+    assert!(
+        body.contains("<span class=\"badge slow\">slow</span> ") && body.contains(verdict),
+        "{body}"
+    );
+    let (_, _, filtered) = srv.raw("GET", "/ui/?q=no-such-job", &jar(&ta), b"");
+    assert!(!filtered.contains("href=\"/ui/jobs/job-ui\""), "{filtered}");
     let (st, _, body) = srv.raw("GET", "/ui/jobs/job-ui", &jar(&ta), b"");
     assert_eq!(st, 200);
     assert!(
         body.contains("href=\"/ui/jobs/job-ui/sessions/s1\""),
+        "{body}"
+    );
+    let top = body
+        .find("class=\"verdict slow\"")
+        .expect("a verdict block");
+    assert!(
+        top < body.find("Sessions").unwrap() && body[top..].contains(verdict),
         "{body}"
     );
     let (st, _, body) = srv.raw("GET", session, &jar(&ta), b"");
@@ -1350,7 +1366,10 @@ fn collective_records_name_the_straggler_on_the_server_and_the_job_page() {
         page.contains("Cross-layer diagnosis") && page.contains("<svg"),
         "{page}"
     );
-    assert!(page.contains("Late: rank 2 (group default_pg"), "{page}");
+    assert!(
+        page.contains("Rank 2 is late into its collectives by"),
+        "{page}"
+    );
     // And the API its JSON, ranks as integers.
     let (code, body) = srv.request("GET", "/api/v1/jobs/job-c/diagnosis", Some(&ta), b"");
     assert_eq!(code, 200, "{body}");

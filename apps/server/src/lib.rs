@@ -1496,11 +1496,13 @@ async fn post_hang(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let hangs = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hangs: Arc<std::sync::Mutex<Option<whyslow_model::hang::HangReport>>> = Arc::default();
     let seen = hangs.clone();
     let parse = move |text: &str| {
         let r = parse_hang_report(text)?;
-        seen.store(r.hang, Ordering::Relaxed);
+        if let Ok(mut s) = seen.lock() {
+            *s = Some(r.clone());
+        }
         Ok((
             json!({ "hang": r.hang, "culprits": r.culprits.iter().map(|c| c.rank).collect::<Vec<_>>() }),
             1,
@@ -1520,10 +1522,9 @@ async fn post_hang(
     // Stored: the job's hang gauge follows it (the alert rules read it).
     if resp.status().is_success() {
         if let Ok(t) = tenant(&state, &headers).await {
-            state
-                .metrics
-                .jobs
-                .hang(t.0, &job, hangs.load(Ordering::Relaxed));
+            if let Some(r) = hangs.lock().ok().and_then(|mut h| h.take()) {
+                state.metrics.jobs.hang_report(t.0, &job, &r);
+            }
         }
     }
     resp

@@ -25,6 +25,7 @@ use serde::Deserialize;
 
 use crate::store::{self, TenantId};
 use crate::AppState;
+use whyslow_report::status::{self, Health};
 
 /// The cookie that holds the signed-in tenant's token.
 const COOKIE: &str = "whyslow_token";
@@ -44,7 +45,25 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}\
 nav{background:#24292f;padding:.6em 1.2em}nav a{color:#fff;text-decoration:none}\
 main{padding:1em 1.5em;max-width:70em}table{border-collapse:collapse}\
 td,th{border-bottom:1px solid #ddd;padding:.35em .9em;text-align:left}\
-th{background:#f3f4f6}.muted{color:#666}.error{color:#b00020}";
+th{background:#f3f4f6}.muted{color:#666}.error{color:#b00020}\
+th a{color:inherit}.badge{display:inline-block;padding:.05em .5em;border-radius:.7em;\
+font-size:.85em;font-weight:600;color:#fff;background:#6b7280}.badge.hang{background:#b00020}\
+.badge.slow{background:#b45309}.badge.healthy{background:#15803d}\
+.verdict{border-left:.35em solid #6b7280;background:#f9fafb;padding:.6em 1em;margin:1em 0}\
+.verdict.hang{border-color:#b00020}.verdict.slow{border-color:#b45309}.verdict.healthy{border-color:#15803d}\
+.verdict p{margin:.3em 0}.filter{margin:.5em 0 1em}";
+
+/// A query value as a URL wants it.
+fn url_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
 
 fn esc(s: &str) -> String {
     whyslow_report::escape_html(s)
@@ -213,21 +232,66 @@ async fn logout() -> Response {
         .into_response()
 }
 
-async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+/// The jobs list's order and filter (`/ui/?sort=status&q=llama`).
+#[derive(Deserialize, Default)]
+struct JobsQuery {
+    /// `status` (worst first, the default), `name` or `updated`.
+    sort: Option<String>,
+    /// Shown only: jobs whose id, name or a label contains this.
+    q: Option<String>,
+}
+
+/// Jobs whose status is computed on a view of the list when nothing was
+/// concluded of them yet (their latest session's report), at most.
+const STATUS_PER_VIEW: usize = 8;
+
+/// The latest session's report of a job, when it has a session.
+fn latest_report(
+    store: &dyn whyslow_store::Store,
+    t: TenantId,
+    job: &str,
+) -> Option<whyslow_model::Report> {
+    let sessions = store.sessions(t, job).ok()?;
+    let latest = sessions.iter().max_by_key(|s| s.updated_unix_s)?;
+    let fps = store.fingerprints(t, job, &latest.session).ok()?;
+    crate::report_of(&fps).ok()
+}
+
+async fn jobs_page(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<JobsQuery>,
+    headers: HeaderMap,
+) -> Response {
     state.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let t = match signed_in(&state, &headers, "/ui/").await {
         Ok(t) => t,
         Err(r) => return r,
     };
     let st = state.clone();
-    let jobs =
-        match tokio::task::spawn_blocking(move || crate::jobs_with_identity(st.store.as_ref(), t))
-            .await
-        {
-            Ok(Ok(j)) => j,
-            Ok(Err(e)) => return server_error(&e.to_string()),
-            Err(e) => return server_error(&e.to_string()),
-        };
+    let jobs = match tokio::task::spawn_blocking(move || {
+        let jobs = crate::jobs_with_identity(st.store.as_ref(), t)?;
+        // A job nothing was concluded of yet gets its latest session judged
+        // now (a few per view: the rest on the next one).
+        let mut judged = 0;
+        for (j, _) in &jobs {
+            if judged < STATUS_PER_VIEW
+                && j.sessions > 0
+                && !st.metrics.jobs.has_report(t.0, &j.job)
+            {
+                judged += 1;
+                if let Some(r) = latest_report(st.store.as_ref(), t, &j.job) {
+                    st.metrics.jobs.report(t.0, &j.job, &r);
+                }
+            }
+        }
+        Ok::<_, crate::StoreError>(jobs)
+    })
+    .await
+    {
+        Ok(Ok(j)) => j,
+        Ok(Err(e)) => return server_error(&e.to_string()),
+        Err(e) => return server_error(&e.to_string()),
+    };
     // The cross-job view a cluster's SRE opens first: which functions take
     // the CPU across the tenant's jobs now, and which grew.
     let st = state.clone();
@@ -252,10 +316,39 @@ async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
             .to_string()
     } else {
         // The name people know the job by first, the run id beside it, and
-        // what the scheduler says of it.
-        let rows: String = jobs
+        // what the scheduler says of it; its status (the verdict) beside.
+        let needle = query.q.as_deref().unwrap_or("").to_lowercase();
+        let mut shown_jobs: Vec<_> = jobs
             .iter()
-            .map(|(j, id)| {
+            .filter(|(j, id)| {
+                needle.is_empty()
+                    || j.job.to_lowercase().contains(&needle)
+                    || id.as_ref().is_some_and(|i| {
+                        i.name
+                            .as_deref()
+                            .unwrap_or("")
+                            .to_lowercase()
+                            .contains(&needle)
+                            || i.labels
+                                .iter()
+                                .any(|(k, v)| format!("{k}={v}").to_lowercase().contains(&needle))
+                    })
+            })
+            .map(|(j, id)| (j, id, state.metrics.jobs.status(t.0, &j.job)))
+            .collect();
+        match query.sort.as_deref() {
+            Some("name") => shown_jobs.sort_by(|a, b| a.0.job.cmp(&b.0.job)),
+            Some("updated") => shown_jobs.sort_by_key(|x| std::cmp::Reverse(x.0.updated_unix_s)),
+            _ => shown_jobs.sort_by_key(|x| {
+                (
+                    x.2.as_ref().map_or(Health::Unknown, |s| s.0),
+                    std::cmp::Reverse(x.0.updated_unix_s),
+                )
+            }),
+        }
+        let rows: String = shown_jobs
+            .iter()
+            .map(|(j, id, status)| {
                 let name = id.as_ref().and_then(|i| i.name.as_deref());
                 let shown = match name {
                     Some(n) => format!(
@@ -274,17 +367,36 @@ async fn jobs_page(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
                             .collect()
                     })
                     .unwrap_or_default();
+                let (health, said) = match status {
+                    Some((h, lines)) => (*h, lines.first().cloned().unwrap_or_default()),
+                    None => (Health::Unknown, "not judged yet".to_string()),
+                };
                 format!(
-                    "<tr><td><a href=\"/ui/jobs/{}\">{shown}</a></td><td>{labels}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    "<tr><td><a href=\"/ui/jobs/{}\">{shown}</a></td><td><span class=\"badge {h}\">{h}</span> {}</td><td>{labels}</td><td>{}</td><td>{}</td></tr>",
                     esc(&j.job),
+                    esc(&said),
                     j.sessions,
-                    j.fingerprints,
-                    utc(j.updated_unix_s)
+                    utc(j.updated_unix_s),
+                    h = health.as_str(),
                 )
             })
             .collect();
+        let sort = |key: &str, label: &str| {
+            let q = query
+                .q
+                .as_deref()
+                .map(|q| format!("&q={}", url_escape(q)))
+                .unwrap_or_default();
+            format!("<a href=\"/ui/?sort={key}{q}\">{label}</a>")
+        };
         format!(
-            "<table><tr><th>job</th><th>scheduler</th><th>sessions</th><th>worker fingerprints</th><th>last upload</th></tr>{rows}</table>"
+            "<form class=\"filter\" method=\"get\" action=\"/ui/\"><label>Filter by name or label \
+             <input name=\"q\" value=\"{}\"></label> <button>Filter</button></form>\
+             <table class=\"jobs\"><tr><th>{}</th><th>{}</th><th>scheduler</th><th>sessions</th><th>{}</th></tr>{rows}</table>",
+            esc(query.q.as_deref().unwrap_or("")),
+            sort("name", "job"),
+            sort("status", "status"),
+            sort("updated", "last upload"),
         )
     };
     let body = body + &functions_section(&functions);
@@ -340,29 +452,18 @@ fn functions_section(t: &Result<whyslow_store::FunctionTable, String>) -> String
 /// plot of each group with a late rank; the flame graphs on their own page.
 fn diagnosis_section(job: &str, d: &whyslow_diagnose::Diagnosis) -> String {
     let r = &d.report;
-    let verdict = if r.stragglers.is_empty() {
-        "No rank makes its group wait.".to_string()
-    } else {
-        let late: Vec<String> = r
-            .stragglers
-            .iter()
-            .map(|s| {
-                format!(
-                    "rank {} (group {}, {:.1} ms late)",
-                    s.rank,
-                    s.group,
-                    s.late_us / 1e3
-                )
-            })
-            .collect();
-        format!("Late: {}.", late.join(", "))
-    };
+    // The same words as `whyslow diagnose --html` (whyslow_report).
+    let verdict = status::diagnosis_status(r).line;
+    let measure = whyslow_report::diagnose::deciding_measure(r)
+        .map(|m| format!(" — {}", esc(&m)))
+        .unwrap_or_default();
     let mut out = format!(
         "<h2>Cross-layer diagnosis</h2><p class=\"muted\">From the node agents' profiles, \
          collective records and OS signals (SysOM-AI §3.1); the same verdict as \
          <code>whyslow diagnose</code> and <code>GET /api/v1/jobs/{j}/diagnosis</code>. \
-         <a href=\"/ui/jobs/{j}/diagnosis.html\">With its flame graphs</a>.</p>\
-         <p><b>{}</b> Layer: <b>{}</b>.</p><pre>{}</pre>",
+         <a href=\"/ui/jobs/{j}/diagnosis.html\">The whole report, with its flame graphs</a>.</p>\
+         <p><b>{}</b> Layer: <b>{}</b>{measure}.</p>\
+         <details><summary>Every row and note</summary><pre>{}</pre></details>",
         esc(&verdict),
         esc(&r.layer),
         esc(&whyslow_stack_output::diagnosis_table(r)),
@@ -443,16 +544,17 @@ async fn job_page(
             }
         }
         let diagnosis = crate::diagnosis_of(st.store.as_ref(), t, &j, &Default::default())?.ok();
+        let report = latest_report(st.store.as_ref(), t, &j);
         let flows = st
             .store
             .batches(t, &j, whyslow_store::BatchKind::Flows, 1)?;
         let hangs = st
             .store
             .batches(t, &j, whyslow_store::BatchKind::Hangs, 1)?;
-        Ok((sessions, kinds, diagnosis, flows, hangs))
+        Ok((sessions, kinds, diagnosis, flows, hangs, report))
     })
     .await;
-    let (sessions, kinds, diagnosis, flows, hangs) = match found {
+    let (sessions, kinds, diagnosis, flows, hangs, report) = match found {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return server_error(&e.to_string()),
         Err(e) => return server_error(&e.to_string()),
@@ -466,9 +568,35 @@ async fn job_page(
         return not_found(&format!("No job {job:?}."));
     }
     let mut body = String::new();
+    let hang = hangs.first().and_then(|h| crate::parse_hang_report(h).ok());
+    // The verdict first (issue 46): what is slow, where and why, from every
+    // kind of evidence the job has, worst first.
+    let mut parts = Vec::new();
+    if let Some(r) = &hang {
+        parts.push(status::hang_status(r));
+        state.metrics.jobs.hang_report(t.0, &job, r);
+    }
+    if let Some(d) = &diagnosis {
+        parts.push(status::diagnosis_status(&d.report));
+        state.metrics.jobs.diagnosis(t.0, &job, &d.report);
+    }
+    if let Some(r) = &report {
+        parts.push(status::report_status(r));
+        state.metrics.jobs.report(t.0, &job, r);
+    }
+    let (health, lines) = status::job_status(&parts);
+    let lines: String = if lines.is_empty() {
+        "<p>Nothing judged yet: no session, diagnosis or hang report.</p>".into()
+    } else {
+        lines.iter().map(|l| format!("<p>{}</p>", esc(l))).collect()
+    };
+    body.push_str(&format!(
+        "<section class=\"verdict {h}\" aria-label=\"verdict\"><span class=\"badge {h}\">{h}</span>{lines}</section>",
+        h = health.as_str()
+    ));
     // A hang first: the job is stopped, nothing else matters as much.
-    if let Some(r) = hangs.first().and_then(|h| crate::parse_hang_report(h).ok()) {
-        body.push_str(&hang_section(&r));
+    if let Some(r) = &hang {
+        body.push_str(&hang_section(r));
     }
     if let Some(d) = &diagnosis {
         body.push_str(&diagnosis_section(&job, d));

@@ -11,7 +11,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use whyslow_model::diagnosis::DiagnoseReport;
+use whyslow_model::hang::HangReport;
 use whyslow_model::Report;
+use whyslow_report::status::{self, Health, StatusLine};
 
 /// Jobs exported at most.
 pub const MAX_JOB_SERIES: usize = 200;
@@ -25,6 +27,9 @@ struct Verdict {
     stragglers: Option<u64>,
     hang: Option<bool>,
     slowdown: Option<f64>,
+    /// What the latest report, diagnosis and hang report say, in words
+    /// (whyslow_report::status): the jobs list's status column.
+    said: [Option<StatusLine>; 3],
     at: Instant,
 }
 
@@ -65,6 +70,7 @@ impl JobVerdicts {
             stragglers: None,
             hang: None,
             slowdown: None,
+            said: [None, None, None],
             at: now,
         });
         v.at = now;
@@ -89,19 +95,49 @@ impl JobVerdicts {
         self.update(tenant, job, |v| {
             v.findings = Some(r.findings.len() as u64);
             v.slowdown = slowdown.or(Some(1.0));
+            v.said[0] = Some(status::report_status(r));
         });
     }
 
     /// The job's diagnosis was computed.
     pub fn diagnosis(&self, tenant: i64, job: &str, d: &DiagnoseReport) {
         self.update(tenant, job, |v| {
-            v.stragglers = Some(d.stragglers.len() as u64)
+            v.stragglers = Some(d.stragglers.len() as u64);
+            v.said[1] = Some(status::diagnosis_status(d));
         });
     }
 
     /// A hang report of the job arrived.
     pub fn hang(&self, tenant: i64, job: &str, hangs: bool) {
         self.update(tenant, job, |v| v.hang = Some(hangs));
+    }
+
+    /// A hang report of the job arrived, with what it says.
+    pub fn hang_report(&self, tenant: i64, job: &str, r: &HangReport) {
+        self.update(tenant, job, |v| {
+            v.hang = Some(r.hang);
+            v.said[2] = Some(status::hang_status(r));
+        });
+    }
+
+    /// What was concluded of the job, worst first; `None` when nothing
+    /// was (or it was forgotten: [`MAX_JOB_SERIES`], [`JOB_SERIES_TTL`]).
+    pub fn status(&self, tenant: i64, job: &str) -> Option<(Health, Vec<String>)> {
+        let jobs = self.jobs.lock().ok()?;
+        let v = jobs.get(&(tenant, job.to_string()))?;
+        let parts: Vec<StatusLine> = v.said.iter().flatten().cloned().collect();
+        (!parts.is_empty()).then(|| status::job_status(&parts))
+    }
+
+    /// Whether a session's report of the job is among what was concluded.
+    pub fn has_report(&self, tenant: i64, job: &str) -> bool {
+        self.jobs
+            .lock()
+            .map(|j| {
+                j.get(&(tenant, job.to_string()))
+                    .is_some_and(|v| v.said[0].is_some())
+            })
+            .unwrap_or(false)
     }
 
     /// The gauges in Prometheus' text format (their HELP and TYPE even

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// The whole verdict of one diagnosis (SysOM-AI §3.1–§3.3).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DiagnoseReport {
     /// Ranks late into their collectives (needs collective records).
     pub stragglers: Vec<StragglerRow>,

@@ -65,20 +65,236 @@ pub struct FlameGraph {
     pub svg: String,
 }
 
-/// Renders the page: `summary` is the terminal report (preformatted).
+/// What decided the layer, in one line: the first row of the layer's own
+/// diff (SysOM-AI §3.1: the layer whose signals set the late rank apart).
+pub fn deciding_measure(r: &DiagnoseReport) -> Option<String> {
+    let pct = |x: f64| format!("{:.1}%", 100.0 * x);
+    match r.layer.as_str() {
+        "cpu" => r
+            .cpu_diff
+            .first()
+            .map(|d| {
+                format!(
+                    "{} on rank {}: {} of its {} samples against {} on its peers (waterline {})",
+                    d.function,
+                    d.rank,
+                    pct(d.straggler_share),
+                    if d.scope == "host" { "host's" } else { "CPU" },
+                    pct(d.peer_share),
+                    pct(d.threshold)
+                )
+            })
+            .or_else(|| {
+                r.regressions.first().map(|g| {
+                    format!(
+                        "{} rose from {} to {} of the job's samples since the baseline",
+                        g.function,
+                        pct(g.before_share),
+                        pct(g.after_share)
+                    )
+                })
+            }),
+        "os" => r
+            .os_diff
+            .first()
+            .map(|d| {
+                format!(
+                    "{} on rank {}: {:.1} against {:.1} on its peers (threshold {:.1})",
+                    d.diff.signal, d.rank, d.diff.straggler, d.diff.peers, d.diff.threshold
+                )
+            })
+            .or_else(|| {
+                r.offcpu_diff.first().map(|d| {
+                    format!(
+                        "rank {} blocked in {}: {} of its blocked time against {} on its peers",
+                        d.rank,
+                        d.function,
+                        pct(d.straggler_share),
+                        pct(d.peer_share)
+                    )
+                })
+            }),
+        "network" => r.network_diff.first().map(|h| {
+            let m: Vec<String> = h
+                .measures
+                .iter()
+                .map(|m| format!("{} {:.1} against {:.1}", m.name, m.value, m.peers))
+                .collect();
+            let loss = h
+                .resent
+                .as_ref()
+                .map(|l| format!("{:.2}% of segments resent", l.pct))
+                .unwrap_or_default();
+            format!(
+                "host {} ({}): {}{}{}",
+                h.host,
+                h.cause,
+                loss,
+                if loss.is_empty() || m.is_empty() {
+                    ""
+                } else {
+                    "; "
+                },
+                m.join(", ")
+            )
+        }),
+        "gpu" => r.gpu_diff.first().map(|g| {
+            format!(
+                "rank {}: its kernels {:.2}x its {} peers' time",
+                g.rank, g.finding.overall_ratio, g.peers
+            )
+        }),
+        _ => None,
+    }
+}
+
+/// A share as a bar beside its number.
+fn bar(share: f64, class: &str) -> String {
+    let w = (share.clamp(0.0, 1.0) * 100.0).round();
+    format!(
+        "<span class=\"bar {class}\" style=\"width:{w}px\"></span> {:.1}%",
+        100.0 * share
+    )
+}
+
+fn cpu_table(rows: &[whyslow_model::diagnosis::CpuDiff], what: &str) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut t = format!(
+        "<h3>{what}</h3><table><tr><th>rank</th><th>scope</th><th>function</th>\
+         <th>its share</th><th>peers'</th><th>waterline</th></tr>"
+    );
+    for d in rows.iter().take(12) {
+        let _ = write!(
+            t,
+            "<tr><td>{}</td><td>{}</td><td title=\"{}\"><code>{}</code></td><td>{}</td><td>{}</td><td>{:.1}%</td></tr>",
+            d.rank,
+            escape(&d.scope),
+            escape(&d.stack),
+            escape(&d.function),
+            bar(d.straggler_share, "me"),
+            bar(d.peer_share, "peers"),
+            100.0 * d.threshold
+        );
+    }
+    t.push_str("</table>");
+    t
+}
+
+/// Renders the page (issue 46: a report, the verdict first): the verdict
+/// card with the layer and the measure that decided it, the late ranks,
+/// each layer's diff as a table, the entry-time plots (Fig. 5), the
+/// differential flame graphs (Fig. 7), and the terminal report collapsed.
 pub fn render_diagnose_html(
     title: &str,
+    r: &DiagnoseReport,
     summary: &str,
     plots: &[EntryPlot],
     flames: &[FlameGraph],
 ) -> String {
+    let status = crate::status::diagnosis_status(r);
     let mut body = String::new();
     let _ = write!(
         body,
-        "<h1>{}</h1><pre>{}</pre>",
+        "<h1>{}</h1><section class=\"verdict {h}\" aria-label=\"verdict\"><p><b>{}</b></p><p>Layer: <b>{}</b>{}</p></section>",
         escape(title),
-        escape(summary)
+        escape(&status.line),
+        escape(&r.layer),
+        deciding_measure(r)
+            .map(|m| format!(" — {}", escape(&m)))
+            .unwrap_or_default(),
+        h = status.health.as_str(),
     );
+    if let Some(h) = &r.hang {
+        let _ = write!(
+            body,
+            "<p class=\"hang\"><b>Hang:</b> {}</p>",
+            escape(&h.verdict)
+        );
+    }
+    if !r.stragglers.is_empty() {
+        body.push_str(
+            "<h2>Late ranks</h2><table><tr><th>rank</th><th>group</th><th>late per collective</th><th>t</th></tr>",
+        );
+        for s in &r.stragglers {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td></tr>",
+                s.rank,
+                escape(&s.group),
+                escape(&crate::format::duration_us(s.late_us)),
+                s.t
+            );
+        }
+        body.push_str("</table>");
+    }
+    body.push_str(&cpu_table(
+        &r.cpu_diff,
+        "CPU: paths above their group's waterline",
+    ));
+    body.push_str(&cpu_table(
+        &r.offcpu_diff,
+        "Off the CPU: blocked paths above the waterline",
+    ));
+    if !r.os_diff.is_empty() {
+        body.push_str(
+            "<h3>OS signals above the peers'</h3><table><tr><th>rank</th><th>signal</th><th>its value</th><th>peers'</th><th>threshold</th><th>handler path</th></tr>",
+        );
+        for d in r.os_diff.iter().take(12) {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td><code>{}</code></td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td><code>{}</code></td></tr>",
+                d.rank,
+                escape(&d.diff.signal),
+                d.diff.straggler,
+                d.diff.peers,
+                d.diff.threshold,
+                escape(d.handler_stack.as_deref().unwrap_or(""))
+            );
+        }
+        body.push_str("</table>");
+    }
+    if !r.network_diff.is_empty() {
+        body.push_str(
+            "<h3>Network: hosts that lose segments or sit behind a slow link</h3><table><tr><th>host</th><th>ranks</th><th>cause</th><th>side</th><th>stands out</th><th>measures</th></tr>",
+        );
+        for h in r.network_diff.iter().take(12) {
+            let m: Vec<String> = h
+                .measures
+                .iter()
+                .map(|m| format!("{} {:.1} (others {:.1})", m.name, m.value, m.peers))
+                .collect();
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&h.host),
+                escape(&crate::compact_ranks(&h.ranks, 30)),
+                escape(&h.cause),
+                escape(&h.side),
+                if h.stands_out { "yes" } else { "no" },
+                escape(&m.join("; "))
+            );
+        }
+        body.push_str("</table>");
+    }
+    if !r.regressions.is_empty() {
+        body.push_str(
+            "<h3>What rose since the baseline</h3><table><tr><th>group</th><th>function</th><th>before</th><th>now</th></tr>",
+        );
+        for g in r.regressions.iter().take(12) {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td title=\"{}\"><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+                escape(&g.group),
+                escape(&g.stack),
+                escape(&g.function),
+                bar(g.before_share, "peers"),
+                bar(g.after_share, "me")
+            );
+        }
+        body.push_str("</table>");
+    }
     body.push_str("<h2>Entry into collectives, per rank</h2>");
     if plots.is_empty() {
         body.push_str(
@@ -110,10 +326,21 @@ pub fn render_diagnose_html(
             escape(&f.svg)
         );
     }
+    let _ = write!(
+        body,
+        "<details><summary>The whole report as text (notes, every row)</summary><pre>{}</pre></details>",
+        escape(summary)
+    );
     format!(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{t}</title>\
-         <style>body{{font-family:sans-serif;margin:2em;max-width:1300px}}\
-         pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}\
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{t}</title>\
+         <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}}\
+         pre{{background:#f6f6f6;padding:1em;overflow-x:auto;white-space:pre-wrap}}\
+         table{{border-collapse:collapse;margin:.5em 0}}td,th{{border-bottom:1px solid #ddd;padding:.3em .7em;text-align:left;vertical-align:top}}\
+         th{{background:#f3f4f6}}code{{word-break:break-all}}\
+         .verdict{{border-left:.35em solid #6b7280;background:#f9fafb;padding:.6em 1em}}\
+         .verdict.slow{{border-color:#b45309}}.verdict.healthy{{border-color:#15803d}}.verdict.hang{{border-color:#b00020}}\
+         .bar{{display:inline-block;height:.7em;background:#b45309;vertical-align:middle}}.bar.peers{{background:#9ca3af}}\
          iframe.flame{{width:100%;height:620px;border:1px solid #ccc}}</style>\
          </head><body>{body}</body></html>\n",
         t = escape(title)
@@ -381,8 +608,10 @@ mod tests {
 
     #[test]
     fn plots_and_flame_graphs_are_embedded_and_escaped() {
+        let r = DiagnoseReport::default();
         let page = render_diagnose_html(
             "diagnose <dir>",
+            &r,
             "straggler: rank 2 & more",
             &[EntryPlot {
                 group: "job/gloo3#0".into(),
@@ -402,7 +631,7 @@ mod tests {
         assert!(page.contains("srcdoc=\"&lt;svg id=&quot;x&quot;&gt;"));
         // The flame graph's script stays inside its frame's document.
         assert_eq!(page.matches("<script").count(), 0);
-        let empty = render_diagnose_html("t", "", &[], &[]);
+        let empty = render_diagnose_html("t", &r, "", &[], &[]);
         assert!(empty.contains("nothing to plot") && empty.contains("No rank profiles"));
     }
 }

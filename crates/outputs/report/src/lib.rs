@@ -16,6 +16,7 @@ pub mod hang;
 mod html;
 mod lines;
 mod perfetto;
+pub mod status;
 mod table;
 
 pub use format::compact_ranks;

@@ -49,5 +49,11 @@ pub fn diagnosis_html(title: &str, d: &Diagnosis) -> String {
         })
         .collect();
     let flames: Vec<FlameGraph> = d.flames.iter().map(diff_flamegraph).collect();
-    render_diagnose_html(title, &diagnosis_table(&d.report), &plots, &flames)
+    render_diagnose_html(
+        title,
+        &d.report,
+        &diagnosis_table(&d.report),
+        &plots,
+        &flames,
+    )
 }
