@@ -153,6 +153,15 @@ fn the_server_judges_three_of_four_ranks_as_analyze_does() {
         );
         assert_eq!(report["verdict"], cli["verdict"]);
         assert_eq!(findings(&report), findings(&cli));
+        // Issue 46: the steps travel with the fingerprints, so the server
+        // has the iteration times (and their onset) the traces gave.
+        assert!(
+            cli["iterations"]["series"]
+                .as_array()
+                .is_some_and(|s| s.len() == 3),
+            "{stdout}"
+        );
+        assert_eq!(report["iterations"], cli["iterations"], "{report}");
     });
 }
 

@@ -169,6 +169,14 @@ pub struct Fingerprint {
     /// (`functions` of kind `gpu_kernel` then stand in).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelTotal>,
+    /// The window's training steps as the trace marked them (`ProfilerStep#N`
+    /// spans): `(step, ms)`, in order. They travel with the fingerprint so
+    /// that a door holding fingerprints only (the server, `localize`) plots
+    /// the iteration time and finds its onset as `analyze` does on the traces
+    /// (PerfTracker §4.1). Empty without step marks, and in fingerprints
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<(u64, f64)>,
 }
 
 /// The most kernels a fingerprint lists in [`Fingerprint::kernels`].

@@ -266,6 +266,9 @@ pub fn analyze_job(evidence: JobEvidence, policy: &JobPolicy) -> Result<Report, 
         warnings: door_warnings,
         cross_layer,
     } = evidence;
+    // Fingerprints carry their trace's steps: a door that holds only them
+    // (the server, `localize`) plots the iteration time as `analyze` does.
+    let iterations = iterations.or_else(|| iterations_from_fingerprints(&fps));
     if fps.is_empty() {
         return Err(Refusal::NoEvidence);
     }
@@ -555,6 +558,27 @@ pub fn iterations_from_traces(traces: &[WorkerTrace]) -> Option<IterationTimes> 
             worker: Some(t.meta.rank),
             steps: t.steps.iter().map(|s| s.0).collect(),
             ms: t.steps.iter().map(|s| (s.2 - s.1) as f64 / 1e6).collect(),
+        })
+        .collect();
+    whyslow_online::iteration_times(
+        IterationSource::ProfilerSteps,
+        series,
+        &OnsetConfig::default(),
+    )
+}
+
+/// Each worker's step durations as its fingerprint carries them
+/// ([`Fingerprint::steps`]: the trace's `ProfilerStep` spans), with the step
+/// where the job's iteration time rose: what [`iterations_from_traces`]
+/// gives on the traces themselves.
+pub fn iterations_from_fingerprints(fps: &[Fingerprint]) -> Option<IterationTimes> {
+    let series = fps
+        .iter()
+        .filter(|f| !f.steps.is_empty())
+        .map(|f| IterationSeries {
+            worker: Some(f.worker),
+            steps: f.steps.iter().map(|s| s.0).collect(),
+            ms: f.steps.iter().map(|s| s.1).collect(),
         })
         .collect();
     whyslow_online::iteration_times(

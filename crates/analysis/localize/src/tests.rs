@@ -54,6 +54,7 @@ fn fp(worker: u32, functions: Vec<FunctionPattern>) -> Fingerprint {
         functions,
         total_floor: 0.0,
         kernels: Vec::new(),
+        steps: Vec::new(),
         omitted: Vec::new(),
         warnings: vec![],
         network: None,

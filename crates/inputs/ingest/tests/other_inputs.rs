@@ -128,6 +128,7 @@ fn fingerprint() -> Fingerprint {
         source: "x".into(),
         total_floor: 0.0,
         kernels: Vec::new(),
+        steps: Vec::new(),
         omitted: Vec::new(),
         functions: vec![FunctionPattern {
             name: "a;b".into(),

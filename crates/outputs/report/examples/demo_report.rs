@@ -71,6 +71,7 @@ fn main() {
                 ],
                 total_floor: 0.0,
                 kernels: Vec::new(),
+        steps: Vec::new(),
                 omitted: Vec::new(),
                 warnings: vec![],
                 network: None,

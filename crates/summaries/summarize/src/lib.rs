@@ -160,6 +160,11 @@ pub fn summarize(
         warnings: Vec::new(),
         network: None,
         kernels: Vec::new(),
+        steps: trace
+            .steps
+            .iter()
+            .map(|s| (s.0, s.2.saturating_sub(s.1) as f64 / 1e6))
+            .collect(),
     };
 
     // 2. Critical time per function (Eq. 2, 3).
