@@ -316,3 +316,51 @@ fn an_unreadable_input_says_why_once() {
         "{stderr}"
     );
 }
+
+/// Issue 46: the hang page leads with the verdict, then the culprits (what
+/// each did, its sizes in words, its stack collapsed), then the waits-for
+/// graph, where two ranks that wait for each other get two arrows side by
+/// side (the `mismatch` case: ranks 0 and 2 each wait for the other).
+#[test]
+fn the_hang_page_leads_with_the_verdict_and_draws_mutual_waits_apart() {
+    let _dir_guard = whyslow_testkit::temp_dir("hang-html");
+    let page = _dir_guard.path().join("hang.html");
+    let dir = common::fixtures().unwrap().join("hang/mismatch");
+    let out = whyslow(&[
+        "hang",
+        dir.to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.code().is_some(), "{stdout}{stderr}");
+    let html = fs::read_to_string(&page).unwrap();
+    let verdict = html.find("aria-label='verdict'").expect("a verdict card");
+    let culprits = html.find("<h2>Culprits</h2>").expect("culprits");
+    let graph = html.find("<h2>Who waits for whom</h2>").expect("the graph");
+    assert!(verdict < culprits && culprits < graph, "{html}");
+    assert!(html.contains("on tensor(s) 192×192"), "{html}");
+    assert!(!html.contains("[[192, 192]]"), "{html}");
+    // Two arrows between 0 and 2, side by side: no line is another one
+    // drawn backwards (the same segment, one arrow hiding the other).
+    let coord = |tag: &str, k: &str| -> f64 {
+        let i = tag.find(&format!("{k}='")).unwrap() + k.len() + 2;
+        tag[i..i + tag[i..].find('\'').unwrap()].parse().unwrap()
+    };
+    let lines: Vec<[f64; 4]> = html
+        .match_indices("<line ")
+        .map(|(i, _)| {
+            let tag = &html[i..i + html[i..].find("/>").unwrap()];
+            ["x1", "y1", "x2", "y2"].map(|k| coord(tag, k))
+        })
+        .collect();
+    assert!(lines.len() >= 2, "{html}");
+    let near = |a: f64, b: f64| (a - b).abs() < 1.0;
+    for a in &lines {
+        for b in &lines {
+            let reversed =
+                near(a[0], b[2]) && near(a[1], b[3]) && near(a[2], b[0]) && near(a[3], b[1]);
+            assert!(!reversed, "one arrow drawn over the other: {lines:?}");
+        }
+    }
+}

@@ -191,20 +191,28 @@ pub fn waits_for_svg(r: &HangReport) -> String {
         "<svg xmlns='http://www.w3.org/2000/svg' width='{w:.0}' height='{h:.0}' role='img' aria-label='waits-for graph'>\
 <defs><marker id='arrow' viewBox='0 0 10 10' refX='10' refY='5' markerWidth='7' markerHeight='7' orient='auto-start-reverse'><path d='M0,0L10,5L0,10z' fill='#555'/></marker></defs>"
     );
-    for &(from, to) in &edges {
+    let drawn: std::collections::BTreeSet<(u32, u32)> = edges.iter().copied().collect();
+    for &(from, to) in &drawn {
         let (Some(a), Some(b)) = (pos.get(&from), pos.get(&to)) else {
             continue;
         };
         let (dx, dy) = (b.0 - a.0, b.1 - a.1);
         let len = (dx * dx + dy * dy).sqrt().max(1.0);
         let (ux, uy) = (dx / len * 22.0, dy / len * 22.0);
+        // Two ranks that wait for each other (a cycle of waits): each arrow
+        // beside the other, not both on one line.
+        let (ox, oy) = if drawn.contains(&(to, from)) {
+            (-uy / 22.0 * 5.0, ux / 22.0 * 5.0)
+        } else {
+            (0.0, 0.0)
+        };
         let _ = write!(
             s,
             "<line x1='{:.1}' y1='{:.1}' x2='{:.1}' y2='{:.1}' stroke='#555' marker-end='url(#arrow)'/>",
-            a.0 + ux,
-            a.1 + uy,
-            b.0 - ux,
-            b.1 - uy
+            a.0 + ux + ox,
+            a.1 + uy + oy,
+            b.0 - ux + ox,
+            b.1 - uy + oy
         );
     }
     for (&rank, &(x, y)) in &pos {
@@ -223,39 +231,78 @@ pub fn waits_for_svg(r: &HangReport) -> String {
     s
 }
 
-/// A self-contained HTML page.
+/// A collective's tensor sizes in words: `[[192, 192]]` is one 192×192
+/// tensor (the Flight Recorder's `input_sizes`).
+fn sizes_label(sizes: &[Vec<i64>]) -> String {
+    if sizes.is_empty() {
+        return String::new();
+    }
+    let shapes: Vec<String> = sizes
+        .iter()
+        .map(|d| {
+            if d.is_empty() {
+                "a scalar".to_string()
+            } else {
+                d.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join("×")
+            }
+        })
+        .collect();
+    format!("on tensor(s) {}", shapes.join(", "))
+}
+
+/// Long text: its first sentence, the rest behind a click.
+fn first_sentence_then_more(text: &str) -> String {
+    let cut = text
+        .find(". ")
+        .map(|i| i + 1)
+        .filter(|&i| i < text.len() && text.len() > 160);
+    match cut {
+        Some(i) => format!(
+            "{}<details><summary>more</summary>{}</details>",
+            escape(&text[..i]),
+            escape(text[i..].trim_start())
+        ),
+        None => escape(text),
+    }
+}
+
+/// A self-contained HTML page (issue 46: the verdict first, then the
+/// culprits, what each did, who waits for it, the waits-for graph; stacks
+/// collapsed).
 pub fn hang_html(title: &str, r: &HangReport) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "<!doctype html><html><head><meta charset='utf-8'><title>{}</title>\
-<style>body{{font-family:sans-serif;margin:2em;max-width:70em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}}pre{{background:#f6f6f6;padding:.5em;margin:.2em 0}}.culprit{{color:#a00}}</style></head><body>",
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>\
+<meta name='viewport' content='width=device-width, initial-scale=1'><title>{}</title>\
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}}\
+table{{border-collapse:collapse;margin:.5em 0}}td,th{{border-bottom:1px solid #ddd;padding:.3em .7em;text-align:left;vertical-align:top}}\
+th{{background:#f3f4f6}}pre{{background:#f6f6f6;padding:.5em;margin:.2em 0;white-space:pre-wrap}}.culprit{{color:#a00;font-weight:600}}\
+.verdict{{border-left:.35em solid #15803d;background:#f9fafb;padding:.6em 1em}}.verdict.hang{{border-color:#b00020}}\
+svg{{max-width:100%;height:auto}}</style></head><body>",
         escape(title)
     );
     let _ = write!(
         s,
-        "<h1>{}</h1><p><b>{}</b></p>",
+        "<h1>{}</h1><section class='verdict{}' aria-label='verdict'><p><b>{}</b></p></section>",
         escape(title),
+        if r.hang { " hang" } else { "" },
         escape(&r.verdict)
     );
-    if !r.culprits.is_empty() || !r.waiting.is_empty() {
-        let _ = write!(
-            s,
-            "<h2>Who waits for whom</h2><p>An arrow goes from a waiting rank to a rank it waits for; culprits in red.</p>{}",
-            waits_for_svg(r)
-        );
-    }
     if !r.culprits.is_empty() {
-        s.push_str("<h2>Culprits</h2><table><tr><th>rank</th><th>reason</th><th>group</th><th>collective</th><th>what it did instead</th><th>waited for by</th><th>stack</th></tr>");
+        s.push_str("<h2>Culprits</h2><table><tr><th>rank</th><th>why</th><th>where</th><th>what it did instead</th><th>waited for by</th></tr>");
         for c in &r.culprits {
             let stack = c
                 .stack
                 .as_ref()
                 .map(|st| {
                     format!(
-                        "<small>{} ({} thread)</small><pre>{}</pre>",
-                        escape(&st.source),
+                        "<details><summary>its stack ({} thread, {})</summary><pre>{}</pre></details>",
                         escape(&st.thread),
+                        escape(&st.source),
                         escape(
                             &stack_lines(st, 12)
                                 .iter()
@@ -268,27 +315,36 @@ pub fn hang_html(title: &str, r: &HangReport) -> String {
                 .unwrap_or_default();
             let _ = write!(
                 s,
-                "<tr><td class='culprit'>{}</td><td>{}</td><td>{} {}</td><td>{} seq {} {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td class='culprit'>{}</td><td>{}</td><td>group {} (ranks {}): {} #{} {}</td><td>{}{}</td><td>{}</td></tr>",
                 escape(&who(c.rank, c.last_rank)),
-                c.reason.as_str(),
+                c.reason.as_str().replace('_', " "),
                 escape(&group_label(&c.group, &c.group_desc)),
-                escape(&format!("{:?}", c.group_ranks)),
+                escape(&crate::compact_ranks(&c.group_ranks, 60)),
                 escape(&c.op),
                 c.seq,
-                escape(&if c.sizes.is_empty() { String::new() } else { format!("{:?}", c.sizes) }),
-                escape(&c.detail),
+                escape(&sizes_label(&c.sizes)),
+                first_sentence_then_more(&c.detail),
+                stack,
                 escape(&crate::compact_ranks(&c.waited_by, 120)),
-                stack
             );
         }
         s.push_str("</table>");
     }
+    if !r.culprits.is_empty() || !r.waiting.is_empty() {
+        let _ = write!(
+            s,
+            "<h2>Who waits for whom</h2><p>An arrow goes from a waiting rank to a rank it waits for; culprits in red.</p>{}",
+            waits_for_svg(r)
+        );
+    }
     if !r.waiting.is_empty() {
-        s.push_str("<h2>Waiting</h2><table><tr><th>rank</th><th>group</th><th>collective</th><th>waited</th><th>waits for</th></tr>");
+        s.push_str("<details><summary><b>Waiting ranks</b> (");
+        let _ = write!(s, "{}", r.waiting.len());
+        s.push_str(")</summary><table><tr><th>rank</th><th>group</th><th>collective</th><th>waited</th><th>waits for</th></tr>");
         for w in &r.waiting {
             let _ = write!(
                 s,
-                "<tr><td>{}</td><td>{}</td><td>{} seq {}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{} #{}</td><td>{}</td><td>{}</td></tr>",
                 w.rank,
                 escape(&w.group),
                 escape(&w.op),
@@ -297,7 +353,7 @@ pub fn hang_html(title: &str, r: &HangReport) -> String {
                 escape(&waits_for_label(w))
             );
         }
-        s.push_str("</table>");
+        s.push_str("</table></details>");
     }
     if !r.notes.is_empty() {
         s.push_str("<h2>Notes</h2><ul>");
