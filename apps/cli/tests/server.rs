@@ -332,7 +332,9 @@ fn the_web_ui_signs_in_lists_jobs_and_shows_reports_per_tenant() {
     assert_eq!(header(&head, "location"), Some("/ui/jobs/job-ui"));
     let cookie = header(&head, "set-cookie").unwrap().to_string();
     assert!(
-        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict")
+            && cookie.contains("Max-Age=604800"),
         "{cookie}"
     );
     let jar = |t: &str| format!("Cookie: whyslow_token={t}\r\n");

@@ -30,6 +30,9 @@ use whyslow_report::status::{self, Health};
 /// The cookie that holds the signed-in tenant's token.
 const COOKIE: &str = "whyslow_token";
 
+/// How long a sign-in lasts, seconds (a week).
+const SIGN_IN_MAX_AGE_S: u64 = 7 * 24 * 3600;
+
 fn page(title: &str, body: &str) -> Html<String> {
     Html(format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
@@ -199,7 +202,11 @@ async fn login_post(State(state): State<Arc<AppState>>, Form(f): Form<LoginForm>
             [
                 (
                     header::SET_COOKIE,
-                    format!("{COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict"),
+                    // Kept across browser restarts for a week (a session
+                    // cookie died with the browser); signing out clears it.
+                    format!(
+                        "{COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={SIGN_IN_MAX_AGE_S}"
+                    ),
                 ),
                 (header::LOCATION, next),
             ],
