@@ -387,6 +387,10 @@ def test_analyze_and_diagnose_from_a_notebook(tmp_path):
     assert len(d.to_pandas("stragglers")) == 1
     with pytest.raises(ValueError, match="nothing to diagnose"):
         whyslow.diagnose(str(tmp_path))
+    # Issue 45: a bad period is refused here as on the command line.
+    spool = os.path.join(REPO, "tests", "fixtures", "diagnose", "noisy-neighbour", "agent")
+    with pytest.raises(ValueError, match="needs 0 <= A < B"):
+        whyslow.diagnose(spool, baseline=(5.0, 2.0))
 
 
 def test_the_flight_recorder_is_on_by_default_but_never_over_the_users_setting(monkeypatch):

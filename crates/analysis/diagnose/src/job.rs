@@ -45,6 +45,36 @@ pub struct DiagnoseConfig {
     pub until: Option<f64>,
 }
 
+impl DiagnoseConfig {
+    /// Refuses periods that are not `0 <= A < B` (finite) and a negative or
+    /// non-finite `until`, whichever door built the config (the command
+    /// line and the server parse theirs with [`parse_range`]; the Python
+    /// package passes numbers).
+    pub fn validate(&self) -> Result<(), DiagnoseError> {
+        for (what, r) in [("baseline", self.baseline), ("window", self.window)] {
+            if let Some((a, b)) = r {
+                if !(a.is_finite() && b.is_finite() && a >= 0.0 && a < b) {
+                    return Err(DiagnoseError::BadRange {
+                        what,
+                        given: format!("{a}..{b}"),
+                        why: "needs 0 <= A < B".into(),
+                    });
+                }
+            }
+        }
+        if let Some(u) = self.until {
+            if !(u.is_finite() && u >= 0.0) {
+                return Err(DiagnoseError::BadRange {
+                    what: "until",
+                    given: u.to_string(),
+                    why: "needs a number of seconds >= 0".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Why there is no diagnosis at all.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DiagnoseError {

@@ -48,6 +48,7 @@ pub fn diagnose(
     evidence: &DiagnoseEvidence,
     cfg: &DiagnoseConfig,
 ) -> Result<Diagnosis, DiagnoseError> {
+    cfg.validate()?;
     let mut notes = evidence.notes.clone();
     let mut ev = Evidence::ordered(evidence);
     if ev.profiles.is_empty()

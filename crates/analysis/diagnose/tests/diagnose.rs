@@ -360,3 +360,46 @@ fn interpreter_frames_left_by_late_python_reads_are_no_rank_difference() {
         );
     }
 }
+
+/// Issue 45: a bad period is refused whichever door built the config (the
+/// Python package passes numbers, not `A..B` text), before any evidence is
+/// looked at.
+#[test]
+fn a_bad_period_is_refused_by_diagnose_itself() {
+    let evidence = whyslow_diagnose::DiagnoseEvidence::default();
+    for cfg in [
+        whyslow_diagnose::DiagnoseConfig {
+            baseline: Some((5.0, 2.0)),
+            ..Default::default()
+        },
+        whyslow_diagnose::DiagnoseConfig {
+            window: Some((-1.0, 3.0)),
+            ..Default::default()
+        },
+        whyslow_diagnose::DiagnoseConfig {
+            window: Some((0.0, f64::NAN)),
+            ..Default::default()
+        },
+        whyslow_diagnose::DiagnoseConfig {
+            until: Some(-4.0),
+            ..Default::default()
+        },
+    ] {
+        let e = whyslow_diagnose::diagnose(&evidence, &cfg).unwrap_err();
+        assert!(
+            matches!(e, whyslow_diagnose::DiagnoseError::BadRange { .. }),
+            "{cfg:?}: {e}"
+        );
+    }
+    // A good one gets as far as the evidence.
+    let e = whyslow_diagnose::diagnose(
+        &evidence,
+        &whyslow_diagnose::DiagnoseConfig {
+            baseline: Some((0.0, 10.0)),
+            window: Some((20.0, 30.0)),
+            until: Some(40.0),
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e, whyslow_diagnose::DiagnoseError::NothingToDiagnose);
+}
