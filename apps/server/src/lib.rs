@@ -1388,11 +1388,14 @@ impl DiagnosisQuery {
                 .transpose()
                 .map_err(|e| e.to_string())
         };
-        Ok(whyslow_diagnose::DiagnoseConfig {
+        let cfg = whyslow_diagnose::DiagnoseConfig {
             baseline: range(&self.baseline, "baseline")?,
             window: range(&self.window, "window")?,
             until: self.until,
-        })
+        };
+        // A bad `until` is the client's to fix (400), as a bad range is.
+        cfg.validate().map_err(|e| e.to_string())?;
+        Ok(cfg)
     }
 }
 
