@@ -182,6 +182,85 @@ fn cpu_table(rows: &[whyslow_model::diagnosis::CpuDiff], what: &str) -> String {
     t
 }
 
+/// A late rank's OS signals above its peers', with the handler path.
+fn os_table(r: &DiagnoseReport) -> String {
+    let mut out = String::new();
+    if r.os_diff.is_empty() {
+        return out;
+    }
+    out.push_str(
+        "<h3>OS signals above the peers'</h3><table><tr><th>rank</th><th>signal</th><th>its value</th><th>peers'</th><th>threshold</th><th>handler path</th></tr>",
+    );
+    for d in r.os_diff.iter().take(12) {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td><code>{}</code></td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td><code>{}</code></td></tr>",
+            d.rank,
+            escape(&d.diff.signal),
+            d.diff.straggler,
+            d.diff.peers,
+            d.diff.threshold,
+            escape(d.handler_stack.as_deref().unwrap_or(""))
+        );
+    }
+    out.push_str("</table>");
+    out
+}
+
+/// The hosts that lose segments or sit behind a slow link.
+fn network_table(r: &DiagnoseReport) -> String {
+    let mut out = String::new();
+    if r.network_diff.is_empty() {
+        return out;
+    }
+    out.push_str(
+        "<h3>Network: hosts that lose segments or sit behind a slow link</h3><table><tr><th>host</th><th>ranks</th><th>cause</th><th>side</th><th>stands out</th><th>measures</th></tr>",
+    );
+    for h in r.network_diff.iter().take(12) {
+        let m: Vec<String> = h
+            .measures
+            .iter()
+            .map(|m| format!("{} {:.1} (others {:.1})", m.name, m.value, m.peers))
+            .collect();
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&h.host),
+            escape(&crate::compact_ranks(&h.ranks, 30)),
+            escape(&h.cause),
+            escape(&h.side),
+            if h.stands_out { "yes" } else { "no" },
+            escape(&m.join("; "))
+        );
+    }
+    out.push_str("</table>");
+    out
+}
+
+/// What rose since the baseline.
+fn regression_table(r: &DiagnoseReport) -> String {
+    let mut out = String::new();
+    if r.regressions.is_empty() {
+        return out;
+    }
+    out.push_str(
+        "<h3>What rose since the baseline</h3><table><tr><th>group</th><th>function</th><th>before</th><th>now</th></tr>",
+    );
+    for g in r.regressions.iter().take(12) {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td title=\"{}\"><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+            escape(&g.group),
+            escape(&g.stack),
+            escape(&g.function),
+            bar(g.before_share, "peers"),
+            bar(g.after_share, "me")
+        );
+    }
+    out.push_str("</table>");
+    out
+}
+
 /// Renders the page (issue 46: a report, the verdict first): the verdict
 /// card with the layer and the measure that decided it, the late ranks,
 /// each layer's diff as a table, the entry-time plots (Fig. 5), the
@@ -237,64 +316,9 @@ pub fn render_diagnose_html(
         &r.offcpu_diff,
         "Off the CPU: blocked paths above the waterline",
     ));
-    if !r.os_diff.is_empty() {
-        body.push_str(
-            "<h3>OS signals above the peers'</h3><table><tr><th>rank</th><th>signal</th><th>its value</th><th>peers'</th><th>threshold</th><th>handler path</th></tr>",
-        );
-        for d in r.os_diff.iter().take(12) {
-            let _ = write!(
-                body,
-                "<tr><td>{}</td><td><code>{}</code></td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td><code>{}</code></td></tr>",
-                d.rank,
-                escape(&d.diff.signal),
-                d.diff.straggler,
-                d.diff.peers,
-                d.diff.threshold,
-                escape(d.handler_stack.as_deref().unwrap_or(""))
-            );
-        }
-        body.push_str("</table>");
-    }
-    if !r.network_diff.is_empty() {
-        body.push_str(
-            "<h3>Network: hosts that lose segments or sit behind a slow link</h3><table><tr><th>host</th><th>ranks</th><th>cause</th><th>side</th><th>stands out</th><th>measures</th></tr>",
-        );
-        for h in r.network_diff.iter().take(12) {
-            let m: Vec<String> = h
-                .measures
-                .iter()
-                .map(|m| format!("{} {:.1} (others {:.1})", m.name, m.value, m.peers))
-                .collect();
-            let _ = write!(
-                body,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                escape(&h.host),
-                escape(&crate::compact_ranks(&h.ranks, 30)),
-                escape(&h.cause),
-                escape(&h.side),
-                if h.stands_out { "yes" } else { "no" },
-                escape(&m.join("; "))
-            );
-        }
-        body.push_str("</table>");
-    }
-    if !r.regressions.is_empty() {
-        body.push_str(
-            "<h3>What rose since the baseline</h3><table><tr><th>group</th><th>function</th><th>before</th><th>now</th></tr>",
-        );
-        for g in r.regressions.iter().take(12) {
-            let _ = write!(
-                body,
-                "<tr><td>{}</td><td title=\"{}\"><code>{}</code></td><td>{}</td><td>{}</td></tr>",
-                escape(&g.group),
-                escape(&g.stack),
-                escape(&g.function),
-                bar(g.before_share, "peers"),
-                bar(g.after_share, "me")
-            );
-        }
-        body.push_str("</table>");
-    }
+    body.push_str(&os_table(r));
+    body.push_str(&network_table(r));
+    body.push_str(&regression_table(r));
     body.push_str("<h2>Entry into collectives, per rank</h2>");
     if plots.is_empty() {
         body.push_str(
