@@ -155,6 +155,36 @@ pub fn regular_level(flows: &[(u64, u64)]) -> Option<Vec<usize>> {
     None
 }
 
+/// Every level of idle gaps at which `flows` fall into regular bursts
+/// ([`is_regular`], ≥ 3 breaks), as burst starts, coarsest first: the natural
+/// breaks of [`regular_level`] without its preference for the coarsest level.
+/// The candidates when a rank's own division disagrees with its job's period
+/// (see `timeline`): a division at every other step is regular too.
+pub fn regular_levels(flows: &[(u64, u64)]) -> Vec<Vec<usize>> {
+    let gaps = idle_gaps(flows);
+    let mut sorted = gaps.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut below: Vec<u64> = sorted
+        .windows(2)
+        .filter(|w| w[1] + 1 >= 2 * (w[0] + 1))
+        .map(|w| w[0])
+        .collect();
+    below.reverse();
+    below.truncate(64);
+    below
+        .into_iter()
+        .map(|b| {
+            gaps.iter()
+                .enumerate()
+                .filter(|(_, &g)| g > b)
+                .map(|(i, _)| i + 1)
+                .collect::<Vec<usize>>()
+        })
+        .filter(|cps| cps.len() >= 3 && is_regular(flows, cps))
+        .collect()
+}
+
 /// Robust relative spread of `v`: interquartile range / (1.349 · median), the
 /// standard deviation over the mean for normal data, unmoved by a few outliers
 /// (a slow step, a checkpoint) yet large for two alternating values (which a

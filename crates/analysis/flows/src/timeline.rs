@@ -33,7 +33,7 @@
 use crate::bocd::BocdConfig;
 use crate::classify::Classified;
 use crate::jobs::Jobs;
-use crate::steps::{bursts_per_step, divide, step_ending_bursts};
+use crate::steps::{bursts_per_step, divide, regular_levels, step_ending_bursts};
 use crate::{FlowIndex, PairType, Step, TimelineEvent};
 
 /// Reconstructed timeline of one rank.
@@ -84,62 +84,16 @@ pub fn reconstruct(
         pairs_of[b as usize].push(p as u32);
     }
     let mut ranks = Vec::with_capacity(n);
-    let mut starts = Vec::new();
-    let mut keyed: Vec<(u64, u64, u32)> = Vec::new();
+    let mut divided: Vec<RankFlows> = Vec::with_capacity(n);
     for &id in &order {
-        let mine = &pairs_of[id as usize];
-        let has_dp = mine.iter().any(|&p| cls.kind[p as usize] == PairType::Dp);
-        // The rank's DP flows (all its flows without any DP pair), sorted by
-        // start (stable), with the times beside the indices.
-        keyed.clear();
-        for &p in mine {
-            if has_dp && cls.kind[p as usize] != PairType::Dp {
-                continue;
-            }
-            let spans = &index.pair_spans[p as usize];
-            keyed.extend(
-                index.pair_flows[p as usize]
-                    .iter()
-                    .zip(spans)
-                    .map(|(&i, &(s, e))| (s, e, i)),
-            );
-        }
-        keyed.sort_by_key(|k| k.0);
-        let list: Vec<u32> = keyed.iter().map(|k| k.2).collect();
-        starts.clear();
-        starts.extend(keyed.iter().map(|k| (k.0, k.1)));
-        let cps = divide(&starts, cfg);
-        let mut bursts = Vec::with_capacity(cps.len() + 1);
-        let mut burst_flows: Vec<Vec<u32>> = Vec::with_capacity(cps.len() + 1);
-        let mut prev = 0;
-        for &cp in cps.iter().chain(std::iter::once(&list.len())) {
-            if cp > prev {
-                let times = &starts[prev..cp];
-                let s = times.iter().map(|t| t.0).min().unwrap_or(0);
-                let e = times.iter().map(|t| t.1).max().unwrap_or(0);
-                bursts.push((s, e));
-                burst_flows.push(list[prev..cp].to_vec());
-            }
-            prev = cp;
-        }
-        let (k, phase) = bursts_per_step(&bursts);
-
-        if k > 1 {
-            let ends = step_ending_bursts(&bursts, k, phase);
-            (bursts, burst_flows) = merge_bursts(&bursts, burst_flows, &ends);
-        }
-        (bursts, burst_flows) = join_split_bursts(bursts, burst_flows);
-        drop_cut_last_step(index, &mut bursts, &mut burst_flows);
-        let steps = bursts
-            .windows(2)
-            .map(|w| Step {
-                start_us: w[0].1,
-                end_us: w[1].1,
-            })
-            .collect();
+        let flows = rank_flows(index, cls, &pairs_of[id as usize]);
+        let cps = divide(&flows.spans, cfg);
+        let (bursts, burst_flows) = steps_at(index, &flows, &cps, true);
+        divided.push(flows);
+        let steps = steps_between(&bursts);
         let me = index.addrs[id as usize];
         let mut events: Vec<TimelineEvent> = Vec::new();
-        for &p in mine {
+        for &p in &pairs_of[id as usize] {
             let (pa, pb) = index.pairs[p as usize];
             let peer = rank_of[if pa == id { pb } else { pa } as usize] as u32;
             let kind = cls.kind[p as usize];
@@ -166,7 +120,156 @@ pub fn reconstruct(
             events,
         });
     }
+    agree_with_the_job(index, &divided, &mut ranks);
     RankTimelines { ranks, rank_of }
+}
+
+/// A rank's DP flows (all its flows when it has no DP pair), sorted by start
+/// (stable: flows starting together stay in pair order).
+struct RankFlows {
+    /// `(start, end)` µs of each flow.
+    spans: Vec<(u64, u64)>,
+    /// Flow record index of each flow.
+    list: Vec<u32>,
+}
+
+/// The flows whose bursts end a rank's steps (§IV-C: its DP flows), read pair
+/// by pair from `mine`, the rank's pairs.
+fn rank_flows(index: &FlowIndex<'_>, cls: &Classified, mine: &[u32]) -> RankFlows {
+    let has_dp = mine.iter().any(|&p| cls.kind[p as usize] == PairType::Dp);
+    let mut keyed: Vec<(u64, u64, u32)> = Vec::new();
+    for &p in mine {
+        if has_dp && cls.kind[p as usize] != PairType::Dp {
+            continue;
+        }
+        let spans = &index.pair_spans[p as usize];
+        keyed.extend(
+            index.pair_flows[p as usize]
+                .iter()
+                .zip(spans)
+                .map(|(&i, &(s, e))| (s, e, i)),
+        );
+    }
+    keyed.sort_by_key(|k| k.0);
+    RankFlows {
+        spans: keyed.iter().map(|k| (k.0, k.1)).collect(),
+        list: keyed.iter().map(|k| k.2).collect(),
+    }
+}
+
+/// One burst per step from the burst starts `cps` of `flows`: bursts cut at
+/// `cps`, grouped k per step when `group` ([`bursts_per_step`],
+/// [`step_ending_bursts`]), split bursts joined and a last step the capture cut
+/// dropped.
+fn steps_at(
+    index: &FlowIndex<'_>,
+    flows: &RankFlows,
+    cps: &[usize],
+    group: bool,
+) -> (Vec<(u64, u64)>, Vec<Vec<u32>>) {
+    let mut bursts = Vec::with_capacity(cps.len() + 1);
+    let mut burst_flows: Vec<Vec<u32>> = Vec::with_capacity(cps.len() + 1);
+    let mut prev = 0;
+    for &cp in cps.iter().chain(std::iter::once(&flows.list.len())) {
+        if cp > prev {
+            let times = &flows.spans[prev..cp];
+            let s = times.iter().map(|t| t.0).min().unwrap_or(0);
+            let e = times.iter().map(|t| t.1).max().unwrap_or(0);
+            bursts.push((s, e));
+            burst_flows.push(flows.list[prev..cp].to_vec());
+        }
+        prev = cp;
+    }
+    let (k, phase) = if group {
+        bursts_per_step(&bursts)
+    } else {
+        (1, 0)
+    };
+    if k > 1 {
+        let ends = step_ending_bursts(&bursts, k, phase);
+        (bursts, burst_flows) = merge_bursts(&bursts, burst_flows, &ends);
+    }
+    (bursts, burst_flows) = join_split_bursts(bursts, burst_flows);
+    drop_cut_last_step(index, &mut bursts, &mut burst_flows);
+    (bursts, burst_flows)
+}
+
+/// Steps between consecutive burst ends.
+fn steps_between(bursts: &[(u64, u64)]) -> Vec<Step> {
+    bursts
+        .windows(2)
+        .map(|w| Step {
+            start_us: w[0].1,
+            end_us: w[1].1,
+        })
+        .collect()
+}
+
+/// Median step duration (µs) of `steps`, or `None` with fewer than 3.
+fn median_step(steps: &[Step]) -> Option<f64> {
+    if steps.len() < 3 {
+        return None;
+    }
+    let mut d: Vec<f64> = steps
+        .iter()
+        .map(|s| (s.end_us - s.start_us) as f64)
+        .collect();
+    d.sort_by(f64::total_cmp);
+    Some(d[d.len() / 2])
+}
+
+/// How far (×) a rank's median step may lie from its job's before its division
+/// is taken again at the job's period.
+pub const MAX_PERIOD_DISAGREEMENT: f64 = 1.25;
+
+/// Ranks of one job train in lockstep (§IV-C: every rank ends a step with the
+/// job's DP traffic), so they share one step period. A rank whose median step
+/// lies more than [`MAX_PERIOD_DISAGREEMENT`]× from the median of its job's
+/// ranks (a division at every other step is as regular as the right one; a
+/// straggler's short idle gaps can hide its step gaps among the rest) is
+/// divided again at the level of idle gaps ([`regular_levels`]), with or
+/// without grouping its bursts, whose steps come closest to the job's period,
+/// if one comes within 1.15×. Needs 3 ranks with
+/// steps in the job, so the majority is clear.
+fn agree_with_the_job(index: &FlowIndex<'_>, flows: &[RankFlows], ranks: &mut [RankTimeline]) {
+    let n_jobs = ranks.iter().map(|r| r.job + 1).max().unwrap_or(0);
+    for job in 0..n_jobs {
+        let mut medians: Vec<f64> = ranks
+            .iter()
+            .filter(|r| r.job == job)
+            .filter_map(|r| median_step(&r.steps))
+            .collect();
+        if medians.len() < 3 {
+            continue;
+        }
+        medians.sort_by(f64::total_cmp);
+        let period = medians[medians.len() / 2];
+        for (rank, flows) in ranks.iter_mut().zip(flows).filter(|(r, _)| r.job == job) {
+            let off = median_step(&rank.steps).map_or(f64::INFINITY, |m| (m / period).ln().abs());
+            if off <= MAX_PERIOD_DISAGREEMENT.ln() {
+                continue;
+            }
+            // Each level with its bursts grouped into steps and not: seen
+            // from one rank, reduce-scatter, optimizer, all-gather, compute
+            // (two bursts a step) is every other step of a rank whose compute
+            // gaps alternate.
+            let best = regular_levels(&flows.spans)
+                .into_iter()
+                .flat_map(|cps| [true, false].map(|g| steps_at(index, flows, &cps, g)))
+                .filter_map(|(b, f)| {
+                    let m = median_step(&steps_between(&b))?;
+                    Some(((m / period).ln().abs(), b, f))
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+            if let Some((d, bursts, burst_flows)) = best {
+                if d < off && d <= 1.15f64.ln() {
+                    rank.steps = steps_between(&bursts);
+                    rank.bursts = bursts;
+                    rank.burst_flows = burst_flows;
+                }
+            }
+        }
+    }
 }
 
 /// Joins bursts into one per step: a step's bursts end with each burst that
@@ -274,4 +377,79 @@ fn join_split_bursts(
         }
     }
     (out, out_flows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+    use whyslow_model::flow::FlowRecord;
+
+    /// `steps` steps of one burst of six 2 ms flows 1 ms apart; the idle gap
+    /// after step k is `gap_ms(k)`.
+    fn rank_records(rank: u8, steps: usize, gap_ms: impl Fn(usize) -> u64) -> Vec<FlowRecord> {
+        let (me, peer) = (
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, rank)),
+            IpAddr::V4(Ipv4Addr::new(10, 0, 1, rank)),
+        );
+        let mut t = 1_000_000u64;
+        let mut out = Vec::new();
+        for k in 0..steps {
+            for _ in 0..6 {
+                out.push(FlowRecord::new(t, me, peer, 1 << 20, 2_000));
+                t += 3_000;
+            }
+            t += gap_ms(k) * 1_000;
+        }
+        out
+    }
+
+    #[test]
+    fn a_rank_divided_at_every_other_step_takes_its_jobs_period() {
+        // Three ranks with a 400 ms compute gap; the fourth's gaps alternate
+        // 400 and 150 ms, so its own division is every other step (as regular
+        // as the right one), and its job's period sets it right (§IV-C).
+        let steps = 40;
+        let mut records = Vec::new();
+        for rank in 1..=3u8 {
+            records.extend(rank_records(rank, steps, |_| 400));
+        }
+        records.extend(rank_records(
+            4,
+            steps,
+            |k| if k % 2 == 0 { 400 } else { 150 },
+        ));
+        let index = FlowIndex::build(&records);
+        let cfg = BocdConfig::default();
+        let mut flows = Vec::new();
+        let mut ranks = Vec::new();
+        for (p, (spans, list)) in index.pair_spans.iter().zip(&index.pair_flows).enumerate() {
+            let f = RankFlows {
+                spans: spans.clone(),
+                list: list.clone(),
+            };
+            let (bursts, burst_flows) = steps_at(&index, &f, &divide(&f.spans, &cfg), true);
+            ranks.push(RankTimeline {
+                id: p as u32,
+                steps: steps_between(&bursts),
+                bursts,
+                burst_flows,
+                ..Default::default()
+            });
+            flows.push(f);
+        }
+        let counts =
+            |ranks: &[RankTimeline]| ranks.iter().map(|r| r.steps.len()).collect::<Vec<_>>();
+        assert_eq!(
+            counts(&ranks),
+            [39, 39, 39, 19],
+            "the straggler's own division halves"
+        );
+        agree_with_the_job(&index, &flows, &mut ranks);
+        assert_eq!(counts(&ranks), [39, 39, 39, 39]);
+        // A healthy job is left as it was.
+        let before = counts(&ranks[..3]);
+        agree_with_the_job(&index, &flows[..3], &mut ranks[..3]);
+        assert_eq!(counts(&ranks[..3]), before);
+    }
 }
