@@ -449,3 +449,61 @@ fn the_exchange_is_bounded_and_its_cost_reported() {
     assert!(table.contains("cut at the bound"), "{table}");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }
+
+/// `--verify-fix -- CMD`: the patch is tried on scratch copies of the
+/// source root and called a fix only when the command ran faster
+/// (issue 44); the user's files are never changed. The command stands in
+/// for a training run: it takes 0.4 s while train.py still makes the
+/// injected call, and the patch removes it.
+#[test]
+fn a_patch_is_verified_by_rerunning_the_command_and_called_a_fix_only_when_faster() {
+    let (url, _seen) = stand_in(
+        200,
+        answer("                    injected_slow_rank_work(a.fault_ms)"),
+    );
+    let dir = temp("verify");
+    let train = repo().join("examples/train.py");
+    let before = std::fs::read_to_string(&train).unwrap();
+    let rerun = |script: &str| {
+        let (code, out, err) = analyze(
+            &url,
+            &[
+                "--suggest-fix",
+                "--format",
+                "json",
+                "--verify-fix",
+                "--verify-runs",
+                "4",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+            &dir,
+        );
+        assert_eq!(code, Some(0), "{err}");
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        (report["fix"]["verified"].clone(), err)
+    };
+    let (v, err) =
+        rerun("grep -q 'injected_slow_rank_work(a.fault_ms)' train.py && sleep 0.4; true");
+    assert_eq!(v["status"], "faster", "{v}\n{err}");
+    assert_eq!(v["faster"], true);
+    assert_eq!(v["runs"], 4);
+    assert!(v["speedup"].as_f64().unwrap() > 2.0, "{v}");
+    assert!(v["p_value"].as_f64().unwrap() < 0.05, "{v}");
+    assert_eq!(err.matches("verify-fix: run ").count(), 8, "{err}");
+    // Slower after the patch: shown, and not as a fix.
+    let (v, err) = rerun("grep -q 'injected_slow_rank_work(a.fault_ms)' train.py || sleep 0.3");
+    assert_eq!(v["status"], "not_faster", "{v}");
+    assert!(err.contains("--verify-fix: not faster"), "{err}");
+    // A command that fails.
+    let (v, _) = rerun("echo broken >&2; exit 2");
+    assert_eq!(v["status"], "run_failed", "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("broken"), "{v}");
+    assert_eq!(std::fs::read_to_string(&train).unwrap(), before);
+    // Without the command, nothing is asked.
+    let (code, _, err) = analyze(&url, &["--suggest-fix", "--verify-fix"], &dir);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("after `--`"), "{err}");
+}

@@ -1,8 +1,9 @@
 //! EROICA's first step, "try an AI auto-fix": the code a proposal may
 //! change and the proposal a model returned (`whyslow analyze|localize
 //! --suggest-fix`, the online package's `WHYSLOW_SUGGEST_FIX=1`). A model's
-//! proposal, never applied by whyslow: `fix.applies` only says whether
-//! `git apply` would take it.
+//! proposal, never applied to the user's files: `fix.applies` says whether
+//! `git apply` would take it, and `fix.verified` (with `--verify-fix`)
+//! whether the user's command ran faster on a patched scratch copy.
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +51,54 @@ pub struct Fix {
     /// `length`): the text or the diff may be incomplete.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// The rerun that checks the patch (`--verify-fix -- CMD…`), when asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<FixVerification>,
+}
+
+/// What a rerun of the user's command said of a patch: the command run
+/// `runs` times on a scratch copy of the source root as it is and `runs`
+/// times on one with the patch applied, alternating.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FixVerification {
+    /// The verdict; only [`VerifyStatus::Faster`] makes the patch a fix.
+    pub status: VerifyStatus,
+    /// Whether the patched runs were faster (status `faster`).
+    pub faster: bool,
+    /// Median time before over median time after (> 1: faster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup: Option<f64>,
+    /// One-sided Mann–Whitney U p-value that the runs before took longer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p_value: Option<f64>,
+    /// Runs on each side that completed.
+    pub runs: usize,
+    /// Seconds of each run before the patch.
+    #[serde(default)]
+    pub before_s: Vec<f64>,
+    /// Seconds of each run after it.
+    #[serde(default)]
+    pub after_s: Vec<f64>,
+    /// Why it is not a fix, in one line (a hunk that does not apply, a run
+    /// that failed and its last output line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The verdict of a rerun.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyStatus {
+    /// Faster after the patch: speed-up > 1 at p < 0.05.
+    Faster,
+    /// Ran, and not (significantly) faster.
+    NotFaster,
+    /// The model proposed no change.
+    NoPatch,
+    /// The patch does not apply to the source root.
+    DoesNotApply,
+    /// The command failed (before or after the patch) or could not start.
+    RunFailed,
 }
 
 /// Token counts of one exchange, as the endpoint reports them.

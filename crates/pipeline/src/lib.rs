@@ -30,6 +30,7 @@
 
 mod inputs;
 pub mod suggest;
+pub mod verify;
 
 pub use inputs::{
     analyze_inputs, read_fingerprints, AnalyzeError, AnalyzedInputs, InputOptions, Progress,

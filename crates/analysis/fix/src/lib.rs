@@ -280,6 +280,7 @@ pub fn apply_answer(
                 usage,
                 seconds: None,
                 truncated,
+                verified: None,
             });
             patch
         }
@@ -298,9 +299,24 @@ fn strip_prefix(path: &str) -> &str {
 /// stand in the file, at the hunk's line or near it (as `git apply` allows
 /// offsets). `Err` holds the first reason it does not.
 pub fn check_patch(patch: &str, read: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    apply_patch(patch, read).map(|_| ())
+}
+
+/// A file as a patch leaves it: its path under the source root and its new
+/// text (`None`: the patch deletes it).
+pub type PatchedFile = (String, Option<String>);
+
+/// The files `patch` changes, as it leaves them ([`check_patch`]'s rules:
+/// each hunk where its context and removed lines stand, nearest its line
+/// after the lines the hunks before it added or removed, and after the
+/// previous hunk). Applied by `--verify-fix` to a scratch copy only.
+pub fn apply_patch(
+    patch: &str,
+    read: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<PatchedFile>, String> {
     let lines: Vec<&str> = patch.lines().collect();
     let mut i = 0;
-    let mut files = 0;
+    let mut out: Vec<PatchedFile> = Vec::new();
     while i < lines.len() {
         if !(lines[i].starts_with("--- ")
             && lines.get(i + 1).is_some_and(|l| l.starts_with("+++ ")))
@@ -311,14 +327,13 @@ pub fn check_patch(patch: &str, read: &dyn Fn(&str) -> Option<String>) -> Result
         let old = strip_prefix(&lines[i][4..]).to_string();
         let new = strip_prefix(&lines[i + 1][4..]).to_string();
         i += 2;
-        files += 1;
         let text = if old == "/dev/null" {
             String::new()
         } else {
             read(&old).ok_or_else(|| format!("{old}: no such file under the source root"))?
         };
-        let file: Vec<&str> = text.lines().collect();
-        let mut hunk = 0;
+        let mut file: Vec<String> = text.lines().map(str::to_string).collect();
+        let (mut hunk, mut delta, mut floor) = (0usize, 0isize, 0usize);
         while i < lines.len() && lines[i].starts_with("@@") {
             hunk += 1;
             let header = lines[i];
@@ -330,13 +345,21 @@ pub fn check_patch(patch: &str, read: &dyn Fn(&str) -> Option<String>) -> Result
                 .and_then(|n| n.parse().ok())
                 .ok_or_else(|| format!("{new}: hunk {hunk}: bad header {header:?}"))?;
             i += 1;
-            let mut want: Vec<&str> = Vec::new();
+            let (mut want, mut put): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
             while i < lines.len() && !lines[i].starts_with("@@") && !lines[i].starts_with("--- ") {
                 let l = lines[i];
                 match l.chars().next() {
-                    Some(' ') | Some('-') => want.push(&l[1..]),
-                    None => want.push(""),
-                    Some('+') | Some('\\') => {}
+                    Some(' ') => {
+                        want.push(&l[1..]);
+                        put.push(&l[1..]);
+                    }
+                    None => {
+                        want.push("");
+                        put.push("");
+                    }
+                    Some('-') => want.push(&l[1..]),
+                    Some('+') => put.push(&l[1..]),
+                    Some('\\') => {}
                     _ => {
                         return Err(format!(
                             "{new}: hunk {hunk}: a line that is not context, + or -: {l:?}"
@@ -345,30 +368,121 @@ pub fn check_patch(patch: &str, read: &dyn Fn(&str) -> Option<String>) -> Result
                 }
                 i += 1;
             }
-            if want.is_empty() {
-                continue;
-            }
-            let at = start.saturating_sub(1);
+            let at = (start.saturating_sub(1) as isize + delta).max(0) as usize;
+            let at = at.max(floor);
             let matches_at = |k: usize| {
-                k + want.len() <= file.len()
+                k >= floor
+                    && k + want.len() <= file.len()
                     && want
                         .iter()
                         .zip(&file[k..])
                         .all(|(w, f)| w.trim_end() == f.trim_end())
             };
-            let found =
-                (0..=file.len()).any(|d| (d <= at && matches_at(at - d)) || matches_at(at + d));
-            if !found {
+            let found = (0..=file.len()).find_map(|d| {
+                if d <= at && matches_at(at - d) {
+                    Some(at - d)
+                } else if matches_at(at + d) {
+                    Some(at + d)
+                } else {
+                    None
+                }
+            });
+            let Some(k) = found else {
                 return Err(format!(
                     "{new}: hunk {hunk} (line {start}): its context and removed lines are not in the file"
                 ));
-            }
+            };
+            file.splice(k..k + want.len(), put.iter().map(|l| l.to_string()));
+            delta += put.len() as isize - want.len() as isize;
+            floor = k + put.len();
         }
+        let text = if new == "/dev/null" {
+            None
+        } else {
+            let mut t = file.join("\n");
+            if !file.is_empty() {
+                t.push('\n');
+            }
+            Some(t)
+        };
+        out.push((if new == "/dev/null" { old } else { new }, text));
     }
-    if files == 0 {
+    if out.is_empty() {
         return Err("no file in the patch (--- a/PATH, +++ b/PATH)".into());
     }
-    Ok(())
+    Ok(out)
+}
+
+/// Least confidence for a rerun to call a patch faster: the one-sided
+/// Mann–Whitney p-value must be below this.
+pub const VERIFY_ALPHA: f64 = 0.05;
+
+/// The verdict on a patch from the times (s) of the user's command before
+/// and after it ([`whyslow_model::fix::FixVerification`]): faster when the
+/// median speed-up is above 1 and the runs before took longer at
+/// p < [`VERIFY_ALPHA`] (one-sided Mann–Whitney U, as performance
+/// benchmarks compare two sets of runs). Fewer than 3 runs a side cannot
+/// reach that: it is `not_faster` with the reason.
+pub fn judge_rerun(before_s: &[f64], after_s: &[f64]) -> whyslow_model::fix::FixVerification {
+    use whyslow_model::fix::{FixVerification, VerifyStatus};
+    use whyslow_model::stats::{mann_whitney_greater, median};
+    let speedup = match (
+        median(&mut before_s.to_vec()),
+        median(&mut after_s.to_vec()),
+    ) {
+        (Some(b), Some(a)) if a > 0.0 => Some(b / a),
+        _ => None,
+    };
+    let p_value = mann_whitney_greater(before_s, after_s);
+    let runs = before_s.len().min(after_s.len());
+    let faster = speedup.is_some_and(|s| s > 1.0) && p_value.is_some_and(|p| p < VERIFY_ALPHA);
+    let detail = if faster {
+        None
+    } else if runs < 3 {
+        Some(format!(
+            "{runs} run(s) a side cannot show a difference at p < {VERIFY_ALPHA}"
+        ))
+    } else {
+        Some(format!(
+            "not faster: median speed-up {:.3}, p = {:.3} (want > 1 at p < {VERIFY_ALPHA})",
+            speedup.unwrap_or(f64::NAN),
+            p_value.unwrap_or(f64::NAN)
+        ))
+    };
+    FixVerification {
+        status: if faster {
+            VerifyStatus::Faster
+        } else {
+            VerifyStatus::NotFaster
+        },
+        faster,
+        speedup,
+        p_value,
+        runs,
+        before_s: before_s.to_vec(),
+        after_s: after_s.to_vec(),
+        detail,
+    }
+}
+
+/// A verdict without runs: the patch could not be tried ([`VerifyStatus`]'s
+/// `no_patch`, `does_not_apply`, `run_failed`), with why.
+///
+/// [`VerifyStatus`]: whyslow_model::fix::VerifyStatus
+pub fn not_verified(
+    status: whyslow_model::fix::VerifyStatus,
+    detail: impl Into<String>,
+) -> whyslow_model::fix::FixVerification {
+    whyslow_model::fix::FixVerification {
+        status,
+        faster: false,
+        speedup: None,
+        p_value: None,
+        runs: 0,
+        before_s: Vec::new(),
+        after_s: Vec::new(),
+        detail: Some(detail.into()),
+    }
 }
 
 #[cfg(test)]
@@ -395,6 +509,51 @@ mod tests {
             .unwrap_err()
             .contains("no such file"));
         assert!(check_patch("no diff here", &read).is_err());
+    }
+
+    #[test]
+    fn a_patch_is_applied_where_it_matches() {
+        let good = "--- a/train.py\n+++ b/train.py\n@@ -3,4 +3,4 @@\n def step(batch):\n     x = load(batch)\n-    time.sleep(0.01)\n+    pass\n     return x\n";
+        let files = apply_patch(good, &read).unwrap();
+        assert_eq!(
+            files,
+            vec![(
+                "train.py".to_string(),
+                Some(FILE.replace("time.sleep(0.01)", "pass"))
+            )]
+        );
+        // Offsets as git apply takes them; two hunks in order.
+        let two = "--- a/train.py\n+++ b/train.py\n@@ -2,2 +2,3 @@\n \n+# fast\n def step(batch):\n@@ -6,1 +7,1 @@\n-    return x\n+    return x * 2\n";
+        let (_, text) = &apply_patch(two, &read).unwrap()[0];
+        let want = FILE
+            .replace("\ndef step", "\n# fast\ndef step")
+            .replace("return x\n", "return x * 2\n");
+        assert_eq!(text.as_deref(), Some(want.as_str()));
+        // A new file.
+        let added = "--- /dev/null\n+++ b/fast.py\n@@ -0,0 +1,1 @@\n+FAST = True\n";
+        assert_eq!(
+            apply_patch(added, &read).unwrap(),
+            vec![("fast.py".to_string(), Some("FAST = True\n".to_string()))]
+        );
+    }
+
+    #[test]
+    fn a_rerun_calls_a_patch_faster_only_when_it_is() {
+        use whyslow_model::fix::VerifyStatus;
+        let before = [10.2, 10.0, 10.4, 10.1, 10.3, 10.6, 10.2, 10.5, 10.0, 10.3];
+        let after = [8.1, 8.0, 8.3, 8.2, 7.9, 8.4, 8.0, 8.2, 8.1, 8.3];
+        let v = judge_rerun(&before, &after);
+        assert_eq!(v.status, VerifyStatus::Faster);
+        assert!(v.p_value.unwrap() < 1e-4 && (v.speedup.unwrap() - 10.25 / 8.15).abs() < 1e-9);
+        assert_eq!(v.runs, 10);
+        // The same times on both sides (noise only), or slower: not a fix.
+        let same = judge_rerun(&before, &before);
+        assert_eq!(same.status, VerifyStatus::NotFaster);
+        assert!(same.detail.unwrap().contains("not faster"));
+        assert_eq!(judge_rerun(&after, &before).status, VerifyStatus::NotFaster);
+        // Two runs a side cannot show it, however far apart.
+        let two = judge_rerun(&[10.0, 10.1], &[1.0, 1.1]);
+        assert!(!two.faster && two.detail.unwrap().contains("2 run(s)"));
     }
 
     #[test]

@@ -259,3 +259,25 @@ pub(crate) fn fix_cost(f: &whyslow_model::fix::Fix) -> String {
         }
     )
 }
+
+/// Whether a proposal was shown to be a fix (`fix.verified`), in words: the
+/// table and the HTML say the same.
+pub(crate) fn fix_verification(f: &whyslow_model::fix::Fix) -> String {
+    use whyslow_model::fix::VerifyStatus;
+    let Some(v) = &f.verified else {
+        return "not verified (rerun with --verify-fix -- CMD)".into();
+    };
+    let detail = v.detail.as_deref().unwrap_or("");
+    match v.status {
+        VerifyStatus::Faster => format!(
+            "verified: {:.2}× faster (medians of {} runs a side, Mann–Whitney p = {:.3})",
+            v.speedup.unwrap_or(f64::NAN),
+            v.runs,
+            v.p_value.unwrap_or(f64::NAN)
+        ),
+        VerifyStatus::NotFaster => format!("not a fix: {detail}"),
+        VerifyStatus::NoPatch => "the model proposed no change".into(),
+        VerifyStatus::DoesNotApply => format!("not a fix: the patch does not apply ({detail})"),
+        VerifyStatus::RunFailed => format!("not verified: {detail}"),
+    }
+}

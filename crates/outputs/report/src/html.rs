@@ -575,8 +575,9 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
         };
         let _ = writeln!(
             out,
-            r#"<section class="fix"><h2>Proposed fix <small>(a model's proposal: {}; not verified)</small></h2><p>{applies}; {}.</p>{}{}</section>"#,
+            r#"<section class="fix"><h2>Proposed fix <small>(a model's proposal: {}; {})</small></h2><p>{applies}; {}.</p>{}{}</section>"#,
             escape(&f.model),
+            escape(&crate::format::fix_verification(f)),
             escape(&cost),
             words,
             f.patch

@@ -252,8 +252,9 @@ pub fn render_table(report: &Report, color: bool) -> String {
             out,
             "{}",
             st.bold(&format!(
-                "Proposed fix — a model's proposal ({}), not verified: {applies}",
-                printable(&f.model)
+                "Proposed fix — a model's proposal ({}), {}: {applies}",
+                printable(&f.model),
+                printable(&crate::format::fix_verification(f))
             ))
         );
         if f.patch.is_some() {
