@@ -557,6 +557,49 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
     if let Some(d) = &report.cross_layer {
         out.push_str(&cross_layer_section(d, opts.diagnosis_file.as_deref()));
     }
+    out.push_str(&fix_section(report));
+    if report.verdict == Verdict::CouldNotJudge {
+        let _ = writeln!(
+            out,
+            r#"<p class="warn-msg">{}</p>"#,
+            escape(&crate::verdict_line(report))
+        );
+        out.push_str(&iteration_section(report));
+    } else if report.findings.is_empty() {
+        let _ = writeln!(
+            out,
+            r#"<p class="ok-msg">{}</p>"#,
+            escape(&crate::verdict_line(report))
+        );
+        out.push_str(&iteration_section(report));
+    } else {
+        let _ = writeln!(
+            out,
+            r#"<p class="verdict">{}</p>"#,
+            escape(&crate::verdict_line(report))
+        );
+        out.push_str(&findings_table(report));
+        out.push_str(&iteration_section(report));
+        let via = divergent_frames(&report.findings);
+        for (i, f) in report.findings.iter().enumerate() {
+            out.push_str(&finding_card(f, i, via[i].as_deref()));
+        }
+    }
+    if !report.warnings.is_empty() {
+        out.push_str(r#"<h2 class="warn">Warnings</h2><ul>"#);
+        for w in &report.warnings {
+            let _ = write!(out, "<li>{}</li>", escape(w));
+        }
+        out.push_str("</ul>\n");
+    }
+    out.push_str(GLOSSARY);
+    out.push_str("<p class=\"meta\">Method: PerfTracker §4.3 (expected ranges and differential distance over runtime behavior patterns β, μ, σ).</p>\n</body></html>\n");
+    out
+}
+
+/// The model's proposal (`--suggest-fix`) or why there is none.
+fn fix_section(report: &Report) -> String {
+    let mut out = String::new();
     if let Some(f) = &report.fix {
         let applies = match (f.applies, &f.applies_error) {
             (Some(true), _) => "the patch applies (<code>git apply fix.patch</code>)".to_string(),
@@ -592,195 +635,174 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
             escape(e)
         );
     }
-    if report.verdict == Verdict::CouldNotJudge {
+    out
+}
+
+/// The findings' summary table, one row a finding.
+fn findings_table(report: &Report) -> String {
+    let mut out = String::new();
+    out.push_str("<table><tr><th>#</th><th>Abnormal function execution</th><th>Workers</th><th>Critical path β</th><th>Avg resource util. μ</th><th>Util. std σ</th><th>Why</th></tr>\n");
+    let via = divergent_frames(&report.findings);
+    for (i, f) in report.findings.iter().enumerate() {
+        let util = f.util_source != UtilizationSource::None;
         let _ = writeln!(
             out,
-            r#"<p class="warn-msg">{}</p>"#,
-            escape(&crate::verdict_line(report))
-        );
-        out.push_str(&iteration_section(report));
-    } else if report.findings.is_empty() {
-        let _ = writeln!(
-            out,
-            r#"<p class="ok-msg">{}</p>"#,
-            escape(&crate::verdict_line(report))
-        );
-        out.push_str(&iteration_section(report));
-    } else {
-        let _ = writeln!(
-            out,
-            r#"<p class="verdict">{}</p>"#,
-            escape(&crate::verdict_line(report))
-        );
-        out.push_str("<table><tr><th>#</th><th>Abnormal function execution</th><th>Workers</th><th>Critical path β</th><th>Avg resource util. μ</th><th>Util. std σ</th><th>Why</th></tr>\n");
-        let via = divergent_frames(&report.findings);
-        for (i, f) in report.findings.iter().enumerate() {
-            let util = f.util_source != UtilizationSource::None;
-            let _ = writeln!(
-                out,
-                r##"<tr><td><a href="#f{n}">{n}</a></td><td class="fn"><b>{}</b>{} <small>[{}]</small></td><td>{}</td><td>{} <small>({})</small></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
-                escape(&function_title(f, 200)),
-                via[i]
-                    .as_deref()
-                    .map(|v| format!(" <small>via {}</small>", escape(v)))
-                    .unwrap_or_default(),
-                f.kind,
-                escape(&workers_phrase(f)),
-                if no_peers(f) {
-                    pct(f.beta.value)
-                } else {
-                    stat_cell(f.beta.value, f.beta.peers, "")
-                },
-                escape(&if no_peers(f) {
-                    duration_us(f.critical_us.value)
-                } else {
-                    format!(
-                        "{} vs {}",
-                        duration_us(f.critical_us.value),
-                        duration_us(f.critical_us.peers)
-                    )
-                }),
-                if !util {
-                    "n/a".into()
-                } else if no_peers(f) || !f.mu.has_peers() {
-                    format!("{} {}", pct(f.mu.value), f.resource.label())
-                } else {
-                    stat_cell(f.mu.value, f.mu.peers, &format!(" {}", f.resource.label()))
-                },
-                if !util {
-                    "n/a".into()
-                } else if no_peers(f) || !f.sigma.has_peers() {
-                    pct(f.sigma.value)
-                } else {
-                    stat_cell(f.sigma.value, f.sigma.peers, "")
-                },
-                reason_phrase(f.reason),
-                n = i + 1
-            );
-        }
-        out.push_str("</table>\n");
-        out.push_str(&iteration_section(report));
-        let via = divergent_frames(&report.findings);
-        for (i, f) in report.findings.iter().enumerate() {
-            let _ = write!(
-                out,
-                r#"<div class="card" id="f{}"><h2>#{} {}</h2>"#,
-                i + 1,
-                i + 1,
-                escape(&function_title(f, 300))
-            );
-            if let Some(stack) = stack_line(f, 2000) {
-                let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&stack));
-                if let Some(v) = &via[i] {
-                    let _ = write!(out, "<p><b>Called through:</b> {}</p>", escape(v));
-                }
-            } else if f.function.chars().count() > 300 {
-                let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&f.function));
-            }
-            let group = f
-                .group
+            r##"<tr><td><a href="#f{n}">{n}</a></td><td class="fn"><b>{}</b>{} <small>[{}]</small></td><td>{}</td><td>{} <small>({})</small></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
+            escape(&function_title(f, 200)),
+            via[i]
                 .as_deref()
-                .map(|g| format!(" · group {}", escape(g)))
-                .unwrap_or_default();
+                .map(|v| format!(" <small>via {}</small>", escape(v)))
+                .unwrap_or_default(),
+            f.kind,
+            escape(&workers_phrase(f)),
+            if no_peers(f) {
+                pct(f.beta.value)
+            } else {
+                stat_cell(f.beta.value, f.beta.peers, "")
+            },
+            escape(&if no_peers(f) {
+                duration_us(f.critical_us.value)
+            } else {
+                format!(
+                    "{} vs {}",
+                    duration_us(f.critical_us.value),
+                    duration_us(f.critical_us.peers)
+                )
+            }),
+            if !util {
+                "n/a".into()
+            } else if no_peers(f) || !f.mu.has_peers() {
+                format!("{} {}", pct(f.mu.value), f.resource.label())
+            } else {
+                stat_cell(f.mu.value, f.mu.peers, &format!(" {}", f.resource.label()))
+            },
+            if !util {
+                "n/a".into()
+            } else if no_peers(f) || !f.sigma.has_peers() {
+                pct(f.sigma.value)
+            } else {
+                stat_cell(f.sigma.value, f.sigma.peers, "")
+            },
+            reason_phrase(f.reason),
+            n = i + 1
+        );
+    }
+    out.push_str("</table>\n");
+    out
+}
+
+/// One finding's card: where it is, on whom, why, what follows, the code
+/// and its β/μ/σ plots.
+fn finding_card(f: &Finding, i: usize, via: Option<&str>) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        r#"<div class="card" id="f{}"><h2>#{} {}</h2>"#,
+        i + 1,
+        i + 1,
+        escape(&function_title(f, 300))
+    );
+    if let Some(stack) = stack_line(f, 2000) {
+        let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&stack));
+        if let Some(v) = via {
+            let _ = write!(out, "<p><b>Called through:</b> {}</p>", escape(v));
+        }
+    } else if f.function.chars().count() > 300 {
+        let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&f.function));
+    }
+    let group = f
+        .group
+        .as_deref()
+        .map(|g| format!(" · group {}", escape(g)))
+        .unwrap_or_default();
+    let _ = write!(
+        out,
+        "<p>{} on {} — {}{group}. Flagged: {}</p>",
+        f.kind,
+        escape(&workers_phrase(f)),
+        reason_phrase(f.reason),
+        escape(&compact_ranks(&f.workers, 400))
+    );
+    if let (Some(r), false) = (f.resource_mu, no_peers(f)) {
+        let label = f.resource.label();
+        let _ = write!(
+            out,
+            "<p>{label} over all critical-path {label} work: {}</p>",
+            stat_cell(r.value, r.peers, "")
+        );
+    }
+    if let Some(h) = &f.hint {
+        let _ = write!(out, r#"<div class="hint"><b>Hint:</b> {}</div>"#, escape(h));
+    }
+    if !f.consequences.is_empty() {
+        out.push_str("<ul class=\"consequences\">");
+        for c in &f.consequences {
+            let name = escape(&c.function);
             let _ = write!(
                 out,
-                "<p>{} on {} — {}{group}. Flagged: {}</p>",
-                f.kind,
-                escape(&workers_phrase(f)),
-                reason_phrase(f.reason),
-                escape(&compact_ranks(&f.workers, 400))
+                "<li>{}</li>",
+                match c.relation {
+                    Relation::WaitsFor => format!(
+                        "Workers {} wait for these workers in <b>{name}</b>: β {} vs {} here",
+                        escape(&compact_ranks(&c.workers, 200)),
+                        pct(c.beta.value),
+                        pct(c.beta.peers)
+                    ),
+                    Relation::AlsoSlower => format!(
+                        "Also slower on these workers: <b>{name}</b>, β {} vs {} on the peers",
+                        pct(c.beta.value),
+                        pct(c.beta.peers)
+                    ),
+                }
             );
-            if let (Some(r), false) = (f.resource_mu, no_peers(f)) {
-                let label = f.resource.label();
-                let _ = write!(
-                    out,
-                    "<p>{label} over all critical-path {label} work: {}</p>",
-                    stat_cell(r.value, r.peers, "")
-                );
-            }
-            if let Some(h) = &f.hint {
-                let _ = write!(out, r#"<div class="hint"><b>Hint:</b> {}</div>"#, escape(h));
-            }
-            if !f.consequences.is_empty() {
-                out.push_str("<ul class=\"consequences\">");
-                for c in &f.consequences {
-                    let name = escape(&c.function);
-                    let _ = write!(
-                        out,
-                        "<li>{}</li>",
-                        match c.relation {
-                            Relation::WaitsFor => format!(
-                                "Workers {} wait for these workers in <b>{name}</b>: β {} vs {} here",
-                                escape(&compact_ranks(&c.workers, 200)),
-                                pct(c.beta.value),
-                                pct(c.beta.peers)
-                            ),
-                            Relation::AlsoSlower => format!(
-                                "Also slower on these workers: <b>{name}</b>, β {} vs {} on the peers",
-                                pct(c.beta.value),
-                                pct(c.beta.peers)
-                            ),
-                        }
-                    );
-                }
-                out.push_str("</ul>");
-            }
-            if let Some(src) = &f.source_excerpt {
-                let _ = write!(
-                    out,
-                    "<p>The relevant code is here:</p><pre>{}</pre>",
-                    escape(src)
-                );
-            }
-            if !f.points.is_empty() {
-                if f.group_workers > f.points.len() {
-                    let _ = write!(
-                        out,
-                        "<p><small>Plots show {} of the {} workers (all flagged ones first).</small></p>",
-                        f.points.len(),
-                        f.group_workers
-                    );
-                }
-                let mu_label = format!("μ ({})", f.resource.label());
-                out.push_str(r#"<div class="plots">"#);
-                if f.util_source == UtilizationSource::None {
-                    // μ and σ are 0 for want of data: plots of zeros would look like a finding.
-                    let _ = write!(
-                        out,
-                        r#"<p class="not-measured">{} utilization not measured: no μ/σ plots. Sample it during the window (the Python package does at 1 kHz by default; <code>whyslow sample</code> or the sidecar agent for traces taken elsewhere).</p>"#,
-                        escape(f.resource.label())
-                    );
-                } else {
-                    out.push_str(&scatter(
-                        f,
-                        "β vs μ",
-                        "β (critical-path share)",
-                        &mu_label,
-                        |p| (p.beta, p.mu),
-                    ));
-                    out.push_str(&scatter(
-                        f,
-                        "μ vs σ",
-                        &mu_label,
-                        &format!("σ ({})", f.resource.label()),
-                        |p| (p.mu, p.sigma),
-                    ));
-                }
-                out.push_str(&cdf(f));
-                out.push_str("</div>");
-            }
-            out.push_str("</div>\n");
         }
+        out.push_str("</ul>");
     }
-    if !report.warnings.is_empty() {
-        out.push_str(r#"<h2 class="warn">Warnings</h2><ul>"#);
-        for w in &report.warnings {
-            let _ = write!(out, "<li>{}</li>", escape(w));
+    if let Some(src) = &f.source_excerpt {
+        let _ = write!(
+            out,
+            "<p>The relevant code is here:</p><pre>{}</pre>",
+            escape(src)
+        );
+    }
+    if !f.points.is_empty() {
+        if f.group_workers > f.points.len() {
+            let _ = write!(
+                out,
+                "<p><small>Plots show {} of the {} workers (all flagged ones first).</small></p>",
+                f.points.len(),
+                f.group_workers
+            );
         }
-        out.push_str("</ul>\n");
+        let mu_label = format!("μ ({})", f.resource.label());
+        out.push_str(r#"<div class="plots">"#);
+        if f.util_source == UtilizationSource::None {
+            // μ and σ are 0 for want of data: plots of zeros would look like a finding.
+            let _ = write!(
+                out,
+                r#"<p class="not-measured">{} utilization not measured: no μ/σ plots. Sample it during the window (the Python package does at 1 kHz by default; <code>whyslow sample</code> or the sidecar agent for traces taken elsewhere).</p>"#,
+                escape(f.resource.label())
+            );
+        } else {
+            out.push_str(&scatter(
+                f,
+                "β vs μ",
+                "β (critical-path share)",
+                &mu_label,
+                |p| (p.beta, p.mu),
+            ));
+            out.push_str(&scatter(
+                f,
+                "μ vs σ",
+                &mu_label,
+                &format!("σ ({})", f.resource.label()),
+                |p| (p.mu, p.sigma),
+            ));
+        }
+        out.push_str(&cdf(f));
+        out.push_str("</div>");
     }
-    out.push_str(GLOSSARY);
-    out.push_str("<p class=\"meta\">Method: PerfTracker §4.3 (expected ranges and differential distance over runtime behavior patterns β, μ, σ).</p>\n</body></html>\n");
+    out.push_str("</div>\n");
     out
 }
 
