@@ -423,6 +423,18 @@ fn write_table(
         }
     }
     writeln!(out, "layer: {}", r.layer)?;
+    write_cpu(out, r)?;
+    write_gpu(out, r)?;
+    write_os(out, r)?;
+    write_network(out, r, (min_retrans_pct, min_out_of_order_pct))?;
+    for n in &r.notes {
+        writeln!(out, "note: {n}")?;
+    }
+    Ok(())
+}
+
+/// The CPU waterline, the off-CPU diff and the temporal baseline.
+fn write_cpu(out: &mut String, r: &DiagnoseReport) -> std::fmt::Result {
     if r.cpu_diff.is_empty() {
         writeln!(out, "CPU waterline: no rank above its group's")?;
     } else {
@@ -487,6 +499,11 @@ fn write_table(
             )?;
         }
     }
+    Ok(())
+}
+
+/// The GPU kernel diff of each late rank.
+fn write_gpu(out: &mut String, r: &DiagnoseReport) -> std::fmt::Result {
     for g in &r.gpu_diff {
         let what = match g.finding.pattern {
             GpuPattern::Uniform => "uniformly slower: the hardware (clocks held down by power or temperature, a degraded part; nvidia-smi -q -d PERFORMANCE,CLOCK)",
@@ -510,6 +527,11 @@ fn write_table(
             )?;
         }
     }
+    Ok(())
+}
+
+/// The OS signals of late ranks and their kernel handlers.
+fn write_os(out: &mut String, r: &DiagnoseReport) -> std::fmt::Result {
     if r.os_diff.is_empty() {
         writeln!(out, "OS signals: no late rank stands out from its peers")?;
     } else {
@@ -534,6 +556,15 @@ fn write_table(
             }
         }
     }
+    Ok(())
+}
+
+/// The hosts whose TCP segments are lost or whose connections are slow.
+fn write_network(
+    out: &mut String,
+    r: &DiagnoseReport,
+    (min_retrans_pct, min_out_of_order_pct): (f64, f64),
+) -> std::fmt::Result {
     if r.network_diff.is_empty() {
         writeln!(
             out,
@@ -549,40 +580,7 @@ fn write_table(
         for h in &r.network_diff {
             let ranks: Vec<String> = h.ranks.iter().map(u32::to_string).collect();
             if h.cause == "slow" {
-                let lost = match h.resent.as_ref().filter(|s| s.over_floor) {
-                    Some(s) => format!("its queue overflows, {:.2} % of segments resent", s.pct),
-                    None => "nothing lost".to_string(),
-                };
-                writeln!(
-                    out,
-                    "  {} ({} {}): its connections deliver far below the others', {lost} \
-                     (a shaped, congested or mis-negotiated link; {})",
-                    h.host,
-                    if ranks.len() == 1 { "rank" } else { "ranks" },
-                    ranks.join(", "),
-                    match h.side.as_str() {
-                        "sends" => "those it sends on",
-                        "receives" => "those it receives on",
-                        _ => "both ways",
-                    }
-                )?;
-                for m in &h.measures {
-                    let line = match m.name.as_str() {
-                        "slow_connections" => {
-                            format!("{:.0} of its {:.0} busy connections slow", m.value, m.peers)
-                        }
-                        "sending_rate_mbit_s" => format!(
-                            "delivered {:.1} Mbit/s while sending, vs the other connections' median {:.1}",
-                            m.value, m.peers
-                        ),
-                        "rtt_over_min" => format!(
-                            "smoothed RTT {:.1}x its lowest (a queue in front of the link), vs {:.1}x",
-                            m.value, m.peers
-                        ),
-                        other => format!("{other}: {:.3} vs {:.3}", m.value, m.peers),
-                    };
-                    writeln!(out, "    {line}")?;
-                }
+                write_slow_host(out, h, &ranks)?;
                 continue;
             }
             writeln!(
@@ -620,8 +618,48 @@ fn write_table(
             }
         }
     }
-    for n in &r.notes {
-        writeln!(out, "note: {n}")?;
+    Ok(())
+}
+
+/// A host whose connections deliver far below the others', with its measures.
+fn write_slow_host(
+    out: &mut String,
+    h: &whyslow_model::diagnosis::LossyHost,
+    ranks: &[String],
+) -> std::fmt::Result {
+    let lost = match h.resent.as_ref().filter(|s| s.over_floor) {
+        Some(s) => format!("its queue overflows, {:.2} % of segments resent", s.pct),
+        None => "nothing lost".to_string(),
+    };
+    writeln!(
+        out,
+        "  {} ({} {}): its connections deliver far below the others', {lost} \
+         (a shaped, congested or mis-negotiated link; {})",
+        h.host,
+        if ranks.len() == 1 { "rank" } else { "ranks" },
+        ranks.join(", "),
+        match h.side.as_str() {
+            "sends" => "those it sends on",
+            "receives" => "those it receives on",
+            _ => "both ways",
+        }
+    )?;
+    for m in &h.measures {
+        let line = match m.name.as_str() {
+            "slow_connections" => {
+                format!("{:.0} of its {:.0} busy connections slow", m.value, m.peers)
+            }
+            "sending_rate_mbit_s" => format!(
+                "delivered {:.1} Mbit/s while sending, vs the other connections' median {:.1}",
+                m.value, m.peers
+            ),
+            "rtt_over_min" => format!(
+                "smoothed RTT {:.1}x its lowest (a queue in front of the link), vs {:.1}x",
+                m.value, m.peers
+            ),
+            other => format!("{other}: {:.3} vs {:.3}", m.value, m.peers),
+        };
+        writeln!(out, "    {line}")?;
     }
     Ok(())
 }
