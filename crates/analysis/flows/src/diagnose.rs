@@ -301,116 +301,141 @@ pub fn diagnose(
     switches: &[SwitchStats],
     cfg: &FlowConfig,
 ) -> (Vec<FlowFinding>, Vec<Vec<RecurringStall>>) {
-    let _ = index;
     let mut findings = Vec::new();
     let mut stalls = vec![Vec::new(); jobs.members.len()];
-    let k = cfg.k_sigma;
-    // Cross-step.
     for (job, job_stalls) in stalls.iter_mut().enumerate() {
-        let ranks: Vec<_> = tl
-            .ranks
-            .iter()
-            .filter(|r| r.job == job && !r.steps.is_empty())
-            .collect();
-        // (start, end, dur, threshold, step index)
-        let mut flagged: Vec<(u64, u64, f64, f64, usize)> = Vec::new();
-        let mut mean_sum = 0.0;
-        // (every, first) → (ranks, extra time of each)
-        let mut periodic: std::collections::BTreeMap<(usize, usize), (usize, Vec<f64>)> =
-            Default::default();
-        for r in &ranks {
-            let mut d: Vec<f64> = r.steps.iter().map(|s| s.dur_us() as f64).collect();
-            // A rank's first step is never judged (LLMPrism §IV-D compares
-            // steps of a steady run): it holds the job's warm-up when the job
-            // starts inside the window (connections, allocations, a first
-            // iteration that compilation makes 10-20x a step; a rank that
-            // finished it early, 1F1B's last stage, waits for the others
-            // inside its step 0 (a CI run: one rank of four, step 0 of 4.1 s
-            // against 0.45 s), and when the window starts mid-job it follows
-            // whatever came before. It takes the median's place in the
-            // statistics and is never flagged. (It was judged only when the
-            // job's traffic began over max(2 steps, 1 s) before it: exactly a
-            // long first iteration seen whole.)
-            let warm_up = d.len() > 1;
-            if warm_up {
-                let mut rest = d[1..].to_vec();
-                rest.sort_by(f64::total_cmp);
-                d[0] = rest[rest.len() / 2];
-            }
-            let mut outliers = k_sigma_outliers(&d, k, cfg.min_rel_sigma, cfg.min_samples, true);
-            if warm_up {
-                outliers[0] = None;
-            }
-            let slow: Vec<usize> = (0..d.len()).filter(|&i| outliers[i].is_some()).collect();
-            // Without a recurring stall's steps, the rest are tested on their own.
-            let (kept, outliers) = match recurring_stall(&d, &slow) {
-                Some((every, first)) => {
-                    let kept: Vec<usize> = (0..d.len()).filter(|i| i % every != first).collect();
-                    let rest: Vec<f64> = kept.iter().map(|&i| d[i]).collect();
-                    let mut sorted = rest.clone();
-                    sorted.sort_by(f64::total_cmp);
-                    let base = sorted[sorted.len() / 2];
-                    let e = periodic.entry((every, first)).or_default();
-                    e.0 += 1;
-                    e.1.extend((first..d.len()).step_by(every).map(|i| d[i] - base));
-                    let o = k_sigma_outliers(&rest, k, cfg.min_rel_sigma, cfg.min_samples, true);
-                    (kept, o)
-                }
-                None => ((0..d.len()).collect(), outliers),
-            };
-            let kept_d: Vec<f64> = kept.iter().map(|&i| d[i]).collect();
-            mean_sum += kept_d.iter().sum::<f64>() / kept_d.len().max(1) as f64;
-            for (j, t) in outliers.into_iter().enumerate() {
-                if let Some(thr) = t {
-                    let i = kept[j];
-                    flagged.push((r.steps[i].start_us, r.steps[i].end_us, d[i], thr, i));
-                }
-            }
+        cross_step(job, tl, cfg, &mut findings, job_stalls);
+    }
+    cross_group(index, cls, tl, cfg, &mut findings);
+    switch_level(switches, cfg, &mut findings);
+    (findings, stalls)
+}
+
+/// Cross-step (LLMPrism §IV-D): each rank's steps against its own mean +
+/// kσ, a recurring stall's steps set apart; the slow steps of a job's ranks
+/// that overlap in time are one finding.
+fn cross_step(
+    job: usize,
+    tl: &RankTimelines,
+    cfg: &FlowConfig,
+    findings: &mut Vec<FlowFinding>,
+    job_stalls: &mut Vec<RecurringStall>,
+) {
+    let k = cfg.k_sigma;
+    let ranks: Vec<_> = tl
+        .ranks
+        .iter()
+        .filter(|r| r.job == job && !r.steps.is_empty())
+        .collect();
+    // (start, end, dur, threshold, step index)
+    let mut flagged: Vec<(u64, u64, f64, f64, usize)> = Vec::new();
+    let mut mean_sum = 0.0;
+    // (every, first) → (ranks, extra time of each)
+    let mut periodic: std::collections::BTreeMap<(usize, usize), (usize, Vec<f64>)> =
+        Default::default();
+    for r in &ranks {
+        let mut d: Vec<f64> = r.steps.iter().map(|s| s.dur_us() as f64).collect();
+        // A rank's first step is never judged (LLMPrism §IV-D compares
+        // steps of a steady run): it holds the job's warm-up when the job
+        // starts inside the window (connections, allocations, a first
+        // iteration that compilation makes 10-20x a step; a rank that
+        // finished it early, 1F1B's last stage, waits for the others
+        // inside its step 0 (a CI run: one rank of four, step 0 of 4.1 s
+        // against 0.45 s), and when the window starts mid-job it follows
+        // whatever came before. It takes the median's place in the
+        // statistics and is never flagged. (It was judged only when the
+        // job's traffic began over max(2 steps, 1 s) before it: exactly a
+        // long first iteration seen whole.)
+        let warm_up = d.len() > 1;
+        if warm_up {
+            let mut rest = d[1..].to_vec();
+            rest.sort_by(f64::total_cmp);
+            d[0] = rest[rest.len() / 2];
         }
-        for ((every, first_step), (n, mut extra)) in periodic {
-            extra.sort_by(f64::total_cmp);
-            job_stalls.push(RecurringStall {
-                every,
-                first_step,
-                extra_us: extra[extra.len() / 2],
-                ranks: n,
-            });
+        let mut outliers = k_sigma_outliers(&d, k, cfg.min_rel_sigma, cfg.min_samples, true);
+        if warm_up {
+            outliers[0] = None;
         }
-        flagged.sort_by_key(|f| f.0);
-        let mut i = 0;
-        while i < flagged.len() {
-            let mut j = i + 1;
-            let mut end = flagged[i].1;
-            while j < flagged.len() && flagged[j].0 < end {
-                end = end.max(flagged[j].1);
-                j += 1;
+        let slow: Vec<usize> = (0..d.len()).filter(|&i| outliers[i].is_some()).collect();
+        // Without a recurring stall's steps, the rest are tested on their own.
+        let (kept, outliers) = match recurring_stall(&d, &slow) {
+            Some((every, first)) => {
+                let kept: Vec<usize> = (0..d.len()).filter(|i| i % every != first).collect();
+                let rest: Vec<f64> = kept.iter().map(|&i| d[i]).collect();
+                let mut sorted = rest.clone();
+                sorted.sort_by(f64::total_cmp);
+                let base = sorted[sorted.len() / 2];
+                let e = periodic.entry((every, first)).or_default();
+                e.0 += 1;
+                e.1.extend((first..d.len()).step_by(every).map(|i| d[i] - base));
+                let o = k_sigma_outliers(&rest, k, cfg.min_rel_sigma, cfg.min_samples, true);
+                (kept, o)
             }
-            let g = &flagged[i..j];
-            let dur = g.iter().map(|f| f.2).sum::<f64>() / g.len() as f64;
-            let thr = g.iter().map(|f| f.3).sum::<f64>() / g.len() as f64;
-            let mean = mean_sum / ranks.len().max(1) as f64;
-            findings.push(FlowFinding {
-                level: FindingLevel::Step,
-                subject: format!("job {job} step {}", g[0].4),
-                reason: format!(
-                    "step {} took {} on {}/{} ranks, above mean {} + {k}σ (threshold {})",
-                    whyslow_model::time::utc_span(g[0].0, end),
-                    ms(dur),
-                    g.len(),
-                    ranks.len(),
-                    ms(mean),
-                    ms(thr)
-                ),
-                job: Some(job),
-                value: dur,
-                threshold: thr,
-                start_us: Some(g[0].0),
-                end_us: Some(end),
-            });
-            i = j;
+            None => ((0..d.len()).collect(), outliers),
+        };
+        let kept_d: Vec<f64> = kept.iter().map(|&i| d[i]).collect();
+        mean_sum += kept_d.iter().sum::<f64>() / kept_d.len().max(1) as f64;
+        for (j, t) in outliers.into_iter().enumerate() {
+            if let Some(thr) = t {
+                let i = kept[j];
+                flagged.push((r.steps[i].start_us, r.steps[i].end_us, d[i], thr, i));
+            }
         }
     }
-    // Cross-group.
+    for ((every, first_step), (n, mut extra)) in periodic {
+        extra.sort_by(f64::total_cmp);
+        job_stalls.push(RecurringStall {
+            every,
+            first_step,
+            extra_us: extra[extra.len() / 2],
+            ranks: n,
+        });
+    }
+    flagged.sort_by_key(|f| f.0);
+    let mut i = 0;
+    while i < flagged.len() {
+        let mut j = i + 1;
+        let mut end = flagged[i].1;
+        while j < flagged.len() && flagged[j].0 < end {
+            end = end.max(flagged[j].1);
+            j += 1;
+        }
+        let g = &flagged[i..j];
+        let dur = g.iter().map(|f| f.2).sum::<f64>() / g.len() as f64;
+        let thr = g.iter().map(|f| f.3).sum::<f64>() / g.len() as f64;
+        let mean = mean_sum / ranks.len().max(1) as f64;
+        findings.push(FlowFinding {
+            level: FindingLevel::Step,
+            subject: format!("job {job} step {}", g[0].4),
+            reason: format!(
+                "step {} took {} on {}/{} ranks, above mean {} + {k}σ (threshold {})",
+                whyslow_model::time::utc_span(g[0].0, end),
+                ms(dur),
+                g.len(),
+                ranks.len(),
+                ms(mean),
+                ms(thr)
+            ),
+            job: Some(job),
+            value: dur,
+            threshold: thr,
+            start_us: Some(g[0].0),
+            end_us: Some(end),
+        });
+        i = j;
+    }
+}
+
+/// Cross-group (LLMPrism §IV-D): each DP group's communication per step
+/// against the other groups' of its job.
+fn cross_group(
+    index: &FlowIndex<'_>,
+    cls: &Classified,
+    tl: &RankTimelines,
+    cfg: &FlowConfig,
+    findings: &mut Vec<FlowFinding>,
+) {
+    let k = cfg.k_sigma;
     for (job, groups) in cls.dp_groups.iter().enumerate() {
         // With two groups, neither is "the odd one": they are often stages of
         // different size (a pipeline's first stage holds the embedding).
@@ -472,6 +497,12 @@ pub fn diagnose(
             }
         }
     }
+}
+
+/// Switch level (LLMPrism §IV-D): each switch's and link's DP bandwidth
+/// against the others', and the concurrent DP flows over the limit.
+fn switch_level(switches: &[SwitchStats], cfg: &FlowConfig, findings: &mut Vec<FlowFinding>) {
+    let k = cfg.k_sigma;
     // Switch-level: compare the 90th percentile of per-flow DP bandwidth (a switch or
     // link that is the bottleneck slows even its best flows; the mean of the paper also
     // drops on the neighbours that share flows with it, see the module docs).
@@ -537,7 +568,6 @@ pub fn diagnose(
             }
         }
     }
-    (findings, stalls)
 }
 
 #[cfg(test)]
