@@ -109,6 +109,65 @@ pub fn summarize(
     let mut warnings = trace.warnings.clone();
 
     // 1. The window T.
+    let (w0, w1) = requested_window(trace, opts, &mut warnings);
+    let window_ns = critical::span_ns(w0, w1);
+    let mut fp = empty_fingerprint(trace, w0, window_ns);
+
+    // 2. Critical time per function (Eq. 2, 3).
+    let (critical, swept) = critical::critical_by_function(trace, (w0, w1));
+    if swept.ignored > 0 {
+        warnings.push(format!(
+            "{} executions ignored: end before start, or a function id not in the trace's \
+             function table",
+            swept.ignored
+        ));
+    }
+    if trace.training_thread.is_none()
+        && trace
+            .functions
+            .iter()
+            .any(|(_, f)| f.kind == whyslow_model::FunctionKind::Python)
+    {
+        warnings.push(
+            "training thread unknown: Python on every thread without a `_bootstrap`-rooted stack \
+             counted as training-thread Python"
+                .to_string(),
+        );
+    }
+    let (calls, total_ns) = calls_and_totals(trace, (w0, w1));
+    if calls.iter().all(|&c| c == 0) {
+        warnings.push(if window_ns > 0.0 {
+            "window has no executions".to_string()
+        } else {
+            "window is empty (zero length); nothing to summarize".to_string()
+        });
+    }
+    let totals = Totals {
+        trace,
+        calls,
+        total_ns,
+        critical,
+        window_ns,
+    };
+
+    // 3. β, then which functions to keep.
+    let kept = choose_functions(&totals, opts, &mut fp, &mut warnings);
+    fp.kernels = kernel_totals(&totals);
+
+    // 4. μ, σ (Eq. 4, 5) for the kept functions.
+    let util = utilization(trace, samples, &kept, (w0, w1), &mut warnings);
+    push_patterns(&mut fp, &totals, &kept, &util);
+    fp.warnings = warnings;
+    fp
+}
+
+/// The window T (§4.1): the requested ProfilerSteps, else the whole traced
+/// span, with a warning when steps were asked for and are (partly) missing.
+fn requested_window(
+    trace: &WorkerTrace,
+    opts: &SummarizeOptions,
+    warnings: &mut Vec<String>,
+) -> (i64, i64) {
     let win = match opts.steps {
         None => window(trace, None),
         Some((a, b)) => match window(trace, Some((a, b))) {
@@ -134,10 +193,13 @@ pub fn summarize(
             }
         },
     };
-    let (w0, w1) = win.unwrap_or((trace.span.0, trace.span.0));
-    let window_ns = critical::span_ns(w0, w1);
+    win.unwrap_or((trace.span.0, trace.span.0))
+}
 
-    let mut fp = Fingerprint {
+/// A fingerprint of `trace` over the window from `w0` (ns), `window_ns`
+/// long, with no functions yet.
+fn empty_fingerprint(trace: &WorkerTrace, w0: i64, window_ns: f64) -> Fingerprint {
+    Fingerprint {
         format: FINGERPRINT_FORMAT.to_string(),
         version: FINGERPRINT_VERSION,
         worker: trace.meta.rank,
@@ -165,31 +227,11 @@ pub fn summarize(
             .iter()
             .map(|s| (s.0, s.2.saturating_sub(s.1) as f64 / 1e6))
             .collect(),
-    };
-
-    // 2. Critical time per function (Eq. 2, 3).
-    let (critical, swept) = critical::critical_by_function(trace, (w0, w1));
-    if swept.ignored > 0 {
-        warnings.push(format!(
-            "{} executions ignored: end before start, or a function id not in the trace's \
-             function table",
-            swept.ignored
-        ));
     }
-    if trace.training_thread.is_none()
-        && trace
-            .functions
-            .iter()
-            .any(|(_, f)| f.kind == whyslow_model::FunctionKind::Python)
-    {
-        warnings.push(
-            "training thread unknown: Python on every thread without a `_bootstrap`-rooted stack \
-             counted as training-thread Python"
-                .to_string(),
-        );
-    }
+}
 
-    // Calls and total time per function.
+/// Calls and total time (ns, clipped to the window) of every function.
+fn calls_and_totals(trace: &WorkerTrace, (w0, w1): (i64, i64)) -> (Vec<u64>, Vec<f64>) {
     let n_fn = trace.functions.len();
     let mut calls = vec![0u64; n_fn];
     let mut total_ns = vec![0f64; n_fn];
@@ -205,39 +247,71 @@ pub fn summarize(
             total_ns[f] += critical::span_ns(s, e);
         }
     }
-    if calls.iter().all(|&c| c == 0) {
-        warnings.push(if window_ns > 0.0 {
-            "window has no executions".to_string()
+
+    (calls, total_ns)
+}
+
+/// Per-function figures over the window, by function index.
+struct Totals<'t> {
+    trace: &'t WorkerTrace,
+    calls: Vec<u64>,
+    total_ns: Vec<f64>,
+    critical: Vec<f64>,
+    window_ns: f64,
+}
+
+impl Totals<'_> {
+    /// β (Eq. 3): critical time over the window, in [0, 1].
+    fn beta(&self, f: usize) -> f64 {
+        if self.window_ns > 0.0 {
+            (self.critical[f] / self.window_ns).clamp(0.0, 1.0)
         } else {
-            "window is empty (zero length); nothing to summarize".to_string()
-        });
+            0.0
+        }
     }
 
-    // 3. β, then which functions to keep.
+    /// Share of the window the function ran, on the critical path or not.
+    fn share(&self, f: usize) -> f64 {
+        if self.window_ns > 0.0 {
+            self.total_ns[f] / self.window_ns
+        } else {
+            0.0
+        }
+    }
+
+    /// The fingerprint's order: β descending, then total time, kind, name.
+    fn order(&self, a: usize, b: usize) -> std::cmp::Ordering {
+        let (fa, fb) = (
+            self.trace.functions.get(id(a)),
+            self.trace.functions.get(id(b)),
+        );
+        self.beta(b)
+            .total_cmp(&self.beta(a))
+            .then(self.total_ns[b].total_cmp(&self.total_ns[a]))
+            .then(fa.kind.cmp(&fb.kind))
+            .then(fa.name.cmp(&fb.name))
+    }
+}
+
+/// The functions the fingerprint keeps, in its order: β ≥ the floor (at
+/// most `max_functions`), then those that ran a share of the window off the
+/// critical path (as many more); sets `total_floor` and `omitted`.
+fn choose_functions(
+    t: &Totals,
+    opts: &SummarizeOptions,
+    fp: &mut Fingerprint,
+    warnings: &mut Vec<String>,
+) -> Vec<usize> {
+    let n_fn = t.calls.len();
     let floor = if opts.beta_floor.is_nan() {
         0.0
     } else {
         opts.beta_floor
     };
-    let beta_of = |f: usize| {
-        if window_ns > 0.0 {
-            (critical[f] / window_ns).clamp(0.0, 1.0)
-        } else {
-            0.0
-        }
-    };
-    let order = |a: &usize, b: &usize| {
-        let (fa, fb) = (trace.functions.get(id(*a)), trace.functions.get(id(*b)));
-        beta_of(*b)
-            .total_cmp(&beta_of(*a))
-            .then(total_ns[*b].total_cmp(&total_ns[*a]))
-            .then(fa.kind.cmp(&fb.kind))
-            .then(fa.name.cmp(&fb.name))
-    };
     let mut kept: Vec<usize> = (0..n_fn)
-        .filter(|&f| calls[f] > 0 && beta_of(f) >= floor)
+        .filter(|&f| t.calls[f] > 0 && t.beta(f) >= floor)
         .collect();
-    kept.sort_by(order);
+    kept.sort_by(|&a, &b| t.order(a, b));
     let mut rest: Vec<usize> = if kept.len() > opts.max_functions {
         warnings.push(format!(
             "{} functions with β ≥ {floor} left out beyond max_functions = {}",
@@ -253,63 +327,71 @@ pub fn summarize(
     // localizer knows how long every notable function ran on every worker:
     // a function at the edge of the critical path is on it on some workers
     // and off it on others under mere timing noise.
-    let share_of = |f: usize| {
-        if window_ns > 0.0 {
-            total_ns[f] / window_ns
-        } else {
-            0.0
-        }
-    };
-    rest.extend((0..n_fn).filter(|&f| calls[f] > 0 && beta_of(f) < floor));
-    rest.retain(|&f| share_of(f) >= floor);
+    rest.extend((0..n_fn).filter(|&f| t.calls[f] > 0 && t.beta(f) < floor));
+    rest.retain(|&f| t.share(f) >= floor);
     rest.sort_by(|&a, &b| {
-        share_of(b)
-            .total_cmp(&share_of(a))
-            .then_with(|| order(&a, &b))
+        t.share(b)
+            .total_cmp(&t.share(a))
+            .then_with(|| t.order(a, b))
     });
     let extra = rest.len().min(opts.max_functions);
     kept.extend_from_slice(&rest[..extra]);
     // Every function left out ran for less than this share of the window.
-    fp.total_floor = rest.get(extra).map_or(floor, |&f| share_of(f).max(floor));
+    fp.total_floor = rest.get(extra).map_or(floor, |&f| t.share(f).max(floor));
     fp.omitted = rest[extra..]
         .iter()
         .map(|&f| {
-            let info = trace.functions.get(id(f));
+            let info = t.trace.functions.get(id(f));
             whyslow_model::function_hash(info.kind, &info.name)
         })
         .collect();
     fp.omitted.sort_unstable();
     fp.omitted.dedup();
-    // Every kernel's time, for the GPU diff (SysOM-AI §3.1), whatever its β.
-    let mut kernels: Vec<usize> = (0..n_fn)
+    kept
+}
+
+/// Every kernel's time, for the GPU diff (SysOM-AI §3.1), whatever its β.
+fn kernel_totals(t: &Totals) -> Vec<whyslow_model::KernelTotal> {
+    let mut kernels: Vec<usize> = (0..t.calls.len())
         .filter(|&f| {
-            calls[f] > 0
-                && trace.functions.get(id(f)).kind == whyslow_model::FunctionKind::GpuKernel
+            t.calls[f] > 0
+                && t.trace.functions.get(id(f)).kind == whyslow_model::FunctionKind::GpuKernel
         })
         .collect();
     kernels.sort_by(|&a, &b| {
-        total_ns[b]
-            .total_cmp(&total_ns[a])
-            .then_with(|| order(&a, &b))
+        t.total_ns[b]
+            .total_cmp(&t.total_ns[a])
+            .then_with(|| t.order(a, b))
     });
     kernels.truncate(whyslow_model::MAX_KERNELS);
-    fp.kernels = kernels
+    kernels
         .into_iter()
         .map(|f| whyslow_model::KernelTotal {
-            name: trace.functions.get(id(f)).name.clone(),
-            calls: calls[f],
-            total_us: total_ns[f] / 1000.0,
+            name: t.trace.functions.get(id(f)).name.clone(),
+            calls: t.calls[f],
+            total_us: t.total_ns[f] / 1000.0,
         })
-        .collect();
+        .collect()
+}
 
-    // 4. μ, σ (Eq. 4, 5) for the kept functions.
+/// The utilization accumulated over each kept function's executions in the
+/// window: from the resource's samples (Algorithm 1) and from the trace's
+/// own per-execution figures.
+fn utilization(
+    trace: &WorkerTrace,
+    samples: &BTreeMap<Resource, SampleSeries>,
+    kept: &[usize],
+    (w0, w1): (i64, i64),
+    warnings: &mut Vec<String>,
+) -> Vec<UtilAcc> {
+    let n_fn = trace.functions.len();
     let mut series: BTreeMap<Resource, Series> = BTreeMap::new();
     for (&r, s) in samples {
         let needed = kept
             .iter()
             .any(|&f| trace.functions.get(id(f)).resource == r);
         if needed {
-            series.insert(r, Series::new(r, s, &mut warnings));
+            series.insert(r, Series::new(r, s, warnings));
         }
     }
     let mut slot = vec![usize::MAX; n_fn];
@@ -342,10 +424,17 @@ pub fn summarize(
         }
     }
 
+    util
+}
+
+/// μ and σ (Eq. 4, 5) of each kept function from its accumulated
+/// utilization, pushed as the fingerprint's patterns; sets its
+/// `utilization_source`.
+fn push_patterns(fp: &mut Fingerprint, t: &Totals, kept: &[usize], util: &[UtilAcc]) {
     let mut any_samples = false;
     let mut any_trace = false;
     for (k, &f) in kept.iter().enumerate() {
-        let info = trace.functions.get(id(f));
+        let info = t.trace.functions.get(id(f));
         let a = &util[k];
         let (mu, sigma, src) = if a.had_samples {
             if a.l_total > 0.0 {
@@ -370,13 +459,13 @@ pub fn summarize(
             name: info.name.clone(),
             kind: info.kind,
             resource: info.resource,
-            beta: beta_of(f),
+            beta: t.beta(f),
             mu: mu.clamp(0.0, 1.0),
             sigma: sigma.clamp(0.0, 1.0),
             util_source: src,
-            calls: calls[f],
-            critical_us: critical[f].max(0.0) / 1000.0,
-            total_us: total_ns[f] / 1000.0,
+            calls: t.calls[f],
+            critical_us: t.critical[f].max(0.0) / 1000.0,
+            total_us: t.total_ns[f] / 1000.0,
         });
     }
     fp.utilization_source = if any_samples {
@@ -386,8 +475,6 @@ pub fn summarize(
     } else {
         UtilizationSource::None
     };
-    fp.warnings = warnings;
-    fp
 }
 
 fn id(f: usize) -> whyslow_model::FunctionId {
