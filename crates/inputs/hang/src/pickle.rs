@@ -277,258 +277,305 @@ impl<'a> Machine<'a> {
         loop {
             let at = self.pos;
             let op = self.u8()?;
-            match op {
-                0x80 => {
-                    self.u8()?; // PROTO
-                }
-                0x95 => {
-                    self.le(8)?; // FRAME
-                }
-                b'.' => return self.pop(),
-                b'(' => self.stack.push(Slot::Mark),
-                b'0' => {
-                    self.stack
-                        .pop()
-                        .ok_or_else(|| self.bad("pop of empty stack"))?;
-                }
-                b'1' => {
-                    self.pop_mark()?;
-                }
-                b'2' => {
-                    let t = self.top()?;
-                    self.stack.push(Slot::Node(t));
-                }
-                b'N' => self.leaf(Value::None)?,
-                0x88 => self.leaf(Value::Bool(true))?,
-                0x89 => self.leaf(Value::Bool(false))?,
-                b'K' => {
-                    let v = self.le(1)? as i64;
-                    self.leaf(Value::Int(v))?
-                }
-                b'M' => {
-                    let v = self.le(2)? as i64;
-                    self.leaf(Value::Int(v))?
-                }
-                b'J' => {
-                    let v = self.le(4)? as u32 as i32 as i64;
-                    self.leaf(Value::Int(v))?
-                }
-                b'I' | b'L' => {
-                    let l = self.line()?;
-                    let t = self.text(l)?;
-                    let t = t.trim_end_matches('L');
-                    let v = match t {
-                        "00" => Value::Bool(false),
-                        "01" => Value::Bool(true),
-                        _ => t
-                            .parse::<i64>()
-                            .map(Value::Int)
-                            .unwrap_or_else(|_| Value::BigInt(t.to_string())),
-                    };
-                    self.leaf(v)?
-                }
-                0x8a | 0x8b => {
-                    let n = if op == 0x8a {
-                        self.le(1)? as usize
-                    } else {
-                        self.le(4)? as usize
-                    };
-                    let b = self.take(n)?;
-                    let v = long_le(b);
-                    self.leaf(v)?
-                }
-                b'F' => {
-                    let l = self.line()?;
-                    let t = self.text(l)?;
-                    let v = t
-                        .trim()
-                        .parse::<f64>()
-                        .map_err(|_| self.bad("float text"))?;
-                    self.leaf(Value::Float(v))?
-                }
-                b'G' => {
-                    let b = self.take(8)?;
-                    let v = f64::from_be_bytes(b.try_into().expect("8 bytes"));
-                    self.leaf(Value::Float(v))?
-                }
-                b'X' | 0x8c | 0x8d | b'V' => {
-                    let b = match op {
-                        b'X' => {
-                            let n = self.le(4)? as usize;
-                            self.take(n)?
-                        }
-                        0x8c => {
-                            let n = self.le(1)? as usize;
-                            self.take(n)?
-                        }
-                        0x8d => {
-                            let n = self.le(8)? as usize;
-                            self.take(n)?
-                        }
-                        _ => self.line()?, // UNICODE: raw-unicode-escape text
-                    };
-                    let s = String::from_utf8_lossy(b).into_owned();
-                    self.leaf(Value::Str(s))?
-                }
-                b'S' => {
-                    let l = self.line()?;
-                    let t = String::from_utf8_lossy(l);
-                    let t = t.trim().trim_matches(|c| c == '\'' || c == '"').to_string();
-                    self.leaf(Value::Str(t))?
-                }
-                b'T' | b'U' | b'B' | b'C' | 0x8e | 0x96 => {
-                    let n = match op {
-                        b'U' | b'C' => self.le(1)? as usize,
-                        b'T' | b'B' => self.le(4)? as usize,
-                        _ => self.le(8)? as usize,
-                    };
-                    let b = self.take(n)?.to_vec();
-                    // Python 2 strings (T, U) are text in practice.
-                    let v = if matches!(op, b'T' | b'U') {
-                        Value::Str(String::from_utf8_lossy(&b).into_owned())
-                    } else {
-                        Value::Bytes(b)
-                    };
-                    self.leaf(v)?
-                }
-                b']' => self.push(Node::List(Vec::new()))?,
-                b')' => self.push(Node::Tuple(Vec::new()))?,
-                b'}' => self.push(Node::Dict(Vec::new()))?,
-                0x8f => self.push(Node::List(Vec::new()))?, // EMPTY_SET
-                b'l' => {
-                    let items = self.pop_mark()?;
-                    self.push(Node::List(items))?
-                }
-                b't' | 0x91 => {
-                    let items = self.pop_mark()?;
-                    let n = if op == b't' {
-                        Node::Tuple(items)
-                    } else {
-                        Node::List(items)
-                    };
-                    self.push(n)?
-                }
-                0x85..=0x87 => {
-                    let n = (op - 0x84) as usize;
-                    if self.stack.len() < n {
-                        return Err(self.bad("tuple of missing values"));
-                    }
-                    let mut items = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        items.push(self.pop()?);
-                    }
-                    items.reverse();
-                    self.push(Node::Tuple(items))?
-                }
-                b'd' => {
-                    let items = self.pop_mark()?;
-                    if !items.len().is_multiple_of(2) {
-                        return Err(self.bad("odd number of dict items"));
-                    }
-                    let pairs = items.chunks(2).map(|c| (c[0], c[1])).collect();
-                    self.push(Node::Dict(pairs))?
-                }
-                b'a' => {
-                    let v = self.pop()?;
-                    let l = self.top()?;
-                    self.extend_list(l, vec![v])?
-                }
-                b'e' | 0x90 => {
-                    let items = self.pop_mark()?;
-                    let l = self.top()?;
-                    self.extend_list(l, items)?
-                }
-                b's' => {
-                    let v = self.pop()?;
-                    let k = self.pop()?;
-                    let d = self.top()?;
-                    self.set_items(d, vec![k, v])?
-                }
-                b'u' => {
-                    let items = self.pop_mark()?;
-                    let d = self.top()?;
-                    self.set_items(d, items)?
-                }
-                b'p' | b'q' | b'r' | 0x94 => {
-                    let idx = match op {
-                        b'p' => {
-                            let l = self.line()?;
-                            let t = self.text(l)?;
-                            t.trim()
-                                .parse::<u64>()
-                                .map_err(|_| self.bad("memo index"))?
-                        }
-                        b'q' => self.le(1)?,
-                        b'r' => self.le(4)?,
-                        _ => self.memo.len() as u64,
-                    };
-                    let t = self.top()?;
-                    self.memo.insert(idx, t);
-                }
-                b'g' | b'h' | b'j' => {
-                    let idx = match op {
-                        b'g' => {
-                            let l = self.line()?;
-                            let t = self.text(l)?;
-                            t.trim()
-                                .parse::<u64>()
-                                .map_err(|_| self.bad("memo index"))?
-                        }
-                        b'h' => self.le(1)?,
-                        _ => self.le(4)?,
-                    };
-                    let i = *self
-                        .memo
-                        .get(&idx)
-                        .ok_or_else(|| self.bad("memo get of an unknown index"))?;
-                    self.stack.push(Slot::Node(i));
-                }
-                b'c' => {
-                    let module = self.line()?;
-                    let name = self.line()?;
-                    let g = format!(
-                        "{}.{}",
-                        String::from_utf8_lossy(module),
-                        String::from_utf8_lossy(name)
-                    );
-                    self.push(Node::Global(g))?
-                }
-                0x93 => {
-                    let name = self.pop()?;
-                    let module = self.pop()?;
-                    let g = format!("{}.{}", self.global_name(module), self.global_name(name));
-                    self.push(Node::Global(g))?
-                }
-                b'R' | 0x81 | 0x92 => {
-                    let mut kwargs = None;
-                    if op == 0x92 {
-                        kwargs = Some(self.pop()?);
-                    }
-                    let args = self.pop()?;
-                    let callable = self.pop()?;
-                    let mut a = match &self.arena[args] {
-                        Node::Tuple(v) => v.clone(),
-                        _ => vec![args],
-                    };
-                    a.extend(kwargs);
-                    let class = self.global_name(callable);
-                    self.push(Node::Object {
-                        class,
-                        args: a,
-                        state: None,
-                    })?
-                }
-                b'b' => {
-                    let st = self.pop()?;
-                    let o = self.top()?;
-                    // BUILD on a plain container: keep the container.
-                    if let Node::Object { state, .. } = &mut self.arena[o] {
-                        *state = Some(st);
-                    }
-                }
-                _ => return Err(PickleError::Unsupported { op, at }),
+            if op == b'.' {
+                return self.pop();
+            }
+            let known = self.framing_op(op)?
+                || self.scalar_op(op)?
+                || self.container_op(op)?
+                || self.memo_op(op)?
+                || self.object_op(op)?;
+            if !known {
+                return Err(PickleError::Unsupported { op, at });
             }
         }
+    }
+
+    /// Protocol and frame markers, the mark and stack ops. `Ok(false)`: not one of them.
+    fn framing_op(&mut self, op: u8) -> Result<bool, PickleError> {
+        match op {
+            0x80 => {
+                self.u8()?; // PROTO
+            }
+            0x95 => {
+                self.le(8)?; // FRAME
+            }
+            b'(' => self.stack.push(Slot::Mark),
+            b'0' => {
+                self.stack
+                    .pop()
+                    .ok_or_else(|| self.bad("pop of empty stack"))?;
+            }
+            b'1' => {
+                self.pop_mark()?;
+            }
+            b'2' => {
+                let t = self.top()?;
+                self.stack.push(Slot::Node(t));
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Ops that push a scalar: None, booleans, integers, floats, text and bytes. `Ok(false)`: not one of them.
+    fn scalar_op(&mut self, op: u8) -> Result<bool, PickleError> {
+        match op {
+            b'N' => self.leaf(Value::None)?,
+            0x88 => self.leaf(Value::Bool(true))?,
+            0x89 => self.leaf(Value::Bool(false))?,
+            b'K' => {
+                let v = self.le(1)? as i64;
+                self.leaf(Value::Int(v))?
+            }
+            b'M' => {
+                let v = self.le(2)? as i64;
+                self.leaf(Value::Int(v))?
+            }
+            b'J' => {
+                let v = self.le(4)? as u32 as i32 as i64;
+                self.leaf(Value::Int(v))?
+            }
+            b'I' | b'L' => {
+                let l = self.line()?;
+                let t = self.text(l)?;
+                let t = t.trim_end_matches('L');
+                let v = match t {
+                    "00" => Value::Bool(false),
+                    "01" => Value::Bool(true),
+                    _ => t
+                        .parse::<i64>()
+                        .map(Value::Int)
+                        .unwrap_or_else(|_| Value::BigInt(t.to_string())),
+                };
+                self.leaf(v)?
+            }
+            0x8a | 0x8b => {
+                let n = if op == 0x8a {
+                    self.le(1)? as usize
+                } else {
+                    self.le(4)? as usize
+                };
+                let b = self.take(n)?;
+                let v = long_le(b);
+                self.leaf(v)?
+            }
+            b'F' => {
+                let l = self.line()?;
+                let t = self.text(l)?;
+                let v = t
+                    .trim()
+                    .parse::<f64>()
+                    .map_err(|_| self.bad("float text"))?;
+                self.leaf(Value::Float(v))?
+            }
+            b'G' => {
+                let b = self.take(8)?;
+                let v = f64::from_be_bytes(b.try_into().expect("8 bytes"));
+                self.leaf(Value::Float(v))?
+            }
+            b'X' | 0x8c | 0x8d | b'V' => {
+                let b = match op {
+                    b'X' => {
+                        let n = self.le(4)? as usize;
+                        self.take(n)?
+                    }
+                    0x8c => {
+                        let n = self.le(1)? as usize;
+                        self.take(n)?
+                    }
+                    0x8d => {
+                        let n = self.le(8)? as usize;
+                        self.take(n)?
+                    }
+                    _ => self.line()?, // UNICODE: raw-unicode-escape text
+                };
+                let s = String::from_utf8_lossy(b).into_owned();
+                self.leaf(Value::Str(s))?
+            }
+            b'S' => {
+                let l = self.line()?;
+                let t = String::from_utf8_lossy(l);
+                let t = t.trim().trim_matches(|c| c == '\'' || c == '"').to_string();
+                self.leaf(Value::Str(t))?
+            }
+            b'T' | b'U' | b'B' | b'C' | 0x8e | 0x96 => {
+                let n = match op {
+                    b'U' | b'C' => self.le(1)? as usize,
+                    b'T' | b'B' => self.le(4)? as usize,
+                    _ => self.le(8)? as usize,
+                };
+                let b = self.take(n)?.to_vec();
+                // Python 2 strings (T, U) are text in practice.
+                let v = if matches!(op, b'T' | b'U') {
+                    Value::Str(String::from_utf8_lossy(&b).into_owned())
+                } else {
+                    Value::Bytes(b)
+                };
+                self.leaf(v)?
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Ops that build or fill lists, tuples, sets and dicts. `Ok(false)`: not one of them.
+    fn container_op(&mut self, op: u8) -> Result<bool, PickleError> {
+        match op {
+            b']' => self.push(Node::List(Vec::new()))?,
+            b')' => self.push(Node::Tuple(Vec::new()))?,
+            b'}' => self.push(Node::Dict(Vec::new()))?,
+            0x8f => self.push(Node::List(Vec::new()))?, // EMPTY_SET
+            b'l' => {
+                let items = self.pop_mark()?;
+                self.push(Node::List(items))?
+            }
+            b't' | 0x91 => {
+                let items = self.pop_mark()?;
+                let n = if op == b't' {
+                    Node::Tuple(items)
+                } else {
+                    Node::List(items)
+                };
+                self.push(n)?
+            }
+            0x85..=0x87 => {
+                let n = (op - 0x84) as usize;
+                if self.stack.len() < n {
+                    return Err(self.bad("tuple of missing values"));
+                }
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.pop()?);
+                }
+                items.reverse();
+                self.push(Node::Tuple(items))?
+            }
+            b'd' => {
+                let items = self.pop_mark()?;
+                if !items.len().is_multiple_of(2) {
+                    return Err(self.bad("odd number of dict items"));
+                }
+                let pairs = items.chunks(2).map(|c| (c[0], c[1])).collect();
+                self.push(Node::Dict(pairs))?
+            }
+            b'a' => {
+                let v = self.pop()?;
+                let l = self.top()?;
+                self.extend_list(l, vec![v])?
+            }
+            b'e' | 0x90 => {
+                let items = self.pop_mark()?;
+                let l = self.top()?;
+                self.extend_list(l, items)?
+            }
+            b's' => {
+                let v = self.pop()?;
+                let k = self.pop()?;
+                let d = self.top()?;
+                self.set_items(d, vec![k, v])?
+            }
+            b'u' => {
+                let items = self.pop_mark()?;
+                let d = self.top()?;
+                self.set_items(d, items)?
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The memo: PUT and GET in their text, byte and word forms. `Ok(false)`: not one of them.
+    fn memo_op(&mut self, op: u8) -> Result<bool, PickleError> {
+        match op {
+            b'p' | b'q' | b'r' | 0x94 => {
+                let idx = match op {
+                    b'p' => {
+                        let l = self.line()?;
+                        let t = self.text(l)?;
+                        t.trim()
+                            .parse::<u64>()
+                            .map_err(|_| self.bad("memo index"))?
+                    }
+                    b'q' => self.le(1)?,
+                    b'r' => self.le(4)?,
+                    _ => self.memo.len() as u64,
+                };
+                let t = self.top()?;
+                self.memo.insert(idx, t);
+            }
+            b'g' | b'h' | b'j' => {
+                let idx = match op {
+                    b'g' => {
+                        let l = self.line()?;
+                        let t = self.text(l)?;
+                        t.trim()
+                            .parse::<u64>()
+                            .map_err(|_| self.bad("memo index"))?
+                    }
+                    b'h' => self.le(1)?,
+                    _ => self.le(4)?,
+                };
+                let i = *self
+                    .memo
+                    .get(&idx)
+                    .ok_or_else(|| self.bad("memo get of an unknown index"))?;
+                self.stack.push(Slot::Node(i));
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Globals, calls (REDUCE, NEWOBJ) and BUILD. `Ok(false)`: not one of them.
+    fn object_op(&mut self, op: u8) -> Result<bool, PickleError> {
+        match op {
+            b'c' => {
+                let module = self.line()?;
+                let name = self.line()?;
+                let g = format!(
+                    "{}.{}",
+                    String::from_utf8_lossy(module),
+                    String::from_utf8_lossy(name)
+                );
+                self.push(Node::Global(g))?
+            }
+            0x93 => {
+                let name = self.pop()?;
+                let module = self.pop()?;
+                let g = format!("{}.{}", self.global_name(module), self.global_name(name));
+                self.push(Node::Global(g))?
+            }
+            b'R' | 0x81 | 0x92 => {
+                let mut kwargs = None;
+                if op == 0x92 {
+                    kwargs = Some(self.pop()?);
+                }
+                let args = self.pop()?;
+                let callable = self.pop()?;
+                let mut a = match &self.arena[args] {
+                    Node::Tuple(v) => v.clone(),
+                    _ => vec![args],
+                };
+                a.extend(kwargs);
+                let class = self.global_name(callable);
+                self.push(Node::Object {
+                    class,
+                    args: a,
+                    state: None,
+                })?
+            }
+            b'b' => {
+                let st = self.pop()?;
+                let o = self.top()?;
+                // BUILD on a plain container: keep the container.
+                if let Node::Object { state, .. } = &mut self.arena[o] {
+                    *state = Some(st);
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 
     fn children(&self, i: usize) -> Vec<usize> {
