@@ -661,99 +661,152 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
             continue;
         }
         if name.starts_with("blocked-rank") && name.ends_with(".txt") {
-            let r = name["blocked-rank".len()..]
-                .split('-')
-                .next()
-                .and_then(|s| s.parse::<u32>().ok());
-            match r.and_then(|r| plausible_rank(r, &shown, &mut notes)) {
-                Some(r) => {
-                    let stacks = read_blocked_text(&String::from_utf8_lossy(&bytes));
-                    let ev = rank_entry(&mut ranks, r);
-                    ev.files.push(shown);
-                    // The JSON stacks of the same moment say more: keep the
-                    // text only when there are none.
-                    if ev.stacks.is_empty() {
-                        ev.stacks = stacks;
-                    }
-                }
-                None => notes.push(format!("{shown}: skipped: no rank in the name")),
-            }
+            read_blocked_file(&name, shown, &bytes, &mut ranks, &mut notes);
             continue;
         }
         if name.starts_with("stacks-rank") && name.ends_with(".json") {
-            match serde_json::from_slice::<StacksDoc>(&bytes) {
-                Ok(doc) if doc.format == "whyslow-hang-rank" => {
-                    if plausible_rank(doc.rank, &shown, &mut notes).is_none() {
-                        continue;
-                    }
-                    let ev = rank_entry(&mut ranks, doc.rank);
-                    ev.files.push(shown);
-                    ev.stacks = doc
-                        .threads
-                        .into_iter()
-                        .map(|t| ThreadStack {
-                            thread: t.thread,
-                            frames: t.frames,
-                            source: doc.source.clone(),
-                            taken_at_ns: doc.dumped_at_ns,
-                        })
-                        .collect();
-                    ev.dumped_at_ns = doc.dumped_at_ns.or(ev.dumped_at_ns);
-                    ev.exited |= doc.exited;
-                    merge_groups(&mut ev.groups, doc.groups);
-                }
-                Ok(doc) => notes.push(format!(
-                    "{shown}: skipped: format {:?}, not whyslow-hang-rank",
-                    doc.format
-                )),
-                Err(e) => notes.push(format!("{shown}: skipped: not a whyslow stack file: {e}")),
-            }
+            read_stacks_file(shown, &bytes, &mut ranks, &mut notes);
             continue;
         }
-        let is_json = name.ends_with(".json");
-        let named_rank = trailing_rank(&name);
-        if !is_json && named_rank.is_none() {
-            notes.push(format!(
-                "{shown}: skipped: not a dump (no rank at the end of its name)"
-            ));
-            continue;
-        }
-        match read_dump(&bytes) {
-            Ok(d) => {
-                let Some(r) = d.rank.or(named_rank) else {
-                    notes.push(format!("{shown}: skipped: {}", DumpError::NoRank));
-                    continue;
-                };
-                let Some(r) = plausible_rank(r, &shown, &mut notes) else {
-                    continue;
-                };
-                let d = if d.rank.is_none() {
-                    d.with_peers(Some(r))
-                } else {
-                    d
-                };
-                match dumps.get(&r) {
-                    Some((kept, _)) if says_more(kept, &d) => {
-                        notes.push(format!(
-                            "{shown}: set aside: a second dump of rank {r}, older or emptier than {}",
-                            dumps[&r].1
-                        ));
-                        continue;
-                    }
-                    Some((_, other)) => notes.push(format!(
-                        "{other}: set aside: a second dump of rank {r}, older or emptier than {shown}"
-                    )),
-                    None => {}
-                }
-                dumps.insert(r, (d, shown));
-            }
-            Err(e) => notes.push(format!("{shown}: skipped: {e}")),
-        }
+        read_dump_file(&name, shown, &bytes, &mut dumps, &mut notes);
     }
     name_unnamed_progress(&mut dumps, &mut notes);
+    attach_dumps(dumps, &mut ranks, &mut notes);
+    attach_records(&records, &mut ranks, &mut notes);
+    if has_profiles {
+        attach_profiles(dir, &mut ranks, &mut notes);
+    }
+    Ok(HangEvidence {
+        ranks: ranks.into_values().collect(),
+        world_size: None,
+        notes,
+    })
+}
+
+/// A `blocked-rank<R>-….txt` file: the rank's stacks as text (kept only
+/// when no JSON stack file of the same moment says more).
+fn read_blocked_file(
+    name: &str,
+    shown: String,
+    bytes: &[u8],
+    ranks: &mut BTreeMap<u32, RankEvidence>,
+    notes: &mut Vec<String>,
+) {
+    let r = name["blocked-rank".len()..]
+        .split('-')
+        .next()
+        .and_then(|s| s.parse::<u32>().ok());
+    match r.and_then(|r| plausible_rank(r, &shown, notes)) {
+        Some(r) => {
+            let stacks = read_blocked_text(&String::from_utf8_lossy(bytes));
+            let ev = rank_entry(ranks, r);
+            ev.files.push(shown);
+            // The JSON stacks of the same moment say more: keep the
+            // text only when there are none.
+            if ev.stacks.is_empty() {
+                ev.stacks = stacks;
+            }
+        }
+        None => notes.push(format!("{shown}: skipped: no rank in the name")),
+    }
+}
+
+/// A `stacks-rank<R>.json` file (whyslow's own, `whyslow-hang-rank`).
+fn read_stacks_file(
+    shown: String,
+    bytes: &[u8],
+    ranks: &mut BTreeMap<u32, RankEvidence>,
+    notes: &mut Vec<String>,
+) {
+    match serde_json::from_slice::<StacksDoc>(bytes) {
+        Ok(doc) if doc.format == "whyslow-hang-rank" => {
+            if plausible_rank(doc.rank, &shown, notes).is_none() {
+                return;
+            }
+            let ev = rank_entry(ranks, doc.rank);
+            ev.files.push(shown);
+            ev.stacks = doc
+                .threads
+                .into_iter()
+                .map(|t| ThreadStack {
+                    thread: t.thread,
+                    frames: t.frames,
+                    source: doc.source.clone(),
+                    taken_at_ns: doc.dumped_at_ns,
+                })
+                .collect();
+            ev.dumped_at_ns = doc.dumped_at_ns.or(ev.dumped_at_ns);
+            ev.exited |= doc.exited;
+            merge_groups(&mut ev.groups, doc.groups);
+        }
+        Ok(doc) => notes.push(format!(
+            "{shown}: skipped: format {:?}, not whyslow-hang-rank",
+            doc.format
+        )),
+        Err(e) => notes.push(format!("{shown}: skipped: not a whyslow stack file: {e}")),
+    }
+}
+
+/// A Flight Recorder dump (pickle or JSON), kept per rank: of two dumps of
+/// one rank the one that says more.
+fn read_dump_file(
+    name: &str,
+    shown: String,
+    bytes: &[u8],
+    dumps: &mut BTreeMap<u32, (FlightRecorderDump, String)>,
+    notes: &mut Vec<String>,
+) {
+    let is_json = name.ends_with(".json");
+    let named_rank = trailing_rank(name);
+    if !is_json && named_rank.is_none() {
+        notes.push(format!(
+            "{shown}: skipped: not a dump (no rank at the end of its name)"
+        ));
+        return;
+    }
+    match read_dump(bytes) {
+        Ok(d) => {
+            let Some(r) = d.rank.or(named_rank) else {
+                notes.push(format!("{shown}: skipped: {}", DumpError::NoRank));
+                return;
+            };
+            let Some(r) = plausible_rank(r, &shown, notes) else {
+                return;
+            };
+            let d = if d.rank.is_none() {
+                d.with_peers(Some(r))
+            } else {
+                d
+            };
+            match dumps.get(&r) {
+                Some((kept, _)) if says_more(kept, &d) => {
+                    notes.push(format!(
+                        "{shown}: set aside: a second dump of rank {r}, older or emptier than {}",
+                        dumps[&r].1
+                    ));
+                    return;
+                }
+                Some((_, other)) => notes.push(format!(
+                    "{other}: set aside: a second dump of rank {r}, older or emptier than {shown}"
+                )),
+                None => {}
+            }
+            dumps.insert(r, (d, shown));
+        }
+        Err(e) => notes.push(format!("{shown}: skipped: {e}")),
+    }
+}
+
+/// Each rank's chosen dump into its evidence; a note for dumps without a
+/// clock of their own.
+fn attach_dumps(
+    dumps: BTreeMap<u32, (FlightRecorderDump, String)>,
+    ranks: &mut BTreeMap<u32, RankEvidence>,
+    notes: &mut Vec<String>,
+) {
     let mut unclocked = Vec::new();
     for (r, (d, shown)) in dumps {
-        let ev = rank_entry(&mut ranks, r);
+        let ev = rank_entry(ranks, r);
         ev.files.push(shown);
         // torch writes no time of the dump: only the rank's own stack file,
         // written when the evidence was gathered, says when (the newest
@@ -775,27 +828,22 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
             compact(&unclocked)
         ));
     }
-    // Collective records stand in for ranks without Flight Recorder state.
+}
+
+/// Collective record files (`*.collectives.jsonl`) stand in for ranks
+/// without Flight Recorder state.
+fn attach_records(
+    records: &[(String, Vec<u8>)],
+    ranks: &mut BTreeMap<u32, RankEvidence>,
+    notes: &mut Vec<String>,
+) {
     let mut recs = Vec::new();
-    for (shown, bytes) in &records {
-        parse_records(shown, bytes, &mut recs, &mut notes);
-    }
-    // A node agent's profiles: where a rank that could not answer was, seen
-    // from outside (its last period's heaviest stacks, CPU and off-CPU).
-    if has_profiles {
-        match whyslow_spool::read_spool(dir) {
-            Ok(spool) => {
-                for (r, stacks) in agent_stacks(&spool.evidence.profiles) {
-                    let ev = rank_entry(&mut ranks, r);
-                    ev.stacks.extend(stacks);
-                }
-            }
-            Err(e) => notes.push(format!("agent profiles not read: {e}")),
-        }
+    for (shown, bytes) in records {
+        parse_records(shown, bytes, &mut recs, notes);
     }
     if !recs.is_empty() {
         for from in whyslow_model::hang::records::evidence_from_records(&recs).ranks {
-            let ev = rank_entry(&mut ranks, from.rank);
+            let ev = rank_entry(ranks, from.rank);
             if ev.fr_version.is_some() {
                 continue;
             }
@@ -807,11 +855,20 @@ pub fn read_dir(dir: &Path) -> Result<HangEvidence, HangInputError> {
             ev.dumped_at_ns = ev.dumped_at_ns.or(from.dumped_at_ns);
         }
     }
-    Ok(HangEvidence {
-        ranks: ranks.into_values().collect(),
-        world_size: None,
-        notes,
-    })
+}
+
+/// A node agent's profiles: where a rank that could not answer was, seen
+/// from outside (its last period's heaviest stacks, CPU and off-CPU).
+fn attach_profiles(dir: &Path, ranks: &mut BTreeMap<u32, RankEvidence>, notes: &mut Vec<String>) {
+    match whyslow_spool::read_spool(dir) {
+        Ok(spool) => {
+            for (r, stacks) in agent_stacks(&spool.evidence.profiles) {
+                let ev = rank_entry(ranks, r);
+                ev.stacks.extend(stacks);
+            }
+        }
+        Err(e) => notes.push(format!("agent profiles not read: {e}")),
+    }
 }
 
 /// Per rank, the heaviest stack of its latest CPU and off-CPU profile
