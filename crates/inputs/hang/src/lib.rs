@@ -240,78 +240,113 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
     let mut newest_event_ns = None;
     for e in entries {
         let Value::Dict(_) = e else { continue };
-        let (group, desc) = match e.get("process_group").and_then(Value::as_seq) {
-            Some([name, desc, ..]) => (text(Some(name)), text(Some(desc))),
-            _ => (text(e.get("process_group")), String::new()),
-        };
-        let pg_id = int(e.get("pg_id"))
-            .map(|i| i.to_string())
-            .unwrap_or_default();
-        if !pg_id.is_empty() {
-            pg_names.insert(pg_id, (group.clone(), desc.clone()));
+        let (collective, p2p_ranks, newest) = read_entry(e, &mut pg_names);
+        collectives.push(collective);
+        p2p_raw.push(p2p_ranks);
+        newest_event_ns = newest_event_ns.max(newest);
+    }
+    let mut groups = config_groups(top);
+    let rank = counter(top.get("rank")).and_then(|r| u32::try_from(r).ok());
+    let (progress, unnamed_progress, status_keys) = group_progress(top, &pg_names, &collectives);
+    name_groups(&mut groups, &pg_names);
+    Ok(FlightRecorderDump {
+        rank,
+        version,
+        groups,
+        progress,
+        unnamed_progress,
+        pg_names,
+        status_keys,
+        collectives,
+        p2p_ranks: p2p_raw,
+        newest_event_ns,
+    }
+    .with_peers(rank))
+}
+
+/// One Flight Recorder entry as a recorded collective, with its p2p ranks
+/// (me, peer) and its newest event time; its group's name and description
+/// go into `pg_names` under its `pg_id`.
+fn read_entry(
+    e: &Value,
+    pg_names: &mut BTreeMap<String, (String, String)>,
+) -> (RecordedCollective, Option<(u32, u32)>, Option<u64>) {
+    let (group, desc) = match e.get("process_group").and_then(Value::as_seq) {
+        Some([name, desc, ..]) => (text(Some(name)), text(Some(desc))),
+        _ => (text(e.get("process_group")), String::new()),
+    };
+    let pg_id = int(e.get("pg_id"))
+        .map(|i| i.to_string())
+        .unwrap_or_default();
+    if !pg_id.is_empty() {
+        pg_names.insert(pg_id, (group.clone(), desc.clone()));
+    }
+    let p2p = matches!(e.get("is_p2p"), Some(Value::Bool(true)));
+    let seq = if p2p {
+        counter(e.get("p2p_seq_id"))
+    } else {
+        counter(e.get("collective_seq_id")).or_else(|| counter(e.get("seq_id")))
+    }
+    .unwrap_or(0);
+    let name = text(e.get("profiling_name"));
+    let mut op = name.rsplit(':').next().unwrap_or_default().to_string();
+    let mut p2p_ranks = None;
+    if p2p {
+        if let Some((kind, me, peer)) = p2p_parts(&op) {
+            p2p_ranks = Some((me, peer));
+            op = kind.to_string();
         }
-        let p2p = matches!(e.get("is_p2p"), Some(Value::Bool(true)));
-        let seq = if p2p {
-            counter(e.get("p2p_seq_id"))
-        } else {
-            counter(e.get("collective_seq_id")).or_else(|| counter(e.get("seq_id")))
-        }
-        .unwrap_or(0);
-        let name = text(e.get("profiling_name"));
-        let mut op = name.rsplit(':').next().unwrap_or_default().to_string();
-        let mut p2p_ranks = None;
-        if p2p {
-            if let Some((kind, me, peer)) = p2p_parts(&op) {
-                p2p_ranks = Some((me, peer));
-                op = kind.to_string();
-            }
-        }
-        let retired = matches!(e.get("retired"), Some(Value::Bool(true)));
-        let state = match text(e.get("state")).as_str() {
-            _ if retired => CollectiveState::Completed,
-            "completed" => CollectiveState::Completed,
-            "started" => CollectiveState::Started,
-            _ => CollectiveState::Scheduled,
-        };
-        let frames = e
-            .get("frames")
+    }
+    let retired = matches!(e.get("retired"), Some(Value::Bool(true)));
+    let state = match text(e.get("state")).as_str() {
+        _ if retired => CollectiveState::Completed,
+        "completed" => CollectiveState::Completed,
+        "started" => CollectiveState::Started,
+        _ => CollectiveState::Scheduled,
+    };
+    let frames = e
+        .get("frames")
+        .and_then(Value::as_seq)
+        .unwrap_or_default()
+        .iter()
+        .map(|f| StackFrame {
+            function: text(f.get("name")),
+            file: text(f.get("filename")),
+            line: counter(f.get("line")).unwrap_or(0) as u32,
+        })
+        .collect();
+    let collective = RecordedCollective {
+        group,
+        seq,
+        p2p,
+        op,
+        input_sizes: sizes(e.get("input_sizes")),
+        output_sizes: sizes(e.get("output_sizes")),
+        dtypes: e
+            .get("input_dtypes")
             .and_then(Value::as_seq)
             .unwrap_or_default()
             .iter()
-            .map(|f| StackFrame {
-                function: text(f.get("name")),
-                file: text(f.get("filename")),
-                line: counter(f.get("line")).unwrap_or(0) as u32,
-            })
-            .collect();
-        collectives.push(RecordedCollective {
-            group,
-            seq,
-            p2p,
-            op,
-            input_sizes: sizes(e.get("input_sizes")),
-            output_sizes: sizes(e.get("output_sizes")),
-            dtypes: e
-                .get("input_dtypes")
-                .and_then(Value::as_seq)
-                .unwrap_or_default()
-                .iter()
-                .map(|d| text(Some(d)))
-                .collect(),
-            state,
-            created_ns: counter(e.get("time_created_ns")),
-            frames,
-            peer: None,
-        });
-        p2p_raw.push(p2p_ranks);
-        for k in [
-            "time_created_ns",
-            "time_discovered_started_ns",
-            "time_discovered_completed_ns",
-        ] {
-            newest_event_ns = newest_event_ns.max(counter(e.get(k)));
-        }
+            .map(|d| text(Some(d)))
+            .collect(),
+        state,
+        created_ns: counter(e.get("time_created_ns")),
+        frames,
+        peer: None,
+    };
+    let mut newest_event_ns = None;
+    for k in [
+        "time_created_ns",
+        "time_discovered_started_ns",
+        "time_discovered_completed_ns",
+    ] {
+        newest_event_ns = newest_event_ns.max(counter(e.get(k)));
     }
+    (collective, p2p_ranks, newest_event_ns)
+}
+
+/// The groups `pg_config` describes (gloo's nameless entry left out).
+fn config_groups(top: &BTreeMap<String, Value>) -> Vec<GroupInfo> {
     let mut groups = Vec::new();
     if let Some(Value::Dict(cfg)) = top.get("pg_config") {
         for (key, g) in cfg {
@@ -330,7 +365,22 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
             });
         }
     }
-    let rank = counter(top.get("rank")).and_then(|r| u32::try_from(r).ok());
+    groups
+}
+
+/// `pg_status`'s counters per group: named through `pg_names` (a group whose
+/// newest entry is p2p is left out: its counters are p2p's), the unnamed
+/// ones apart, and every key seen.
+#[allow(clippy::type_complexity)]
+fn group_progress(
+    top: &BTreeMap<String, Value>,
+    pg_names: &BTreeMap<String, (String, String)>,
+    collectives: &[RecordedCollective],
+) -> (
+    Vec<GroupProgress>,
+    BTreeMap<String, GroupProgress>,
+    BTreeSet<String>,
+) {
     let mut progress = Vec::new();
     let mut unnamed_progress = BTreeMap::new();
     let mut status_keys = BTreeSet::new();
@@ -363,6 +413,12 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
             });
         }
     }
+    (progress, unnamed_progress, status_keys)
+}
+
+/// Groups the entries name but `pg_config` does not, added; descriptions
+/// filled in from the entries.
+fn name_groups(groups: &mut Vec<GroupInfo>, pg_names: &BTreeMap<String, (String, String)>) {
     for (name, desc) in pg_names.values() {
         if !groups.iter().any(|g| &g.name == name) {
             groups.push(GroupInfo {
@@ -376,19 +432,6 @@ fn from_value(v: &Value) -> Result<FlightRecorderDump, DumpError> {
             }
         }
     }
-    Ok(FlightRecorderDump {
-        rank,
-        version,
-        groups,
-        progress,
-        unnamed_progress,
-        pg_names,
-        status_keys,
-        collectives,
-        p2p_ranks: p2p_raw,
-        newest_event_ns,
-    }
-    .with_peers(rank))
 }
 
 /// The trailing integer of a file name (`nccl_trace_rank_12` → 12).
