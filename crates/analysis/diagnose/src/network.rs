@@ -273,13 +273,53 @@ pub fn slow_hosts_dropping(
     cfg: &NetworkConfig,
     dropping: &BTreeSet<String>,
 ) -> Vec<LossyHost> {
+    let judged = judged_connections(hosts, cfg);
+    if judged.len() < cfg.min_connections {
+        return Vec::new();
+    }
+    // What the job's paths give when nothing is in the way: the upper
+    // quartile, not the median, since in a small ring half the busy
+    // connections can cross the one slow link (4 hosts: 2 of 4).
+    let mut rates: Vec<f64> = judged.iter().map(|j| j.rate).collect();
+    rates.sort_by(f64::total_cmp);
+    let reference = rates[(rates.len() * 3).div_ceil(4) - 1];
+    let slow = |j: &Judged| j.rate < cfg.slow_share * reference;
+    // Per host: (judged, slow, slow as sender, slow as receiver).
+    let count = slow_counts(&judged, hosts.len(), &slow);
+    let mut out = Vec::new();
+    for (i, h) in hosts.iter().enumerate() {
+        let host = HostVerdict {
+            i,
+            hosts,
+            judged: &judged,
+            count: &count,
+            reference,
+            cfg,
+            dropping,
+        };
+        out.extend(host.judge(h));
+    }
+    // Where the slow connections meet: the hosts with the largest share
+    // (a neighbour of the slow host passes the thresholds in a ring of five
+    // or more, with half its connections slow against the host's all).
+    let top = out.iter().map(|(s, _)| *s).fold(0.0, f64::max);
+    out.into_iter()
+        .filter(|(s, _)| *s >= top)
+        .map(|(_, h)| h)
+        .collect()
+}
+
+/// The busy connections between hosts that are judged: enough busy time
+/// and bytes, a known sending rate, and crossing a link (not within one
+/// namespace).
+fn judged_connections<'h>(hosts: &'h [HostConnections], cfg: &NetworkConfig) -> Vec<Judged<'h>> {
     let mut owner: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, h) in hosts.iter().enumerate() {
         for c in &h.connections {
             owner.insert(ip_of(&c.local), i);
         }
     }
-    let judged: Vec<Judged> = hosts
+    hosts
         .iter()
         .enumerate()
         .flat_map(|(i, h)| h.connections.iter().map(move |c| (i, c)))
@@ -300,20 +340,17 @@ pub fn slow_hosts_dropping(
                 conn: c,
             })
         })
-        .collect();
-    if judged.len() < cfg.min_connections {
-        return Vec::new();
-    }
-    // What the job's paths give when nothing is in the way: the upper
-    // quartile, not the median, since in a small ring half the busy
-    // connections can cross the one slow link (4 hosts: 2 of 4).
-    let mut rates: Vec<f64> = judged.iter().map(|j| j.rate).collect();
-    rates.sort_by(f64::total_cmp);
-    let reference = rates[(rates.len() * 3).div_ceil(4) - 1];
-    let slow = |j: &Judged| j.rate < cfg.slow_share * reference;
-    // Per host: (judged, slow, slow as sender, slow as receiver).
-    let mut count = vec![(0usize, 0usize, 0usize, 0usize); hosts.len()];
-    for j in &judged {
+        .collect()
+}
+
+/// Per host: (judged, slow, slow as sender, slow as receiver) connections.
+fn slow_counts(
+    judged: &[Judged],
+    hosts: usize,
+    slow: &dyn Fn(&Judged) -> bool,
+) -> Vec<(usize, usize, usize, usize)> {
+    let mut count = vec![(0usize, 0usize, 0usize, 0usize); hosts];
+    for j in judged {
         let s = usize::from(slow(j));
         count[j.from].0 += 1;
         count[j.from].1 += s;
@@ -324,12 +361,39 @@ pub fn slow_hosts_dropping(
             count[t].3 += s;
         }
     }
-    let share = |c: &(usize, usize, usize, usize)| c.1 as f64 / c.0.max(1) as f64;
-    let mut out = Vec::new();
-    for (i, h) in hosts.iter().enumerate() {
+    count
+}
+
+/// One host's case against the job's paths ([`slow_hosts_dropping`]).
+#[derive(Clone, Copy)]
+struct HostVerdict<'a, 'h> {
+    i: usize,
+    hosts: &'h [HostConnections],
+    judged: &'a [Judged<'h>],
+    count: &'a [(usize, usize, usize, usize)],
+    reference: f64,
+    cfg: &'a NetworkConfig,
+    dropping: &'a BTreeSet<String>,
+}
+
+impl HostVerdict<'_, '_> {
+    /// The host as a slow link, with its share of slow connections, or
+    /// `None` when its connections do not make it one.
+    fn judge(&self, h: &HostConnections) -> Option<(f64, LossyHost)> {
+        let HostVerdict {
+            i,
+            hosts,
+            judged,
+            count,
+            reference,
+            cfg,
+            dropping,
+        } = *self;
+        let slow = |j: &Judged| j.rate < cfg.slow_share * reference;
+        let share = |c: &(usize, usize, usize, usize)| c.1 as f64 / c.0.max(1) as f64;
         let c = count[i];
         if c.1 == 0 || 2 * c.1 < c.0 {
-            continue; // none, or under half of its connections
+            return None; // none, or under half of its connections
         }
         let others: Vec<f64> = (0..hosts.len())
             .filter(|&k| k != i && count[k].0 > 0)
@@ -337,7 +401,7 @@ pub fn slow_hosts_dropping(
             .collect();
         let peers_share = median(others);
         if peers_share.is_some_and(|m| share(&c) < SLOW_SHARE_RATIO * m) {
-            continue; // slow everywhere: the job's traffic, not one link
+            return None; // slow everywhere: the job's traffic, not one link
         }
         let mine: Vec<&Judged> = judged
             .iter()
@@ -347,17 +411,6 @@ pub fn slow_hosts_dropping(
             .iter()
             .filter(|j| j.from != i && j.to != Some(i))
             .collect();
-        let mbit = |v: Vec<f64>| median(v).map(|b| b * 8.0 / 1e6);
-        let queue = |js: &[&Judged]| {
-            median(
-                js.iter()
-                    .filter_map(|j| {
-                        let min = j.conn.min_rtt_us.filter(|m| *m > 0.0)?;
-                        Some(j.conn.rtt_us / min)
-                    })
-                    .collect(),
-            )
-        };
         // A link that is slow has a queue in front of it (the shaper's, the
         // congested port's): the slow connections' RTT stands far above its
         // floor, unlike the others'. Connections that are merely latency
@@ -380,31 +433,10 @@ pub fn slow_hosts_dropping(
                 .iter()
                 .any(|j| j.to == Some(i) && dropping.contains(&hosts[j.from].host));
         if !(queued || far_below || drops) {
-            continue;
+            return None;
         }
-        let mut measures = vec![LinkMeasure {
-            name: "slow_connections".into(),
-            value: c.1 as f64,
-            peers: c.0 as f64,
-        }];
-        if let (Some(v), Some(p)) = (
-            mbit(mine.iter().map(|j| j.rate).collect()),
-            mbit(rest.iter().map(|j| j.rate).collect()),
-        ) {
-            measures.push(LinkMeasure {
-                name: "sending_rate_mbit_s".into(),
-                value: v,
-                peers: p,
-            });
-        }
-        if let (Some(v), Some(p)) = (queue(&mine), queue(&rest)) {
-            measures.push(LinkMeasure {
-                name: "rtt_over_min".into(),
-                value: v,
-                peers: p,
-            });
-        }
-        out.push((
+        let measures = link_measures(c, &mine, &rest);
+        Some((
             share(&c),
             LossyHost {
                 host: h.host.clone(),
@@ -423,16 +455,53 @@ pub fn slow_hosts_dropping(
                 cause: "slow".into(),
                 measures,
             },
-        ));
+        ))
     }
-    // Where the slow connections meet: the hosts with the largest share
-    // (a neighbour of the slow host passes the thresholds in a ring of five
-    // or more, with half its connections slow against the host's all).
-    let top = out.iter().map(|(s, _)| *s).fold(0.0, f64::max);
-    out.into_iter()
-        .filter(|(s, _)| *s >= top)
-        .map(|(_, h)| h)
-        .collect()
+}
+
+/// What shows a host's connections slow: how many, their sending rate and
+/// their queue (RTT over its floor), against the other connections'.
+fn link_measures(
+    c: (usize, usize, usize, usize),
+    mine: &[&Judged],
+    rest: &[&Judged],
+) -> Vec<LinkMeasure> {
+    let mbit = |v: Vec<f64>| median(v).map(|b| b * 8.0 / 1e6);
+    let mut measures = vec![LinkMeasure {
+        name: "slow_connections".into(),
+        value: c.1 as f64,
+        peers: c.0 as f64,
+    }];
+    if let (Some(v), Some(p)) = (
+        mbit(mine.iter().map(|j| j.rate).collect()),
+        mbit(rest.iter().map(|j| j.rate).collect()),
+    ) {
+        measures.push(LinkMeasure {
+            name: "sending_rate_mbit_s".into(),
+            value: v,
+            peers: p,
+        });
+    }
+    if let (Some(v), Some(p)) = (queue(mine), queue(rest)) {
+        measures.push(LinkMeasure {
+            name: "rtt_over_min".into(),
+            value: v,
+            peers: p,
+        });
+    }
+    measures
+}
+
+/// The median of the slow connections' RTT over its floor.
+fn queue(js: &[&Judged]) -> Option<f64> {
+    median(
+        js.iter()
+            .filter_map(|j| {
+                let min = j.conn.min_rtt_us.filter(|m| *m > 0.0)?;
+                Some(j.conn.rtt_us / min)
+            })
+            .collect(),
+    )
 }
 
 /// Whether a slow row's connections queue: their smoothed RTT over its
