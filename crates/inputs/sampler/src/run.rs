@@ -163,79 +163,14 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
     let period = ((1e9 / cfg.rate_hz).round() as i64).max(1);
     let offset = cfg.time_base.offset_ns();
 
-    let mut cpu = cfg.pid.map(|pid| Cpu {
-        pid,
-        training_tid: cfg.training_tid.unwrap_or(pid),
-        all: cfg.all_threads,
-        prefer: cfg.cpu_source,
-        open: Vec::new(),
-        known: HashSet::new(),
-        coarse_noted: false,
-        training_gone_noted: false,
-    });
-    if let Some(c) = cpu.as_mut() {
-        c.rescan(&mut out);
-        if !c.known.contains(&c.training_tid) {
-            out.notes.push(format!(
-                "cpu: training thread {} not found in process {}",
-                c.training_tid, c.pid
-            ));
-        }
-    }
-
+    let mut cpu = open_cpu(&cfg, &mut out);
     let mut extra = Extra::default();
-    let mut freq = None;
-    out.cpu_freq = match cpu.as_ref() {
-        Some(c) if cfg.cpu_freq => {
-            let stat = crate::cpu::task_dir(c.pid)
-                .join(c.training_tid.to_string())
-                .join("stat");
-            match CpuFreqReader::open(&stat, std::path::Path::new("/sys/devices/system/cpu")) {
-                Ok(r) => {
-                    freq = Some(r);
-                    CpuFreqStatus::Sampling
-                }
-                Err(why) => {
-                    out.notes.push(why.clone());
-                    CpuFreqStatus::NotAvailable(why)
-                }
-            }
-        }
-        _ => CpuFreqStatus::NotRequested,
-    };
+    let mut freq = open_freq(&cfg, cpu.as_ref(), &mut out);
     let freq_every = every(cfg.rate_hz, CPU_FREQ_MAX_HZ);
     let gpu_slow_every = every(cfg.rate_hz, GPU_SLOW_MAX_HZ);
 
-    let mut nics: Vec<(NicCounter, usize)> = Vec::new();
-    for iface in &cfg.interfaces {
-        match NicCounter::open(iface) {
-            Ok(c) => {
-                out.interfaces.push(InterfaceSeries {
-                    name: c.name.clone(),
-                    ..Default::default()
-                });
-                nics.push((c, out.interfaces.len() - 1));
-            }
-            Err(note) => out.notes.push(note),
-        }
-    }
-
-    let mut gpu = None;
-    out.gpu = if cfg.gpu {
-        match GpuSampler::open(cfg.gpu_index) {
-            Ok(g) => {
-                let st = GpuStatus::Sampling {
-                    name: g.name().to_string(),
-                    notes: g.notes().to_vec(),
-                };
-                gpu = Some(g);
-                st
-            }
-            Err(why) => GpuStatus::NotAvailable(why),
-        }
-    } else {
-        GpuStatus::NotRequested
-    };
+    let mut nics = open_nics(&cfg, &mut out);
+    let mut gpu = open_gpu(&cfg, &mut out);
 
     let cpu0 = thread_cpu_ns();
     let start = monotonic_ns();
@@ -253,21 +188,7 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
             ));
             break;
         }
-        // Sleep in slices of at most STOP_POLL_NS so that stop() returns
-        // promptly at low rates (1 Hz).
-        let mut stopped = false;
-        loop {
-            let now = monotonic_ns();
-            if now >= next {
-                break;
-            }
-            if stop.load(Ordering::Acquire) {
-                stopped = true;
-                break;
-            }
-            sleep_until_monotonic(next.min(now + STOP_POLL_NS));
-        }
-        if stopped {
+        if !wait_for_tick(next, stop) {
             break;
         }
         let mono = monotonic_ns();
@@ -289,27 +210,7 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
             c.sample(&mut out, dt, period, |m| m + (real - mono) - offset);
         }
 
-        if !nics.is_empty() {
-            let mut any = false;
-            let mut max = 0f32;
-            for (c, idx) in nics.iter_mut() {
-                if let Some((tx, rx)) = c.sample(dt) {
-                    let s = &mut out.interfaces[*idx];
-                    for t in fill_stamps(prev_real, real, period) {
-                        push(&mut s.tx, t - offset, tx);
-                        push(&mut s.rx, t - offset, rx);
-                    }
-                    max = max.max(tx.max(rx));
-                    any = true;
-                }
-            }
-            if any {
-                let s = out.series.entry(Resource::Nic).or_default();
-                for t in fill_stamps(prev_real, real, period) {
-                    push(s, t - offset, max);
-                }
-            }
-        }
+        sample_nics(&mut nics, &mut out, dt, (prev_real, real), period, offset);
 
         if let Some(f) = freq.as_mut() {
             if out.stats.ticks % freq_every == 0 {
@@ -347,21 +248,166 @@ pub(crate) fn run(cfg: SamplerConfig, stop: &AtomicBool) -> Samples {
         }
     }
     if let Some(g) = gpu.as_ref() {
-        let seen = throttle_reason_names(g.throttle_seen());
-        if !seen.is_empty() {
-            out.notes.push(format!(
-                "gpu {}: clock throttle reasons seen: {}",
-                g.index(),
-                seen.join(", ")
-            ));
-        }
-        if let Some(n) = g.pcie_note() {
-            out.notes.push(n);
-        }
+        gpu_notes(g, &mut out);
     }
     out.stats.elapsed_ns = prev_mono - start;
     out.stats.sampler_cpu_ns = thread_cpu_ns() - cpu0;
     out
+}
+
+/// The training process's CPU reader, its threads scanned once.
+fn open_cpu(cfg: &SamplerConfig, out: &mut Samples) -> Option<Cpu> {
+    let mut cpu = cfg.pid.map(|pid| Cpu {
+        pid,
+        training_tid: cfg.training_tid.unwrap_or(pid),
+        all: cfg.all_threads,
+        prefer: cfg.cpu_source,
+        open: Vec::new(),
+        known: HashSet::new(),
+        coarse_noted: false,
+        training_gone_noted: false,
+    });
+    if let Some(c) = cpu.as_mut() {
+        c.rescan(out);
+        if !c.known.contains(&c.training_tid) {
+            out.notes.push(format!(
+                "cpu: training thread {} not found in process {}",
+                c.training_tid, c.pid
+            ));
+        }
+    }
+
+    cpu
+}
+
+/// The training thread's core frequency reader, when asked for and
+/// readable; `out.cpu_freq` says which.
+fn open_freq(cfg: &SamplerConfig, cpu: Option<&Cpu>, out: &mut Samples) -> Option<CpuFreqReader> {
+    let mut freq = None;
+    out.cpu_freq = match cpu {
+        Some(c) if cfg.cpu_freq => {
+            let stat = crate::cpu::task_dir(c.pid)
+                .join(c.training_tid.to_string())
+                .join("stat");
+            match CpuFreqReader::open(&stat, std::path::Path::new("/sys/devices/system/cpu")) {
+                Ok(r) => {
+                    freq = Some(r);
+                    CpuFreqStatus::Sampling
+                }
+                Err(why) => {
+                    out.notes.push(why.clone());
+                    CpuFreqStatus::NotAvailable(why)
+                }
+            }
+        }
+        _ => CpuFreqStatus::NotRequested,
+    };
+    freq
+}
+
+/// A counter per interface asked for, each with its series in `out`.
+fn open_nics(cfg: &SamplerConfig, out: &mut Samples) -> Vec<(NicCounter, usize)> {
+    let mut nics: Vec<(NicCounter, usize)> = Vec::new();
+    for iface in &cfg.interfaces {
+        match NicCounter::open(iface) {
+            Ok(c) => {
+                out.interfaces.push(InterfaceSeries {
+                    name: c.name.clone(),
+                    ..Default::default()
+                });
+                nics.push((c, out.interfaces.len() - 1));
+            }
+            Err(note) => out.notes.push(note),
+        }
+    }
+
+    nics
+}
+
+/// The GPU sampler, when asked for and available; `out.gpu` says which.
+fn open_gpu(cfg: &SamplerConfig, out: &mut Samples) -> Option<GpuSampler> {
+    let mut gpu = None;
+    out.gpu = if cfg.gpu {
+        match GpuSampler::open(cfg.gpu_index) {
+            Ok(g) => {
+                let st = GpuStatus::Sampling {
+                    name: g.name().to_string(),
+                    notes: g.notes().to_vec(),
+                };
+                gpu = Some(g);
+                st
+            }
+            Err(why) => GpuStatus::NotAvailable(why),
+        }
+    } else {
+        GpuStatus::NotRequested
+    };
+
+    gpu
+}
+
+/// Sleeps until `next` (monotonic ns) in slices of at most
+/// [`STOP_POLL_NS`], so that stop() returns promptly at low rates (1 Hz);
+/// `false` when a stop came first.
+fn wait_for_tick(next: i64, stop: &AtomicBool) -> bool {
+    loop {
+        let now = monotonic_ns();
+        if now >= next {
+            return true;
+        }
+        if stop.load(Ordering::Acquire) {
+            return false;
+        }
+        sleep_until_monotonic(next.min(now + STOP_POLL_NS));
+    }
+}
+
+/// Each interface's tx/rx over the last `dt`, on every stamp of the
+/// interval, and the busiest of them as the NIC resource.
+fn sample_nics(
+    nics: &mut [(NicCounter, usize)],
+    out: &mut Samples,
+    dt: i64,
+    (prev_real, real): (i64, i64),
+    period: i64,
+    offset: i64,
+) {
+    if !nics.is_empty() {
+        let mut any = false;
+        let mut max = 0f32;
+        for (c, idx) in nics.iter_mut() {
+            if let Some((tx, rx)) = c.sample(dt) {
+                let s = &mut out.interfaces[*idx];
+                for t in fill_stamps(prev_real, real, period) {
+                    push(&mut s.tx, t - offset, tx);
+                    push(&mut s.rx, t - offset, rx);
+                }
+                max = max.max(tx.max(rx));
+                any = true;
+            }
+        }
+        if any {
+            let s = out.series.entry(Resource::Nic).or_default();
+            for t in fill_stamps(prev_real, real, period) {
+                push(s, t - offset, max);
+            }
+        }
+    }
+}
+
+/// What the GPU saw over the run: clock throttle reasons, the PCIe note.
+fn gpu_notes(g: &GpuSampler, out: &mut Samples) {
+    let seen = throttle_reason_names(g.throttle_seen());
+    if !seen.is_empty() {
+        out.notes.push(format!(
+            "gpu {}: clock throttle reasons seen: {}",
+            g.index(),
+            seen.join(", ")
+        ));
+    }
+    if let Some(n) = g.pcie_note() {
+        out.notes.push(n);
+    }
 }
 
 #[cfg(test)]
