@@ -140,6 +140,23 @@ impl AgentEvent<'_> {
         COUNTS[self.index()].fetch_add(1, Ordering::Relaxed);
         let event = self.name();
         match self {
+            e @ (AgentEvent::CollectivesFailed { .. }
+            | AgentEvent::CollectivesTraced { .. }
+            | AgentEvent::CollectorFailed { .. }
+            | AgentEvent::ProfileFailed { .. }
+            | AgentEvent::ProfileStarted { .. }
+            | AgentEvent::ProfileWritten { .. }) => e.log_profile(event),
+            e @ (AgentEvent::Capped { .. }
+            | AgentEvent::SymbolsUploaded { .. }
+            | AgentEvent::UploadFailed { .. }
+            | AgentEvent::Uploaded { .. }) => e.log_service(event),
+            e => e.log_window(event),
+        }
+    }
+
+    /// Sampling windows, hooks, the pause file and the agent's start and stop.
+    fn log_window(self, event: &'static str) {
+        match self {
             AgentEvent::Watching { dir, pause_file } => info!(
                 event,
                 dir = %dir.display(),
@@ -211,6 +228,13 @@ impl AgentEvent<'_> {
                     c[2]
                 )
             }
+            _ => {}
+        }
+    }
+
+    /// Profiles and collective tracing of ranks, and a collector's failure.
+    fn log_profile(self, event: &'static str) {
+        match self {
             AgentEvent::ProfileStarted { pid, rank, job } => info!(
                 event,
                 pid,
@@ -259,6 +283,13 @@ impl AgentEvent<'_> {
             AgentEvent::CollectivesFailed { pid, reason } => {
                 warn!(event, pid, reason = %reason, "pid {pid}: collectives not traced: {reason}")
             }
+            _ => {}
+        }
+    }
+
+    /// Uploads to the server, symbols, and the agent's own caps.
+    fn log_service(self, event: &'static str) {
+        match self {
             AgentEvent::Uploaded {
                 server,
                 profiles,
@@ -312,6 +343,7 @@ impl AgentEvent<'_> {
                     skipped.join("; ")
                 )
             }
+            _ => {}
         }
     }
 }
