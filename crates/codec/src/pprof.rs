@@ -328,15 +328,16 @@ pub fn to_pprof(profile: &StackProfile) -> Vec<u8> {
         }
         None => (count, 1, None),
     };
-
-    let mut mappings: Vec<proto::Mapping> = Vec::new();
-    let mut mapping_ids: HashMap<(bool, Option<&str>, Option<&str>), u64> = HashMap::new();
-    let mut functions: Vec<proto::Function> = Vec::new();
-    let mut function_ids: HashMap<(String, Option<&str>), u64> = HashMap::new();
-    let mut locations: Vec<proto::Location> = Vec::new();
-    let mut location_ids: HashMap<u32, u64> = HashMap::new();
+    let mut b = PprofTables {
+        strings,
+        mappings: Vec::new(),
+        mapping_ids: HashMap::new(),
+        functions: Vec::new(),
+        function_ids: HashMap::new(),
+        locations: Vec::new(),
+        location_ids: HashMap::new(),
+    };
     let mut out_samples = Vec::new();
-
     for stack in &profile.stacks {
         if stack.count == 0 {
             continue;
@@ -351,85 +352,14 @@ pub fn to_pprof(profile: &StackProfile) -> Vec<u8> {
                     n => format!("{THREAD_LABEL}.{n}"),
                 };
                 label.push(proto::Label {
-                    key: strings.get(&key),
-                    str: strings.get(&frame.display()),
+                    key: b.strings.get(&key),
+                    str: b.strings.get(&frame.display()),
                     num: 0,
                     num_unit: 0,
                 });
                 continue;
             }
-            if let Some(&id) = location_ids.get(&fid) {
-                location_id.push(id);
-                continue;
-            }
-            // The mapping.
-            let mapping_id = match frame.kind {
-                FrameKind::Native if frame.module.is_some() || frame.build_id.is_some() => {
-                    Some((false, frame.module.as_deref(), frame.build_id.as_deref()))
-                }
-                FrameKind::Kernel => Some((true, None, frame.build_id.as_deref())),
-                _ => None,
-            }
-            .map(|key| {
-                let next = mappings.len() as u64 + 1;
-                let id = *mapping_ids.entry(key).or_insert(next);
-                if id == next {
-                    let (kernel, module, build_id) = key;
-                    let filename = if kernel {
-                        KERNEL_MAPPING
-                    } else {
-                        module.unwrap_or("")
-                    };
-                    mappings.push(proto::Mapping {
-                        id,
-                        memory_start: 0,
-                        memory_limit: 0,
-                        file_offset: 0,
-                        filename: strings.get(filename),
-                        build_id: strings.get(build_id.unwrap_or("")),
-                        has_functions: true,
-                        has_filenames: false,
-                        has_line_numbers: false,
-                        has_inline_frames: false,
-                    });
-                }
-                let m = &mut mappings[(id - 1) as usize];
-                m.memory_limit = m.memory_limit.max(frame.offset.saturating_add(1));
-                m.has_functions &= frame.name.is_some();
-                m.has_line_numbers |= frame.line.is_some();
-                id
-            });
-            // The function.
-            let name = frame.name.clone().unwrap_or_else(|| frame.display());
-            let module = match frame.kind {
-                FrameKind::Kernel => None,
-                _ => frame.module.as_deref(),
-            };
-            let next = functions.len() as u64 + 1;
-            let function_id = *function_ids.entry((name.clone(), module)).or_insert(next);
-            if function_id == next {
-                let n = strings.get(&name);
-                functions.push(proto::Function {
-                    id: function_id,
-                    name: n,
-                    system_name: n,
-                    filename: strings.get(module.unwrap_or("")),
-                    start_line: 0,
-                });
-            }
-            let id = locations.len() as u64 + 1;
-            locations.push(proto::Location {
-                id,
-                mapping_id: mapping_id.unwrap_or(0),
-                address: frame.offset,
-                line: vec![proto::Line {
-                    function_id,
-                    line: frame.line.map_or(0, i64::from),
-                }],
-                is_folded: false,
-            });
-            location_ids.insert(fid, id);
-            location_id.push(id);
+            location_id.push(b.location(fid, frame));
         }
         location_id.reverse();
         let c = sat_i64(stack.count);
@@ -450,7 +380,13 @@ pub fn to_pprof(profile: &StackProfile) -> Vec<u8> {
             label,
         });
     }
-
+    let PprofTables {
+        mut strings,
+        mappings,
+        functions,
+        locations,
+        ..
+    } = b;
     let comment = profile
         .labels
         .iter()
@@ -489,6 +425,110 @@ pub fn to_pprof(profile: &StackProfile) -> Vec<u8> {
     // Writing to a Vec cannot fail.
     let _ = std::io::Write::write_all(&mut gz, &raw);
     gz.finish().unwrap_or_default()
+}
+
+/// The profile's tables as [`to_pprof`] fills them: one mapping per
+/// (kernel?, module, Build-ID), one function per (name, module), one
+/// location per frame; ids are 1-based as pprof wants.
+struct PprofTables<'p> {
+    strings: Strings,
+    mappings: Vec<proto::Mapping>,
+    mapping_ids: HashMap<(bool, Option<&'p str>, Option<&'p str>), u64>,
+    functions: Vec<proto::Function>,
+    function_ids: HashMap<(String, Option<&'p str>), u64>,
+    locations: Vec<proto::Location>,
+    location_ids: HashMap<u32, u64>,
+}
+
+impl<'p> PprofTables<'p> {
+    /// The location of frame `fid`, made on its first use.
+    fn location(&mut self, fid: u32, frame: &'p Frame) -> u64 {
+        if let Some(&id) = self.location_ids.get(&fid) {
+            return id;
+        }
+        let mapping_id = self.mapping(frame);
+        let function_id = self.function(frame);
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(proto::Location {
+            id,
+            mapping_id: mapping_id.unwrap_or(0),
+            address: frame.offset,
+            line: vec![proto::Line {
+                function_id,
+                line: frame.line.map_or(0, i64::from),
+            }],
+            is_folded: false,
+        });
+        self.location_ids.insert(fid, id);
+        id
+    }
+
+    /// The mapping of a native or kernel frame (its span grown to cover
+    /// the frame's offset); `None` for other frames.
+    fn mapping(&mut self, frame: &'p Frame) -> Option<u64> {
+        match frame.kind {
+            FrameKind::Native if frame.module.is_some() || frame.build_id.is_some() => {
+                Some((false, frame.module.as_deref(), frame.build_id.as_deref()))
+            }
+            FrameKind::Kernel => Some((true, None, frame.build_id.as_deref())),
+            _ => None,
+        }
+        .map(|key| {
+            let next = self.mappings.len() as u64 + 1;
+            let id = *self.mapping_ids.entry(key).or_insert(next);
+            if id == next {
+                let (kernel, module, build_id) = key;
+                let filename = if kernel {
+                    KERNEL_MAPPING
+                } else {
+                    module.unwrap_or("")
+                };
+                self.mappings.push(proto::Mapping {
+                    id,
+                    memory_start: 0,
+                    memory_limit: 0,
+                    file_offset: 0,
+                    filename: self.strings.get(filename),
+                    build_id: self.strings.get(build_id.unwrap_or("")),
+                    has_functions: true,
+                    has_filenames: false,
+                    has_line_numbers: false,
+                    has_inline_frames: false,
+                });
+            }
+            let m = &mut self.mappings[(id - 1) as usize];
+            m.memory_limit = m.memory_limit.max(frame.offset.saturating_add(1));
+            m.has_functions &= frame.name.is_some();
+            m.has_line_numbers |= frame.line.is_some();
+            id
+        })
+    }
+
+    /// The function of a frame: its symbol, else how it displays, in its
+    /// module.
+    fn function(&mut self, frame: &'p Frame) -> u64 {
+        let name = frame.name.clone().unwrap_or_else(|| frame.display());
+        let module = match frame.kind {
+            FrameKind::Kernel => None,
+            _ => frame.module.as_deref(),
+        };
+        let next = self.functions.len() as u64 + 1;
+        let function_id = *self
+            .function_ids
+            .entry((name.clone(), module))
+            .or_insert(next);
+        if function_id == next {
+            let n = self.strings.get(&name);
+            self.functions.push(proto::Function {
+                id: function_id,
+                name: n,
+                system_name: n,
+                filename: self.strings.get(module.unwrap_or("")),
+                start_line: 0,
+            });
+        }
+        function_id
+    }
 }
 
 /// Reads a pprof profile, gzip-compressed (as `to_pprof` writes and most
