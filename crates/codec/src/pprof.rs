@@ -863,6 +863,44 @@ pub fn visit_pprof_limited<R>(
 
     let count_index = count_index(&p.sample_type, p.default_sample_type, s)?;
 
+    let (mut frames, location_frames) = location_frames(&p, &s)?;
+    let (stack_frames, stacks) =
+        sample_stacks(&p, &s, &mut frames, &location_frames, raw_len, count_index)?;
+    let mut comments = BTreeMap::new();
+    for &c in &p.comment {
+        if let Some((k, v)) = s(c)?.split_once('=') {
+            comments.insert(k.to_string(), v.to_string());
+        }
+    }
+    let hz = match &p.period_type {
+        Some(t) if s(t.unit)? == "nanoseconds" && p.period > 0 => 1e9 / p.period as f64,
+        _ => 0.0,
+    };
+    Ok(f(&PprofView {
+        frames,
+        stack_frames,
+        stacks,
+        labels: comments,
+        hz,
+        start_unix_ns: u64::try_from(p.time_nanos).unwrap_or(0),
+        duration_ns: u64::try_from(p.duration_nanos).unwrap_or(0),
+    }))
+}
+
+/// Location id → its frames: (first, count) in the frame list, root first.
+type LocationFrames = FxHashMap<u64, (u32, u32)>;
+
+/// A stack: (first, count) in the stack frame list, and its count.
+type StackRange = (u32, u32, u64);
+
+/// Each location's frames (a range of the returned frames, root first):
+/// its mapping (kernel, native module or none) and, innermost last, one
+/// frame per line of its function (a Python frame when it has a file and
+/// no mapping).
+fn location_frames<'s>(
+    p: &wire::Flat<'_>,
+    s: &impl Fn(i64) -> Result<&'s str, PprofError>,
+) -> Result<(Vec<FrameRef<'s>>, LocationFrames), PprofError> {
     let mappings: FxHashMap<u64, &proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
     let functions: FxHashMap<u64, &proto::Function> =
         p.function.iter().map(|f| (f.id, f)).collect();
@@ -931,6 +969,22 @@ pub fn visit_pprof_limited<R>(
         location_frames.insert(loc.id, (first, frames.len() as u32 - first));
     }
 
+    Ok((frames, location_frames))
+}
+
+/// Each sample's stack as a range of the returned frame ids, root first:
+/// its thread labels (as label frames, added to `frames`), then its
+/// locations' frames; with its count. Fails past a budget of frames
+/// proportional to the profile's size (a small upload cannot expand into
+/// unbounded stacks).
+fn sample_stacks<'s>(
+    p: &wire::Flat<'_>,
+    s: &impl Fn(i64) -> Result<&'s str, PprofError>,
+    frames: &mut Vec<FrameRef<'s>>,
+    location_frames: &LocationFrames,
+    raw_len: usize,
+    count_index: usize,
+) -> Result<(Vec<u32>, Vec<StackRange>), PprofError> {
     let mut thread_labels: FxHashMap<&str, u32> = FxHashMap::default();
     let mut labels: BTreeMap<usize, u32> = BTreeMap::new();
     let mut stack_frames: Vec<u32> = Vec::new();
@@ -982,25 +1036,7 @@ pub fn visit_pprof_limited<R>(
         }
         stacks.push((start, stack_frames.len() as u32 - start, count));
     }
-    let mut comments = BTreeMap::new();
-    for &c in &p.comment {
-        if let Some((k, v)) = s(c)?.split_once('=') {
-            comments.insert(k.to_string(), v.to_string());
-        }
-    }
-    let hz = match &p.period_type {
-        Some(t) if s(t.unit)? == "nanoseconds" && p.period > 0 => 1e9 / p.period as f64,
-        _ => 0.0,
-    };
-    Ok(f(&PprofView {
-        frames,
-        stack_frames,
-        stacks,
-        labels: comments,
-        hz,
-        start_unix_ns: u64::try_from(p.time_nanos).unwrap_or(0),
-        duration_ns: u64::try_from(p.duration_nanos).unwrap_or(0),
-    }))
+    Ok((stack_frames, stacks))
 }
 
 /// [`from_pprof`] with another bound on the decompressed size (a service
