@@ -241,166 +241,107 @@ impl FlowDecoder {
         let exporter = source.ip();
         for packet in result.packets {
             match packet {
-                NetflowPacket::IPFix(p) => {
-                    let domain = p.header.observation_domain_id;
-                    let export_ms = p.header.export_time as u64 * 1000;
-                    let name = self.name(exporter, domain);
-                    for fs in &p.flowsets {
-                        match &fs.body {
-                            IpfixBody::OptionsData(od) => {
-                                for rec in &od.fields {
-                                    for (f, v) in rec {
-                                        if matches!(
-                                            f,
-                                            IPFixField::IANA(
-                                                IANAIPFixField::SystemInitTimeMilliseconds
-                                            )
-                                        ) {
-                                            if let Some(ms) = v.as_u64() {
-                                                self.init_ms.insert((exporter, domain), ms);
-                                            }
-                                        }
-                                    }
+                NetflowPacket::IPFix(p) => self.decode_ipfix(exporter, &p, out),
+                NetflowPacket::V9(p) => self.decode_v9(exporter, &p, out),
+                _ => {}
+            }
+        }
+    }
+
+    /// An IPFIX message: exporters' start times from options data, flow
+    /// records and packet reports from data sets.
+    fn decode_ipfix(
+        &mut self,
+        exporter: IpAddr,
+        p: &netflow_parser::variable_versions::ipfix::IPFix,
+        out: &mut Vec<FlowRecord>,
+    ) {
+        let domain = p.header.observation_domain_id;
+        let export_ms = p.header.export_time as u64 * 1000;
+        let name = self.name(exporter, domain);
+        for fs in &p.flowsets {
+            match &fs.body {
+                IpfixBody::OptionsData(od) => {
+                    for rec in &od.fields {
+                        for (f, v) in rec {
+                            if matches!(
+                                f,
+                                IPFixField::IANA(IANAIPFixField::SystemInitTimeMilliseconds)
+                            ) {
+                                if let Some(ms) = v.as_u64() {
+                                    self.init_ms.insert((exporter, domain), ms);
                                 }
                             }
-                            IpfixBody::Data(d) => {
-                                for rec in &d.fields {
-                                    let mut r = Rec::default();
-                                    for (f, v) in rec {
-                                        let IPFixField::IANA(f) = f else { continue };
-                                        use IANAIPFixField as F;
-                                        match f {
-                                            F::SourceIpv4address | F::SourceIpv6address => {
-                                                r.src = ip(v)
-                                            }
-                                            F::DestinationIpv4address
-                                            | F::DestinationIpv6address => r.dst = ip(v),
-                                            F::SourceTransportPort => r.sport = v.as_u16(),
-                                            F::DestinationTransportPort => r.dport = v.as_u16(),
-                                            F::ProtocolIdentifier => r.proto = v.as_u8(),
-                                            F::OctetDeltaCount | F::OctetTotalCount => {
-                                                r.bytes = r.bytes.max(v.as_u64().unwrap_or(0))
-                                            }
-                                            F::FlowStartMicroseconds | F::FlowStartNanoseconds => {
-                                                r.start_us = ntp_us(v)
-                                            }
-                                            F::FlowEndMicroseconds | F::FlowEndNanoseconds => {
-                                                r.end_us = ntp_us(v)
-                                            }
-                                            F::FlowStartMilliseconds | F::FlowStartSeconds => {
-                                                r.start_us =
-                                                    v.as_u64().map(|ms| ms.saturating_mul(1000))
-                                            }
-                                            F::FlowEndMilliseconds | F::FlowEndSeconds => {
-                                                r.end_us =
-                                                    v.as_u64().map(|ms| ms.saturating_mul(1000))
-                                            }
-                                            F::FlowStartSysUpTime => r.start_up_ms = v.as_u64(),
-                                            F::FlowEndSysUpTime => r.end_up_ms = v.as_u64(),
-                                            F::FlowDurationMilliseconds => {
-                                                r.dur_us =
-                                                    v.as_u64().map(|x| x.saturating_mul(1000))
-                                            }
-                                            F::FlowDurationMicroseconds => r.dur_us = v.as_u64(),
-                                            F::ObservationTimeMicroseconds
-                                            | F::ObservationTimeNanoseconds => {
-                                                r.observed_us = ntp_us(v)
-                                            }
-                                            F::ObservationTimeMilliseconds
-                                            | F::ObservationTimeSeconds => {
-                                                let scale =
-                                                    if matches!(f, F::ObservationTimeSeconds) {
-                                                        1_000_000
-                                                    } else {
-                                                        1000
-                                                    };
-                                                r.observed_us =
-                                                    v.as_u64().map(|x| x.saturating_mul(scale))
-                                            }
-                                            F::DataLinkFrameSection | F::IpHeaderPacketSection => {
-                                                if let FieldValue::Vec(b) = v {
-                                                    r.frame = Some((
-                                                        matches!(f, F::DataLinkFrameSection),
-                                                        b.clone(),
-                                                    ));
-                                                }
-                                            }
-                                            _ => {}
-                                        }
-                                    }
-                                    if let Some((ethernet, bytes)) = &r.frame {
-                                        let Some(ts) = r.observed_us else {
-                                            self.stats.untimed_packet_reports += 1;
-                                            continue;
-                                        };
-                                        let p = if *ethernet {
-                                            crate::pcap::ethernet_frame(bytes, ts)
-                                        } else {
-                                            crate::pcap::ip_packet(bytes, ts)
-                                        };
-                                        match p {
-                                            Some(p) => {
-                                                self.stats.packet_reports += 1;
-                                                self.flowlets.push(
-                                                    &p,
-                                                    name.first().map_or("", String::as_str),
-                                                    out,
-                                                );
-                                            }
-                                            None => self.stats.skipped += 1,
-                                        }
-                                        continue;
-                                    }
-                                    self.push_ipfix(r, exporter, domain, export_ms, &name, out);
-                                }
-                            }
-                            _ => {}
                         }
                     }
                 }
-                NetflowPacket::V9(p) => {
-                    let domain = p.header.source_id;
-                    let now_ms = p.header.unix_secs as u64 * 1000;
-                    let base = now_ms.saturating_sub(p.header.sys_up_time as u64);
-                    let name = self.name(exporter, domain);
-                    for fs in &p.flowsets {
-                        if let V9Body::Data(d) = &fs.body {
-                            for rec in &d.fields {
-                                let mut r = Rec::default();
-                                for (f, v) in rec {
-                                    match f {
-                                        V9Field::Ipv4SrcAddr | V9Field::Ipv6SrcAddr => {
-                                            r.src = ip(v)
-                                        }
-                                        V9Field::Ipv4DstAddr | V9Field::Ipv6DstAddr => {
-                                            r.dst = ip(v)
-                                        }
-                                        V9Field::L4SrcPort => r.sport = v.as_u16(),
-                                        V9Field::L4DstPort => r.dport = v.as_u16(),
-                                        V9Field::Protocol => r.proto = v.as_u8(),
-                                        V9Field::InBytes => {
-                                            r.bytes = r.bytes.max(v.as_u64().unwrap_or(0))
-                                        }
-                                        V9Field::FirstSwitched => {
-                                            r.start_us = v.as_u64().map(|ms| {
-                                                base.saturating_add(ms).saturating_mul(1000)
-                                            })
-                                        }
-                                        V9Field::LastSwitched => {
-                                            r.end_us = v.as_u64().map(|ms| {
-                                                base.saturating_add(ms).saturating_mul(1000)
-                                            })
-                                        }
-                                        _ => {}
-                                    }
-                                }
-                                self.push(r, now_ms * 1000, &name, out);
+                IpfixBody::Data(d) => {
+                    for rec in &d.fields {
+                        let mut r = Rec::default();
+                        for (f, v) in rec {
+                            if let IPFixField::IANA(f) = f {
+                                ipfix_field(&mut r, f, v);
                             }
                         }
+                        if r.frame.is_some() {
+                            self.packet_report(&r, &name, out);
+                            continue;
+                        }
+                        self.push_ipfix(r, exporter, domain, export_ms, &name, out);
                     }
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// A NetFlow v9 message's flow records (times from the exporter's
+    /// uptime).
+    fn decode_v9(
+        &mut self,
+        exporter: IpAddr,
+        p: &netflow_parser::variable_versions::v9::V9,
+        out: &mut Vec<FlowRecord>,
+    ) {
+        let domain = p.header.source_id;
+        let now_ms = p.header.unix_secs as u64 * 1000;
+        let base = now_ms.saturating_sub(p.header.sys_up_time as u64);
+        let name = self.name(exporter, domain);
+        for fs in &p.flowsets {
+            if let V9Body::Data(d) = &fs.body {
+                for rec in &d.fields {
+                    let mut r = Rec::default();
+                    for (f, v) in rec {
+                        v9_field(&mut r, f, v, base);
+                    }
+                    self.push(r, now_ms * 1000, &name, out);
+                }
+            }
+        }
+    }
+
+    /// A packet report (a sampled frame or IP header with its observation
+    /// time), cut into flowlets.
+    fn packet_report(&mut self, r: &Rec, name: &[String], out: &mut Vec<FlowRecord>) {
+        let Some((ethernet, bytes)) = &r.frame else {
+            return;
+        };
+        let Some(ts) = r.observed_us else {
+            self.stats.untimed_packet_reports += 1;
+            return;
+        };
+        let p = if *ethernet {
+            crate::pcap::ethernet_frame(bytes, ts)
+        } else {
+            crate::pcap::ip_packet(bytes, ts)
+        };
+        match p {
+            Some(p) => {
+                self.stats.packet_reports += 1;
+                self.flowlets
+                    .push(&p, name.first().map_or("", String::as_str), out);
+            }
+            None => self.stats.skipped += 1,
         }
     }
 
@@ -682,5 +623,69 @@ pub mod encode {
             b.extend(std::iter::repeat_n(0u8, pad));
         }
         b
+    }
+}
+
+/// One IPFIX field of a data record into `r`.
+fn ipfix_field(r: &mut Rec, f: &IANAIPFixField, v: &FieldValue) {
+    use IANAIPFixField as F;
+    match f {
+        F::SourceIpv4address | F::SourceIpv6address => r.src = ip(v),
+        F::DestinationIpv4address | F::DestinationIpv6address => r.dst = ip(v),
+        F::SourceTransportPort => r.sport = v.as_u16(),
+        F::DestinationTransportPort => r.dport = v.as_u16(),
+        F::ProtocolIdentifier => r.proto = v.as_u8(),
+        F::OctetDeltaCount | F::OctetTotalCount => r.bytes = r.bytes.max(v.as_u64().unwrap_or(0)),
+        F::FlowStartMicroseconds | F::FlowStartNanoseconds => r.start_us = ntp_us(v),
+        F::FlowEndMicroseconds | F::FlowEndNanoseconds => r.end_us = ntp_us(v),
+        F::FlowStartMilliseconds | F::FlowStartSeconds => {
+            r.start_us = v.as_u64().map(|ms| ms.saturating_mul(1000))
+        }
+        F::FlowEndMilliseconds | F::FlowEndSeconds => {
+            r.end_us = v.as_u64().map(|ms| ms.saturating_mul(1000))
+        }
+        F::FlowStartSysUpTime => r.start_up_ms = v.as_u64(),
+        F::FlowEndSysUpTime => r.end_up_ms = v.as_u64(),
+        F::FlowDurationMilliseconds => r.dur_us = v.as_u64().map(|x| x.saturating_mul(1000)),
+        F::FlowDurationMicroseconds => r.dur_us = v.as_u64(),
+        F::ObservationTimeMicroseconds | F::ObservationTimeNanoseconds => r.observed_us = ntp_us(v),
+        F::ObservationTimeMilliseconds | F::ObservationTimeSeconds => {
+            let scale = if matches!(f, F::ObservationTimeSeconds) {
+                1_000_000
+            } else {
+                1000
+            };
+            r.observed_us = v.as_u64().map(|x| x.saturating_mul(scale))
+        }
+        F::DataLinkFrameSection | F::IpHeaderPacketSection => {
+            if let FieldValue::Vec(b) = v {
+                r.frame = Some((matches!(f, F::DataLinkFrameSection), b.clone()));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// One NetFlow v9 field of a data record into `r` (`base`: the exporter's
+/// boot time, ms since the epoch).
+fn v9_field(r: &mut Rec, f: &V9Field, v: &FieldValue, base: u64) {
+    match f {
+        V9Field::Ipv4SrcAddr | V9Field::Ipv6SrcAddr => r.src = ip(v),
+        V9Field::Ipv4DstAddr | V9Field::Ipv6DstAddr => r.dst = ip(v),
+        V9Field::L4SrcPort => r.sport = v.as_u16(),
+        V9Field::L4DstPort => r.dport = v.as_u16(),
+        V9Field::Protocol => r.proto = v.as_u8(),
+        V9Field::InBytes => r.bytes = r.bytes.max(v.as_u64().unwrap_or(0)),
+        V9Field::FirstSwitched => {
+            r.start_us = v
+                .as_u64()
+                .map(|ms| base.saturating_add(ms).saturating_mul(1000))
+        }
+        V9Field::LastSwitched => {
+            r.end_us = v
+                .as_u64()
+                .map(|ms| base.saturating_add(ms).saturating_mul(1000))
+        }
+        _ => {}
     }
 }
