@@ -237,11 +237,20 @@ impl Candidates {
     }
 }
 
-fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) -> Swept {
+/// A start event per execution in the window: (start, Reverse(end), index,
+/// tier << LANE_BITS | lane); lane: a dense index of the CPU thread, or
+/// NO_STACK.
+type StartEvent = (i64, Reverse<i64>, u32, u32);
+
+/// The start events of [`sweep`] ([`StartEvent`]): each execution clipped
+/// to the window and put in its tier (kernels, memory, comm, then
+/// training-thread Python and CPU ops, then other threads'), sorted by
+/// start, longest first, index; with the number of lanes and of the
+/// executions ignored (end before start, unknown function).
+fn start_events(trace: &WorkerTrace, window: (i64, i64)) -> (Vec<StartEvent>, usize, usize) {
     let (w0, w1) = window;
     let execs = &trace.executions;
     let n_fn = trace.functions.len();
-
     // Per function: kind, and whether it is a `_bootstrap`-rooted Python stack.
     let mut kinds = Vec::with_capacity(n_fn);
     let mut bootstrap_fn = Vec::with_capacity(n_fn);
@@ -265,7 +274,7 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
 
     // Start events sorted by (start, longest first, index), carrying
     // tier << LANE_BITS | lane (lane: dense CPU thread index, or NO_STACK).
-    let mut starts: Vec<(i64, Reverse<i64>, u32, u32)> = Vec::with_capacity(execs.len());
+    let mut starts: Vec<StartEvent> = Vec::with_capacity(execs.len());
     let mut lanes: ThreadMap<u32> = ThreadMap::default();
     let mut cache: Option<(u32, u32, bool)> = None;
     let mut ignored = 0usize;
@@ -312,6 +321,13 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
         starts.push((s, Reverse(e), i as u32, (tier as u32) << LANE_BITS | lane));
     }
     starts.sort_unstable();
+    (starts, lanes.len(), ignored)
+}
+
+fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) -> Swept {
+    let (w0, _) = window;
+    let execs = &trace.executions;
+    let (starts, n_lanes, ignored) = start_events(trace, window);
     let m = starts.len();
 
     let mut cands = Candidates {
@@ -321,7 +337,7 @@ fn sweep(trace: &WorkerTrace, window: (i64, i64), sink: Sink<'_>, record: bool) 
         credit: vec![0.0; m],
         flags: starts.iter().map(|x| (x.3 >> LANE_BITS) as u8).collect(),
     };
-    let mut stacks: Vec<Vec<u32>> = vec![Vec::new(); lanes.len()];
+    let mut stacks: Vec<Vec<u32>> = vec![Vec::new(); n_lanes];
     let mut segments: Vec<CriticalSegment> = Vec::new();
     let mut last_seg: Vec<u32> = if record { vec![ABSENT; m] } else { Vec::new() };
     // Running executions by end: (end, rank, lane).
