@@ -320,8 +320,10 @@ impl FingerprintTable {
     /// column reserves that many slots when it starts, so that a known
     /// number of fingerprints fills the table without reallocating.
     pub fn with_capacity(workers: usize) -> Self {
-        let mut t = Self::default();
-        t.expected = workers;
+        let mut t = Self {
+            expected: workers,
+            ..Self::default()
+        };
         t.rank.reserve(workers);
         t.host.reserve(workers);
         t.group.reserve(workers);
