@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use whyslow_model::{Fingerprint, FunctionKind, Resource, UtilizationSource};
 
 /// Errors of building a [`FingerprintTable`].
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum TableError {
     /// A pattern names a function index past the function table.
     #[error(
