@@ -15,8 +15,13 @@
 //!
 //! ```text
 //! cargo build --release -p whyslow-pipeline --example bench_door
-//! /usr/bin/time -v target/release/examples/bench_door [workers] [functions] [values|json] [steps]
+//! /usr/bin/time -v target/release/examples/bench_door [workers] [functions] [values|json] [steps] [sized]
 //! ```
+//!
+//! `sized`: the evidence is made for the number of workers
+//! ([`whyslow_pipeline::JobFingerprints::with_capacity`], as the CLI's
+//! `localize`, the server and the Python package make it, knowing how many
+//! fingerprints they hold); otherwise it grows as they come.
 //!
 //! Prints, per phase (receiving: making, [serializing, parsing,] handing
 //! over; judging: `analyze_job`), wall and CPU time and the peak RSS so far.
@@ -238,6 +243,9 @@ fn main() {
 
     let (t0, c0) = (Instant::now(), cpu_seconds());
     let mut evidence = JobEvidence::default();
+    if args.get(4).is_some_and(|a| a == "sized") {
+        evidence.fingerprints = whyslow_pipeline::JobFingerprints::with_capacity(workers);
+    }
     let mut bytes = 0usize;
     for w in 0..workers as u32 {
         let fp = job.fingerprint(w, &mut rng);
