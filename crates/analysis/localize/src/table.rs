@@ -196,16 +196,18 @@ impl Column {
         if k < self.flags.len() {
             return false;
         }
-        // Workers between without the function: empty slots.
-        self.flags.resize(k, 0);
-        for v in [
-            &mut self.beta,
-            &mut self.mu,
-            &mut self.sigma,
-            &mut self.critical_us,
-            &mut self.total_us,
-        ] {
-            v.resize(k, 0.0);
+        if k > self.flags.len() {
+            // Workers between without the function: empty slots.
+            self.flags.resize(k, 0);
+            for v in [
+                &mut self.beta,
+                &mut self.mu,
+                &mut self.sigma,
+                &mut self.critical_us,
+                &mut self.total_us,
+            ] {
+                v.resize(k, 0.0);
+            }
         }
         self.flags.push(PRESENT | util_code(p.util_source));
         self.beta.push(p.beta);
