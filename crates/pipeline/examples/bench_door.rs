@@ -25,6 +25,12 @@
 //!
 //! Prints, per phase (receiving: making, [serializing, parsing,] handing
 //! over; judging: `analyze_job`), wall and CPU time and the peak RSS so far.
+//!
+//! Measured on a shared 2-core machine (load ≈ 4–5), 1 M × 20, `values`:
+//! `analyze_job` 2.1–2.6 s CPU, peak RSS 0.87 GB for the whole process;
+//! before the evidence was columnar (a `Vec<Fingerprint>` localized by
+//! `localize`), 11–12 s CPU and 4.35 GB. `json`: parsing 5.7 GB of JSON
+//! lines takes ~46 s CPU, the peak RSS stays 0.87 GB.
 
 use std::time::Instant;
 
