@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use whyslow_ingest::InputFile;
 use whyslow_localize::LocalizeConfig;
-use whyslow_model::{Fingerprint, Report, Verdict, WorkerTrace};
+use whyslow_model::{Report, Verdict, WorkerTrace};
 use whyslow_summarize::SummarizeOptions;
 
 /// Tells which function, on which workers, is slowing a training job, and why.
@@ -392,6 +392,9 @@ fn summarize(args: SummarizeArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// Fingerprint files read in parallel at a time by `localize`.
+const READ_CHUNK: usize = 4096;
+
 fn localize(args: LocalizeArgs) -> Result<u8> {
     let cfg = load_config(args.output.config.as_deref())?;
     let files = whyslow_ingest::discover(&args.fingerprints)?;
@@ -410,22 +413,27 @@ fn localize(args: LocalizeArgs) -> Result<u8> {
         );
     }
     let bar = progress_bar(paths.len(), "reading fingerprints");
-    let results: Vec<_> = paths
-        .par_iter()
-        .map(|p| {
-            let r = whyslow_ingest::read_fingerprint(p);
-            bar.inc(1);
-            r
-        })
-        .collect();
-    bar.finish_and_clear();
-    let mut fps = Vec::with_capacity(results.len());
-    for r in results {
-        match r {
-            Ok(fp) => fps.push(fp),
-            Err(e) => skip_or_fail(args.output.strict, e, &mut warnings)?,
+    // Read in parallel a chunk at a time, each fingerprint into the job's
+    // compact form in input order as it comes: a million workers'
+    // fingerprints are never all in memory at once.
+    let mut fps = whyslow_pipeline::JobFingerprints::with_capacity(paths.len());
+    for chunk in paths.chunks(READ_CHUNK) {
+        let results: Vec<_> = chunk
+            .par_iter()
+            .map(|p| {
+                let r = whyslow_ingest::read_fingerprint(p);
+                bar.inc(1);
+                r
+            })
+            .collect();
+        for r in results {
+            match r {
+                Ok(fp) => fps.push(fp),
+                Err(e) => skip_or_fail(args.output.strict, e, &mut warnings)?,
+            }
         }
     }
+    bar.finish_and_clear();
     localize_and_report(fps, cfg, &args.output, &args.fingerprints, warnings)
 }
 
@@ -447,7 +455,7 @@ fn policy(out: &OutputArgs, localize: LocalizeConfig) -> whyslow_pipeline::JobPo
 /// Judges the fingerprints through the job pipeline (the same call as the
 /// server's and the Python package's) and writes the report.
 fn localize_and_report(
-    fps: Vec<Fingerprint>,
+    fps: whyslow_pipeline::JobFingerprints,
     cfg: LocalizeConfig,
     out: &OutputArgs,
     inputs: &[PathBuf],

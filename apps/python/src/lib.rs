@@ -411,7 +411,8 @@ fn localize_fingerprints(
         None => whyslow_localize::LocalizeConfig::default(),
     };
     py.allow_threads(|| -> PyResult<String> {
-        let mut fps = Vec::with_capacity(fingerprints.len());
+        // Each fingerprint into the job's compact form as it is parsed.
+        let mut fps = whyslow_pipeline::JobFingerprints::with_capacity(fingerprints.len());
         for s in &fingerprints {
             fps.push(load_fingerprint(s).map_err(PyValueError::new_err)?);
         }

@@ -522,7 +522,11 @@ async fn list_jobs(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
 pub fn report_of(
     fingerprints: &[String],
 ) -> Result<whyslow_model::Report, whyslow_pipeline::Refusal> {
-    let mut evidence = whyslow_pipeline::JobEvidence::default();
+    let mut evidence = whyslow_pipeline::JobEvidence {
+        fingerprints: whyslow_pipeline::JobFingerprints::with_capacity(fingerprints.len()),
+        ..Default::default()
+    };
+    // Each fingerprint into the job's compact form as it is parsed.
     for (i, text) in fingerprints.iter().enumerate() {
         match whyslow_ingest::parse_fingerprint(text.as_bytes(), Path::new("stored fingerprint")) {
             Ok(fp) => evidence.fingerprints.push(fp),

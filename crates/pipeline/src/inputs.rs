@@ -131,8 +131,9 @@ pub fn analyze_inputs(
         warnings.push(format!("skipped {e}"));
         Ok(())
     };
-    let (mut trace_paths, mut sample_paths, mut fingerprints) =
-        (Vec::new(), Vec::new(), Vec::new());
+    let (mut trace_paths, mut sample_paths) = (Vec::new(), Vec::new());
+    // Fingerprint files go into the job's compact form as they are read.
+    let mut fingerprints = crate::JobFingerprints::default();
     for file in files {
         match file {
             InputFile::Kineto(p) | InputFile::Generic(p) => trace_paths.push(p),
@@ -186,7 +187,7 @@ pub fn analyze_inputs(
     progress(Progress::Finish);
     let iterations = iterations_from_traces(&traces);
     let traces = if opts.keep_traces { traces } else { Vec::new() };
-    fingerprints.extend(made.iter().cloned());
+    made.iter().for_each(|fp| fingerprints.push_ref(fp));
     if fingerprints.is_empty() {
         return Err(AnalyzeError::NoneReadable {
             paths: display(paths),

@@ -28,10 +28,12 @@
 
 #![deny(missing_docs)]
 
+mod evidence;
 mod inputs;
 pub mod suggest;
 pub mod verify;
 
+pub use evidence::JobFingerprints;
 pub use inputs::{
     analyze_inputs, read_fingerprints, AnalyzeError, AnalyzedInputs, InputOptions, Progress,
 };
@@ -39,7 +41,7 @@ pub use inputs::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use whyslow_localize::LocalizeConfig;
+use whyslow_localize::{FingerprintTable, LocalizeConfig};
 use whyslow_model::{
     Fingerprint, IterationSeries, IterationSource, IterationTimes, Report, WorkerTrace,
 };
@@ -66,8 +68,9 @@ pub struct JobPolicy {
 /// What a door has of one job.
 #[derive(Debug, Clone, Default)]
 pub struct JobEvidence {
-    /// One fingerprint per worker (PerfTracker §4.2).
-    pub fingerprints: Vec<Fingerprint>,
+    /// One fingerprint per worker (PerfTracker §4.2), kept compact: a door
+    /// streams each one in as it reads it ([`JobFingerprints::push`]).
+    pub fingerprints: JobFingerprints,
     /// The job's iteration times, when the door saw them
     /// ([`iterations_from_traces`], [`iterations_from_history`]).
     pub iterations: Option<IterationTimes>,
@@ -116,6 +119,9 @@ pub enum Refusal {
         /// Its input.
         input: String,
     },
+    /// More workers than the columnar form holds (2³² − 1).
+    #[error("too many workers to judge as one job: {0}")]
+    TooLarge(String),
     /// Ranks of the job without data (strict).
     #[error("{count} rank(s) of the job have no data: {ranks} (--strict)")]
     MissingRanks {
@@ -185,31 +191,45 @@ fn one_job(
     members: &[(JobKey<'_>, u32, &str)],
     what: &'static str,
 ) -> Result<Option<u32>, Refusal> {
+    let mut jobs: BTreeMap<JobKey<'_>, (Vec<u32>, &str)> = BTreeMap::new();
+    for (key, rank, input) in members {
+        jobs.entry(*key)
+            .or_insert_with(|| (Vec::new(), input))
+            .0
+            .push(*rank);
+    }
+    one_job_of(
+        jobs.iter()
+            .map(|(k, (ranks, first))| (*k, &ranks[..], *first)),
+        what,
+    )
+}
+
+/// [`one_job`] over the inputs grouped by identity, in identity order:
+/// each identity's ranks in input order and its first input.
+fn one_job_of<'a>(
+    jobs: impl Iterator<Item = (JobKey<'a>, &'a [u32], &'a str)> + Clone,
+    what: &'static str,
+) -> Result<Option<u32>, Refusal> {
     fn known<T: Ord + Copy>(v: impl Iterator<Item = Option<T>>) -> BTreeSet<T> {
         v.flatten().collect()
     }
-    let ids = known(members.iter().map(|m| m.0.id));
-    let sizes = known(members.iter().map(|m| m.0.world_size));
-    let devices = known(members.iter().map(|m| m.0.device));
-    let backends = known(members.iter().map(|m| m.0.backend));
+    let ids = known(jobs.clone().map(|m| m.0.id));
+    let sizes = known(jobs.clone().map(|m| m.0.world_size));
+    let devices = known(jobs.clone().map(|m| m.0.device));
+    let backends = known(jobs.clone().map(|m| m.0.backend));
     if ids.len() <= 1 && sizes.len() <= 1 && devices.len() <= 1 && backends.len() <= 1 {
         return Ok(sizes.first().copied());
     }
-    let mut jobs: BTreeMap<JobKey<'_>, Vec<(u32, &str)>> = BTreeMap::new();
-    for (key, rank, input) in members {
-        jobs.entry(*key).or_default().push((*rank, input));
-    }
     let jobs = jobs
-        .iter()
-        .map(|(key, ms)| {
-            let ranks: Vec<u32> = ms.iter().map(|m| m.0).collect();
+        .map(|(key, ranks, first)| {
             format!(
                 "{}: rank(s) {} ({}{})",
                 key.describe(),
-                whyslow_report::compact_ranks(&ranks, 30),
-                ms[0].1,
-                if ms.len() > 1 {
-                    format!(" and {} more", ms.len() - 1)
+                whyslow_report::compact_ranks(ranks, 30),
+                first,
+                if ranks.len() > 1 {
+                    format!(" and {} more", ranks.len() - 1)
                 } else {
                     String::new()
                 }
@@ -259,33 +279,38 @@ pub fn check_traces(
 
 /// Judges one job's evidence under `policy` (PerfTracker §4.3 with the
 /// rules of the crate docs): the report every door shows, or why the
-/// evidence cannot be judged at all.
+/// evidence cannot be judged at all. The fingerprints are localized in
+/// their columnar form ([`whyslow_localize::localize_table`]; values are
+/// read as `f32`).
 pub fn analyze_job(evidence: JobEvidence, policy: &JobPolicy) -> Result<Report, Refusal> {
     let JobEvidence {
-        fingerprints: fps,
+        fingerprints: mut fps,
         iterations,
         warnings: door_warnings,
         cross_layer,
     } = evidence;
     // Fingerprints carry their trace's steps: a door that holds only them
     // (the server, `localize`) plots the iteration time as `analyze` does.
-    let iterations = iterations.or_else(|| iterations_from_fingerprints(&fps));
+    let iterations = iterations.or_else(|| {
+        whyslow_online::iteration_times(
+            IterationSource::ProfilerSteps,
+            std::mem::take(&mut fps.steps),
+            &OnsetConfig::default(),
+        )
+    });
     if fps.is_empty() {
         return Err(Refusal::NoEvidence);
     }
-    let mut warnings: Vec<String> = fps
-        .iter()
-        .flat_map(|fp| {
-            fp.warnings
-                .iter()
-                .map(|w| format!("rank {} ({}): {w}", fp.worker, fp.source))
-        })
-        .collect();
-    let members: Vec<(JobKey<'_>, u32, &str)> = fps
-        .iter()
-        .map(|f| (JobKey::of_fingerprint(f), f.worker, f.source.as_str()))
-        .collect();
-    let said = one_job(&members, "fingerprints")?;
+    if let Some(e) = &fps.error {
+        return Err(Refusal::TooLarge(e.to_string()));
+    }
+    let mut warnings = std::mem::take(&mut fps.warnings);
+    let jobs = fps.jobs();
+    let said = one_job_of(
+        jobs.iter()
+            .map(|(k, m)| (*k, &m.ranks[..], m.first.as_str())),
+        "fingerprints",
+    )?;
     let world_size = policy.world_size.or(said);
     if let (Some(given), Some(said)) = (policy.world_size, said) {
         if given != said {
@@ -295,35 +320,29 @@ pub fn analyze_job(evidence: JobEvidence, policy: &JobPolicy) -> Result<Report, 
         }
     }
     if policy.strict {
-        let mut seen: BTreeMap<u32, &str> = BTreeMap::new();
-        for fp in &fps {
-            if let Some(first) = seen.insert(fp.worker, &fp.source) {
-                return Err(Refusal::DuplicateRank {
-                    rank: fp.worker,
-                    first: first.to_string(),
-                    second: fp.source.clone(),
-                });
-            }
+        if let Some((rank, first, second)) = &fps.duplicate {
+            return Err(Refusal::DuplicateRank {
+                rank: *rank,
+                first: first.clone(),
+                second: second.clone(),
+            });
         }
     }
     let total = fps.len();
-    let (fps, empty): (Vec<Fingerprint>, Vec<Fingerprint>) = fps
-        .into_iter()
-        .partition(|f| f.window_us > 0.0 && !f.functions.is_empty());
-    for fp in &empty {
+    for (rank, input) in &fps.empty {
         if policy.strict {
             return Err(Refusal::EmptyWindow {
-                rank: fp.worker,
-                input: fp.source.clone(),
+                rank: *rank,
+                input: input.clone(),
             });
         }
         warnings.push(format!(
-            "rank {} ({}): no events in its profiling window; left out",
-            fp.worker, fp.source
+            "rank {rank} ({input}): no events in its profiling window; left out"
         ));
     }
-    let mut report = whyslow_localize::localize(&fps, &policy.localize, world_size);
-    if fps.is_empty() {
+    let table = &fps.table;
+    let mut report = whyslow_localize::localize_table(table, &policy.localize, world_size);
+    if table.workers() == 0 {
         report.could_not_judge(format!(
             "none of the {total} worker(s) read had events in its profiling window"
         ));
@@ -352,19 +371,20 @@ pub fn analyze_job(evidence: JobEvidence, policy: &JobPolicy) -> Result<Report, 
 /// workers spend most of their critical time in, reason `network`, with
 /// the TCP evidence as its hint — the slowdown is the link's, not a
 /// function's (SysOM-AI §7's unexplained "slow collectives").
-fn judge_network(fps: &[Fingerprint], report: &mut Report) {
+fn judge_network(fps: &JobFingerprints, report: &mut Report) {
+    let t = &fps.table;
     let samples: Vec<whyslow_model::os::OsSample> = fps
+        .network
         .iter()
-        .filter_map(|f| {
-            let mut s = f.network.clone()?;
-            s.rank = Some(f.worker);
+        .map(|(row, s)| {
+            let mut s = s.clone();
+            s.rank = Some(t.rank(*row));
             if s.host.is_empty() {
-                s.host = f
-                    .host
-                    .clone()
-                    .unwrap_or_else(|| format!("rank {}", f.worker));
+                s.host = t
+                    .host(*row)
+                    .map_or_else(|| format!("rank {}", t.rank(*row)), str::to_string);
             }
-            Some(s)
+            s
         })
         .collect();
     if samples.len() < 2 {
@@ -385,101 +405,32 @@ fn judge_network(fps: &[Fingerprint], report: &mut Report) {
         .filter(|r| r.stands_out && Some(whyslow_diagnose::link_rank(r)) == best)
     {
         let on: BTreeSet<u32> = row.ranks.iter().copied().collect();
-        if on.is_empty() || on.len() == fps.len() {
+        if on.is_empty() || on.len() == t.workers() {
             continue;
         }
-        // The collective the host's workers are most critical in.
-        let mut by_name: BTreeMap<&str, (f64, &whyslow_model::FunctionPattern)> = BTreeMap::new();
-        for f in fps.iter().filter(|f| on.contains(&f.worker)) {
-            for p in f
-                .functions
-                .iter()
-                .filter(|p| p.kind == whyslow_model::FunctionKind::Comm)
-            {
-                by_name.entry(p.name.as_str()).or_insert((0.0, p)).0 += p.beta;
-            }
-        }
-        let Some((name, (_, pattern))) = by_name
-            .iter()
-            .max_by(|a, b| a.1 .0.total_cmp(&b.1 .0).then(b.0.cmp(a.0)))
-        else {
+        let Some((function, util_source)) = busiest_collective(t, &on) else {
             continue;
         };
-        let stat = |get: &dyn Fn(&whyslow_model::FunctionPattern) -> f64| {
-            let mut mine = Vec::new();
-            let mut peers = Vec::new();
-            for f in fps {
-                let v = f
-                    .functions
-                    .iter()
-                    .find(|p| p.name == *name)
-                    .map_or(0.0, get);
-                if on.contains(&f.worker) {
-                    mine.push(v);
-                } else {
-                    peers.push(v);
-                }
-            }
-            whyslow_model::Stat {
-                value: median_of(&mut mine),
-                peers: median_of(&mut peers),
-                peer_count: Some(peers.len() as u32),
-            }
-        };
-        let hint = network_hint(row);
+        let f = network_finding(t, &on, function, util_source, row);
         // The localizer may have named the same collective on the same
         // workers (PerfTracker's NIC pattern): it gets the network's
         // evidence and goes first, rather than a second finding.
-        if let Some(i) = report
-            .findings
-            .iter()
-            .position(|f| f.function == *name && f.workers.iter().copied().eq(on.iter().copied()))
-        {
-            let mut f = report.findings.remove(i);
-            f.hint = Some(match f.hint.take() {
+        if let Some(i) = report.findings.iter().position(|g| {
+            g.function == f.function && g.workers.iter().copied().eq(on.iter().copied())
+        }) {
+            let mut g = report.findings.remove(i);
+            let hint = f.hint.unwrap_or_default();
+            g.hint = Some(match g.hint.take() {
                 Some(h) => format!("{hint} {h}"),
                 None => hint,
             });
-            if !f.hosts.contains(&row.host) {
-                f.hosts.push(row.host.clone());
+            if !g.hosts.contains(&row.host) {
+                g.hosts.push(row.host.clone());
             }
-            added.push(f);
+            added.push(g);
             continue;
         }
-        let points = fps
-            .iter()
-            .map(|f| {
-                let p = f.functions.iter().find(|p| p.name == *name);
-                whyslow_model::WorkerPoint {
-                    worker: f.worker,
-                    beta: p.map_or(0.0, |p| p.beta),
-                    mu: p.map_or(0.0, |p| p.mu),
-                    sigma: p.map_or(0.0, |p| p.sigma),
-                    flagged: on.contains(&f.worker),
-                }
-            })
-            .collect();
-        added.push(whyslow_model::Finding {
-            function: name.to_string(),
-            kind: whyslow_model::FunctionKind::Comm,
-            workers: on.iter().copied().collect(),
-            reason: whyslow_model::Reason::Network,
-            beta: stat(&|p| p.beta),
-            mu: stat(&|p| p.mu),
-            sigma: stat(&|p| p.sigma),
-            resource: pattern.resource,
-            util_source: pattern.util_source,
-            group: None,
-            group_workers: fps.len(),
-            hosts: vec![row.host.clone()],
-            critical_us: stat(&|p| p.critical_us),
-            resource_mu: None,
-            hint: Some(hint),
-            source_excerpt: None,
-            points,
-            explains: 0.0,
-            consequences: Vec::new(),
-        });
+        added.push(f);
     }
     report.network = rows;
     if !added.is_empty() {
@@ -488,6 +439,98 @@ fn judge_network(fps: &[Fingerprint], report: &mut Report) {
         if report.verdict == whyslow_model::Verdict::NoAnomaly {
             report.verdict = whyslow_model::Verdict::Anomalies;
         }
+    }
+}
+
+/// The collective the workers `on` are most critical in (largest summed β;
+/// by name on a tie): its function index and the utilization source of
+/// its first pattern among them.
+fn busiest_collective(
+    t: &FingerprintTable,
+    on: &BTreeSet<u32>,
+) -> Option<(u32, whyslow_model::UtilizationSource)> {
+    let comm: Vec<u32> = (0..t.functions().len() as u32)
+        .filter(|&h| t.functions()[h as usize].kind == whyslow_model::FunctionKind::Comm)
+        .collect();
+    let mut by_name: BTreeMap<&str, (f64, u32, whyslow_model::UtilizationSource)> = BTreeMap::new();
+    for i in (0..t.workers()).filter(|&i| on.contains(&t.rank(i))) {
+        for &h in &comm {
+            if let Some(p) = t.pattern_of(i, h) {
+                let name = t.functions()[h as usize].name.as_str();
+                by_name.entry(name).or_insert((0.0, h, p.util_source)).0 += f64::from(p.beta);
+            }
+        }
+    }
+    by_name
+        .iter()
+        .max_by(|a, b| a.1 .0.total_cmp(&b.1 .0).then(b.0.cmp(a.0)))
+        .map(|(_, &(_, h, u))| (h, u))
+}
+
+/// The network's finding on collective `function` of the workers `on`
+/// (their host stands out in `row`): medians of theirs against the other
+/// workers', a point per worker.
+fn network_finding(
+    t: &FingerprintTable,
+    on: &BTreeSet<u32>,
+    function: u32,
+    util_source: whyslow_model::UtilizationSource,
+    row: &whyslow_model::diagnosis::LossyHost,
+) -> whyslow_model::Finding {
+    let pattern = |i: usize| t.pattern_of(i, function);
+    let stat = |get: &dyn Fn(&whyslow_localize::TablePattern) -> f32| {
+        let mut mine = Vec::new();
+        let mut peers = Vec::new();
+        for i in 0..t.workers() {
+            let v = pattern(i).map_or(0.0, |p| f64::from(get(&p)));
+            if on.contains(&t.rank(i)) {
+                mine.push(v);
+            } else {
+                peers.push(v);
+            }
+        }
+        whyslow_model::Stat {
+            value: median_of(&mut mine),
+            peers: median_of(&mut peers),
+            peer_count: Some(peers.len() as u32),
+        }
+    };
+    let points = (0..t.workers())
+        .map(|i| {
+            let p = pattern(i);
+            let v = |get: fn(&whyslow_localize::TablePattern) -> f32| {
+                p.as_ref().map_or(0.0, |p| f64::from(get(p)))
+            };
+            whyslow_model::WorkerPoint {
+                worker: t.rank(i),
+                beta: v(|p| p.beta),
+                mu: v(|p| p.mu),
+                sigma: v(|p| p.sigma),
+                flagged: on.contains(&t.rank(i)),
+            }
+        })
+        .collect();
+    let f = &t.functions()[function as usize];
+    whyslow_model::Finding {
+        function: f.name.clone(),
+        kind: whyslow_model::FunctionKind::Comm,
+        workers: on.iter().copied().collect(),
+        reason: whyslow_model::Reason::Network,
+        beta: stat(&|p| p.beta),
+        mu: stat(&|p| p.mu),
+        sigma: stat(&|p| p.sigma),
+        resource: f.resource,
+        util_source,
+        group: None,
+        group_workers: t.workers(),
+        hosts: vec![row.host.clone()],
+        critical_us: stat(&|p| p.critical_us),
+        resource_mu: None,
+        hint: Some(network_hint(row)),
+        source_excerpt: None,
+        points,
+        explains: 0.0,
+        consequences: Vec::new(),
     }
 }
 

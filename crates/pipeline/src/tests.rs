@@ -28,7 +28,7 @@ fn single(name: &str) -> Fingerprint {
 
 fn evidence(fingerprints: Vec<Fingerprint>) -> JobEvidence {
     JobEvidence {
-        fingerprints,
+        fingerprints: fingerprints.into(),
         ..Default::default()
     }
 }
@@ -247,4 +247,79 @@ fn a_lossy_host_is_named_on_its_collective_and_healthy_hosts_add_nothing() {
         report.findings, plain.findings,
         "healthy hosts change nothing"
     );
+}
+
+/// Whether two values are equal but for numbers `f32` rounding moves (a
+/// relative 1e-6, or 1e-7 apart: shares such as `explains` are differences
+/// of β values, each rounded by up to 6e-8); the paths that differ
+/// otherwise.
+fn differences(a: &serde_json::Value, b: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            if (x - y).abs() > 1e-6 * x.abs().max(y.abs()) + 1e-7 {
+                out.push(format!("{path}: {x} vs {y}"));
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (x, y)) in x.iter().zip(y).enumerate() {
+                differences(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        (Value::Object(x), Value::Object(y)) if x.keys().eq(y.keys()) => {
+            for (k, x) in x {
+                differences(x, &y[k], &format!("{path}.{k}"), out);
+            }
+        }
+        _ if a == b => {}
+        _ => out.push(format!("{path}: {a} vs {b}")),
+    }
+}
+
+/// The doors localize the table (values as `f32`): on every fixture job
+/// it finds what localizing the fingerprints themselves finds, with the
+/// same warnings, numbers apart by `f32` rounding only.
+#[test]
+fn the_table_finds_what_the_fingerprints_do_on_the_fixtures() {
+    let testbed = repo().join("tests/fixtures/testbed");
+    let mut jobs: Vec<(String, Vec<Fingerprint>)> = std::fs::read_dir(&testbed)
+        .unwrap()
+        .map(|d| {
+            let dir = d.unwrap().path();
+            let mut notes = Vec::new();
+            let fps = read_fingerprints(std::slice::from_ref(&dir), &mut notes).unwrap();
+            (dir.display().to_string(), fps)
+        })
+        .collect();
+    jobs.push(("demo".into(), (0..4).map(demo).collect()));
+    let singles: Vec<Fingerprint> = std::fs::read_dir(repo().join("tests/fixtures/kineto/single"))
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gz" || e == "json"))
+        .map(|p| single(p.file_name().unwrap().to_str().unwrap()))
+        .collect();
+    jobs.extend(
+        singles
+            .into_iter()
+            .map(|fp| ("single".to_string(), vec![fp])),
+    );
+    let mut findings = 0;
+    for (name, fps) in &jobs {
+        assert!(!fps.is_empty(), "{name}");
+        let table = whyslow_localize::FingerprintTable::from_fingerprints(fps).unwrap();
+        let cfg = LocalizeConfig::default();
+        let a = whyslow_localize::localize(fps, &cfg, None);
+        let b = whyslow_localize::localize_table(&table, &cfg, None);
+        let mut out = Vec::new();
+        differences(
+            &serde_json::to_value(&a).unwrap(),
+            &serde_json::to_value(&b).unwrap(),
+            "",
+            &mut out,
+        );
+        assert!(out.is_empty(), "{name}: {out:#?}");
+        findings += a.findings.len();
+    }
+    assert!(findings >= 5, "the fixtures have findings ({findings})");
 }

@@ -6,7 +6,9 @@
 //!
 //! The input is built as a [`FingerprintTable`], the most compact form the
 //! localizer accepts, as a caller holding a million workers' fingerprints
-//! would (a `Vec<Fingerprint>` of 1M × 20 takes ~3.2 GB; the table ~0.45 GB).
+//! would (a `Vec<Fingerprint>` of 1M × 20 takes ~3.5 GB; the table ~0.45 GB).
+//! The doors' whole path (fingerprints received one at a time, then
+//! `analyze_job`) is `whyslow-pipeline`'s `bench_door` example.
 //! It is the input, so its memory counts in the peak RSS; its building is
 //! timed apart from localization ("generated … in"). `localize` on
 //! fingerprints runs the same algorithm (see `whyslow_localize::localize`).

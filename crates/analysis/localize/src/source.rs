@@ -267,7 +267,7 @@ impl Source for FingerprintTable {
         self.string(self.group_id(i))
     }
     fn source_name(&self, i: usize) -> &str {
-        self.string(self.source_id(i)).unwrap_or("")
+        self.source(i)
     }
     fn utilization_source(&self, i: usize) -> UtilizationSource {
         self.utilization_source[i]
@@ -282,23 +282,24 @@ impl Source for FingerprintTable {
         self.omitted_of(i)
     }
     fn pattern(&self, i: usize, h: u32) -> Pat<'_> {
-        let slot = h as usize * self.capacity + i;
+        let col = &self.columns[h as usize];
+        let k = i - col.start;
         let f = &self.functions[h as usize];
         Pat {
             kind: f.kind,
             name: &f.name,
             resource: f.resource,
-            beta: f64::from(self.beta[slot]),
-            mu: f64::from(self.mu[slot]),
-            sigma: f64::from(self.sigma[slot]),
-            util_source: util_of(self.flags[slot]),
-            critical_us: f64::from(self.critical_us[slot]),
-            total_us: f64::from(self.total_us[slot]),
+            beta: f64::from(col.beta[k]),
+            mu: f64::from(col.mu[k]),
+            sigma: f64::from(col.sigma[k]),
+            util_source: util_of(col.flags[k]),
+            critical_us: f64::from(col.critical_us[k]),
+            total_us: f64::from(col.total_us[k]),
         }
     }
     fn patterns_of<'s>(&'s self, i: usize, mut f: impl FnMut(Pat<'s>)) {
-        for h in 0..self.functions.len() {
-            if self.flags[h * self.capacity + i] != 0 {
+        for (h, col) in self.columns.iter().enumerate() {
+            if col.flag(i) != 0 {
                 f(self.pattern(i, h as u32));
             }
         }
@@ -309,7 +310,6 @@ impl Source for FingerprintTable {
         resource: Option<Resource>,
         mut f: impl FnMut(usize, Pat<'s>),
     ) {
-        let w = self.workers();
         for (h, func) in self.functions.iter().enumerate() {
             if self.present[h] == 0
                 || kind.is_some_and(|k| k != func.kind)
@@ -317,10 +317,10 @@ impl Source for FingerprintTable {
             {
                 continue;
             }
-            let base = h * self.capacity;
-            for (i, &flag) in self.flags[base..base + w].iter().enumerate() {
+            let col = &self.columns[h];
+            for (k, &flag) in col.flags.iter().enumerate() {
                 if flag != 0 {
-                    f(i, self.pattern(i, h as u32));
+                    f(col.start + k, self.pattern(col.start + k, h as u32));
                 }
             }
         }
@@ -354,8 +354,8 @@ impl Source for FingerprintTable {
             if self.present[h] == 0 {
                 continue;
             }
-            let col = &self.flags[h * self.capacity..];
-            if let Some(mi) = members.iter().position(|&fi| col[fi as usize] != 0) {
+            let col = &self.columns[h];
+            if let Some(mi) = members.iter().position(|&fi| col.flag(fi as usize) != 0) {
                 first.push((mi, h));
             }
         }
@@ -370,9 +370,9 @@ impl Source for FingerprintTable {
         let n_ids = interner.names.len();
         columns_from(n_ids, duplicates, |emit| {
             for (&(_, h), &id) in first.iter().zip(&ids) {
-                let col = &self.flags[h * self.capacity..];
+                let col = &self.columns[h];
                 for (mi, &fi) in members.iter().enumerate() {
-                    if col[fi as usize] != 0 {
+                    if col.flag(fi as usize) != 0 {
                         emit(mi as u32, id, h as u32);
                     }
                 }

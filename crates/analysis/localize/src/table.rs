@@ -5,27 +5,35 @@
 //!
 //! A [`Fingerprint`] owns its function names (one `String` per pattern) and
 //! fields the localizer never reads: a million workers × 20 functions take
-//! about 3.2 GB that way. A [`FingerprintTable`] names each function once
+//! about 3.5 GB that way. A [`FingerprintTable`] names each function once
 //! (kind, name and resource in a function table) and holds one dense column
 //! per function and value (β, μ, σ, critical and total µs as `f32`, and a
-//! flag byte): 21 bytes a (worker, function) slot, ~0.44 GB for 20 million.
-//! Columns are laid out function by function, which is how §4.3 reads them
-//! (one function across all workers at a time). A slot a worker never fills
-//! is never written, so a function that few workers ran costs little
-//! resident memory; still, the table suits jobs whose workers run mostly the
-//! same functions (data-parallel training), not thousands of functions each
-//! on a few workers.
+//! flag byte): 21 bytes a (worker, function) slot, ~0.42 GB for 20 million.
+//! Columns are kept function by function, which is how §4.3 reads them
+//! (one function across all workers at a time). A function's column spans
+//! the workers from the first that has it to the last: a function that only
+//! the last workers ran costs nothing before them, one that a few workers
+//! far apart ran costs a slot for every worker in between. The table suits
+//! jobs whose workers run mostly the same functions (data-parallel
+//! training), not thousands of functions each on a few workers.
+//!
+//! The table grows as fingerprints arrive ([`FingerprintTable::push_fingerprint`]:
+//! a door can stream each fingerprint into it as it parses it and drop the
+//! fingerprint), or is made for a known set of functions and workers
+//! ([`FingerprintTable::new`]).
 //!
 //! [`crate::localize_table`] reads it with the same algorithm as
 //! [`crate::localize`] reads fingerprints: a table built from fingerprints
-//! whose values are `f32`-exact gives the same report.
+//! whose values are `f32`-exact gives the same report; otherwise values
+//! differ by `f32` rounding (a relative 6e-8), which moves a finding only
+//! where a value lies that close to a threshold.
 
 use std::collections::HashMap;
 
 use whyslow_model::{Fingerprint, FunctionKind, Resource, UtilizationSource};
 
 /// Errors of building a [`FingerprintTable`].
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum TableError {
     /// A pattern names a function index past the function table.
     #[error(
@@ -136,26 +144,112 @@ pub(crate) fn util_of(flag: u8) -> UtilizationSource {
     }
 }
 
+/// One function's values, dense over the workers `start..start + len`
+/// (a slot without the function has flag 0).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Column {
+    /// The first worker (row) the column covers.
+    pub(crate) start: usize,
+    pub(crate) flags: Vec<u8>,
+    pub(crate) beta: Vec<f32>,
+    pub(crate) mu: Vec<f32>,
+    pub(crate) sigma: Vec<f32>,
+    pub(crate) critical_us: Vec<f32>,
+    pub(crate) total_us: Vec<f32>,
+}
+
+impl Column {
+    /// The slot of worker `row`, when the column covers it.
+    pub(crate) fn index(&self, row: usize) -> Option<usize> {
+        row.checked_sub(self.start)
+            .filter(|&k| k < self.flags.len())
+    }
+
+    /// Worker `row`'s flag byte (0: no pattern).
+    pub(crate) fn flag(&self, row: usize) -> u8 {
+        self.index(row).map_or(0, |k| self.flags[k])
+    }
+
+    /// Room for `n` more slots, so that a column whose size is known
+    /// grows in one allocation.
+    fn reserve(&mut self, n: usize) {
+        self.flags.reserve(n);
+        for v in [
+            &mut self.beta,
+            &mut self.mu,
+            &mut self.sigma,
+            &mut self.critical_us,
+            &mut self.total_us,
+        ] {
+            v.reserve(n);
+        }
+    }
+
+    /// Writes worker `row`'s pattern (rows come in ascending order); false
+    /// when the row already has one (the first is kept).
+    fn write(&mut self, row: usize, p: &TablePattern, reserve: usize) -> bool {
+        if self.flags.is_empty() {
+            self.start = row;
+            self.reserve(reserve);
+        }
+        let k = row - self.start;
+        if k < self.flags.len() {
+            return false;
+        }
+        if k > self.flags.len() {
+            // Workers between without the function: empty slots.
+            self.flags.resize(k, 0);
+            for v in [
+                &mut self.beta,
+                &mut self.mu,
+                &mut self.sigma,
+                &mut self.critical_us,
+                &mut self.total_us,
+            ] {
+                v.resize(k, 0.0);
+            }
+        }
+        self.flags.push(PRESENT | util_code(p.util_source));
+        self.beta.push(p.beta);
+        self.mu.push(p.mu);
+        self.sigma.push(p.sigma);
+        self.critical_us.push(p.critical_us);
+        self.total_us.push(p.total_us);
+        true
+    }
+}
+
 /// Many workers' fingerprints in dense columns: a function table, per-worker
 /// fields, and per (function, worker) slot the pattern's values (see the
-/// module docs). Make it with [`FingerprintTable::new`] for a number of
-/// workers, fill it with [`FingerprintTable::push_worker`] (or convert
-/// fingerprints with [`FingerprintTable::from_fingerprints`]) and localize
-/// it with [`crate::localize_table`].
-#[derive(Debug, Clone, Default)]
+/// module docs). Make it empty ([`FingerprintTable::default`]) and stream
+/// fingerprints into it with [`FingerprintTable::push_fingerprint`], or
+/// make it for known functions with [`FingerprintTable::new`] and fill it
+/// with [`FingerprintTable::push_worker`] (or convert fingerprints with
+/// [`FingerprintTable::from_fingerprints`]); localize it with
+/// [`crate::localize_table`].
+#[derive(Debug, Clone)]
 pub struct FingerprintTable {
     pub(crate) functions: Vec<TableFunction>,
-    /// Slots per function column (the most workers).
-    pub(crate) capacity: usize,
-    /// Hosts, groups and sources, each distinct string once.
+    /// Function indexes by name (with their kinds).
+    function_ids: HashMap<String, Vec<(FunctionKind, u32)>>,
+    /// The function of each pattern position of the last fingerprint
+    /// pushed: workers usually list their functions in the same order.
+    last_ids: Vec<u32>,
+    /// Most workers ([`FingerprintTable::new`]; unbounded otherwise).
+    limit: usize,
+    /// Slots a column reserves when it starts (the workers expected).
+    expected: usize,
+    /// Hosts and groups, each distinct string once.
     strings: Vec<String>,
     string_ids: HashMap<String, u32>,
-    last_string: [u32; 3],
+    last_string: [u32; 2],
+    /// Sources, one after the other; `source_end[i]` ends worker i's.
+    sources: String,
+    source_end: Vec<usize>,
     // Per worker.
     pub(crate) rank: Vec<u32>,
     host: Vec<u32>,
     group: Vec<u32>,
-    source: Vec<u32>,
     pub(crate) utilization_source: Vec<UtilizationSource>,
     pub(crate) window_us: Vec<f64>,
     pub(crate) total_floor: Vec<f64>,
@@ -166,60 +260,100 @@ pub struct FingerprintTable {
     pub(crate) duplicates: Vec<(u32, u32)>,
     /// Per function: workers that have it.
     pub(crate) present: Vec<usize>,
-    // Per slot, function-major: slot = function × capacity + worker.
-    pub(crate) flags: Vec<u8>,
-    pub(crate) beta: Vec<f32>,
-    pub(crate) mu: Vec<f32>,
-    pub(crate) sigma: Vec<f32>,
-    pub(crate) critical_us: Vec<f32>,
-    pub(crate) total_us: Vec<f32>,
+    /// Per function: its values.
+    pub(crate) columns: Vec<Column>,
+    /// Scratch for [`FingerprintTable::push_fingerprint`].
+    scratch: Vec<TablePattern>,
 }
 
 /// No string (host or group unknown).
 const NONE: u32 = u32::MAX;
 
+impl Default for FingerprintTable {
+    /// An empty table without functions that grows as workers are pushed.
+    fn default() -> Self {
+        Self {
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+            last_ids: Vec::new(),
+            limit: usize::MAX,
+            expected: 0,
+            strings: Vec::new(),
+            string_ids: HashMap::new(),
+            last_string: [NONE; 2],
+            sources: String::new(),
+            source_end: Vec::new(),
+            rank: Vec::new(),
+            host: Vec::new(),
+            group: Vec::new(),
+            utilization_source: Vec::new(),
+            window_us: Vec::new(),
+            total_floor: Vec::new(),
+            omitted_end: Vec::new(),
+            omitted: Vec::new(),
+            duplicates: Vec::new(),
+            present: Vec::new(),
+            columns: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+}
+
 impl FingerprintTable {
     /// An empty table over `functions` (patterns name them by index) with
-    /// room for `workers` workers. The columns are allocated zeroed, so
-    /// slots take resident memory only once written.
+    /// room for `workers` workers, and no more.
     pub fn new(functions: Vec<TableFunction>, workers: usize) -> Result<Self, TableError> {
-        let mut seen: HashMap<(FunctionKind, &str), ()> = HashMap::new();
-        for f in &functions {
-            if seen.insert((f.kind, f.name.as_str()), ()).is_some() {
-                return Err(TableError::DuplicateFunction {
-                    kind: f.kind,
-                    name: f.name.clone(),
-                });
-            }
-        }
-        let slots = workers
+        workers
             .checked_mul(functions.len())
             .filter(|&s| s.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
             .ok_or(TableError::TooLarge {
                 workers,
                 functions: functions.len(),
             })?;
-        Ok(Self {
-            present: vec![0; functions.len()],
-            functions,
-            capacity: workers,
-            last_string: [NONE; 3],
-            rank: Vec::with_capacity(workers),
-            host: Vec::with_capacity(workers),
-            group: Vec::with_capacity(workers),
-            source: Vec::with_capacity(workers),
-            utilization_source: Vec::with_capacity(workers),
-            window_us: Vec::with_capacity(workers),
-            total_floor: Vec::with_capacity(workers),
-            omitted_end: Vec::with_capacity(workers),
-            flags: vec![0; slots],
-            beta: vec![0.0; slots],
-            mu: vec![0.0; slots],
-            sigma: vec![0.0; slots],
-            critical_us: vec![0.0; slots],
-            total_us: vec![0.0; slots],
+        let mut t = Self::with_capacity(workers);
+        t.limit = workers;
+        for f in functions {
+            t.add_function(f)?;
+        }
+        Ok(t)
+    }
+
+    /// An empty growable table that expects about `workers` workers: each
+    /// column reserves that many slots when it starts, so that a known
+    /// number of fingerprints fills the table without reallocating.
+    pub fn with_capacity(workers: usize) -> Self {
+        let mut t = Self {
+            expected: workers,
             ..Self::default()
-        })
+        };
+        t.rank.reserve(workers);
+        t.host.reserve(workers);
+        t.group.reserve(workers);
+        t.source_end.reserve(workers);
+        t.utilization_source.reserve(workers);
+        t.window_us.reserve(workers);
+        t.total_floor.reserve(workers);
+        t.omitted_end.reserve(workers);
+        t
+    }
+
+    /// Adds a function to the function table; its index.
+    pub fn add_function(&mut self, f: TableFunction) -> Result<u32, TableError> {
+        if self.function_index(f.kind, &f.name).is_some() {
+            return Err(TableError::DuplicateFunction {
+                kind: f.kind,
+                name: f.name,
+            });
+        }
+        let id = self.functions.len() as u32;
+        self.function_ids
+            .entry(f.name.clone())
+            .or_default()
+            .push((f.kind, id));
+        self.functions.push(f);
+        self.present.push(0);
+        self.columns.push(Column::default());
+        Ok(id)
     }
 
     /// The function table.
@@ -227,9 +361,50 @@ impl FingerprintTable {
         &self.functions
     }
 
+    /// The index of the function of `kind` named `name`, when the table
+    /// has it.
+    pub fn function_index(&self, kind: FunctionKind, name: &str) -> Option<u32> {
+        self.function_ids
+            .get(name)?
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|&(_, id)| id)
+    }
+
     /// Number of workers (fingerprints) pushed.
     pub fn workers(&self) -> usize {
         self.rank.len()
+    }
+
+    /// Worker `i`'s rank (workers in the order pushed).
+    pub fn rank(&self, i: usize) -> u32 {
+        self.rank[i]
+    }
+
+    /// Worker `i`'s host, when known.
+    pub fn host(&self, i: usize) -> Option<&str> {
+        self.string(self.host[i])
+    }
+
+    /// The file worker `i`'s fingerprint came from.
+    pub fn source(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.source_end[i - 1] };
+        &self.sources[start..self.source_end[i]]
+    }
+
+    /// Worker `i`'s pattern of function `function`, when it has one.
+    pub fn pattern_of(&self, i: usize, function: u32) -> Option<TablePattern> {
+        let col = self.columns.get(function as usize)?;
+        let k = col.index(i).filter(|&k| col.flags[k] != 0)?;
+        Some(TablePattern {
+            function,
+            beta: col.beta[k],
+            mu: col.mu[k],
+            sigma: col.sigma[k],
+            util_source: util_of(col.flags[k]),
+            critical_us: col.critical_us[k],
+            total_us: col.total_us[k],
+        })
     }
 
     /// Appends one worker's fingerprint: its fields and its patterns. A
@@ -241,9 +416,15 @@ impl FingerprintTable {
         patterns: &[TablePattern],
     ) -> Result<(), TableError> {
         let row = self.rank.len();
-        if row >= self.capacity {
+        if row >= self.limit {
             return Err(TableError::Full {
-                capacity: self.capacity,
+                capacity: self.limit,
+            });
+        }
+        if row >= u32::MAX as usize {
+            return Err(TableError::TooLarge {
+                workers: row + 1,
+                functions: self.functions.len(),
             });
         }
         if let Some(p) = patterns
@@ -258,31 +439,25 @@ impl FingerprintTable {
         }
         let host = self.intern(worker.host, 0);
         let group = self.intern(worker.group, 1);
-        let source = self.intern(Some(worker.source), 2);
+        self.sources.push_str(worker.source);
+        self.source_end.push(self.sources.len());
         self.rank.push(worker.worker);
         self.host.push(host);
         self.group.push(group);
-        self.source.push(source);
         self.utilization_source.push(worker.utilization_source);
         self.window_us.push(worker.window_us);
         self.total_floor.push(worker.total_floor);
         self.omitted.extend_from_slice(worker.omitted);
         self.omitted_end.push(self.omitted.len());
+        let reserve = self.expected.saturating_sub(row);
         let mut dropped = 0u32;
         for p in patterns {
             let f = p.function as usize;
-            let slot = f * self.capacity + row;
-            if self.flags[slot] & PRESENT != 0 {
+            if self.columns[f].write(row, p, reserve) {
+                self.present[f] += 1;
+            } else {
                 dropped += 1;
-                continue;
             }
-            self.flags[slot] = PRESENT | util_code(p.util_source);
-            self.beta[slot] = p.beta;
-            self.mu[slot] = p.mu;
-            self.sigma[slot] = p.sigma;
-            self.critical_us[slot] = p.critical_us;
-            self.total_us[slot] = p.total_us;
-            self.present[f] += 1;
         }
         if dropped > 0 {
             self.duplicates.push((row as u32, dropped));
@@ -290,56 +465,77 @@ impl FingerprintTable {
         Ok(())
     }
 
-    /// The table of `fps`, functions in order of first appearance (one per
-    /// kind and name, with the resource of its first pattern), values
-    /// rounded to `f32`.
-    pub fn from_fingerprints(fps: &[Fingerprint]) -> Result<Self, TableError> {
-        let mut ids: HashMap<(FunctionKind, &str), u32> = HashMap::new();
-        let mut functions = Vec::new();
-        for p in fps.iter().flat_map(|fp| &fp.functions) {
-            ids.entry((p.kind, p.name.as_str())).or_insert_with(|| {
-                functions.push(TableFunction {
+    /// Appends one fingerprint, its values rounded to `f32`; a function
+    /// the table does not have yet is added (with the resource of this
+    /// pattern). The fingerprint can be dropped afterwards.
+    pub fn push_fingerprint(&mut self, fp: &Fingerprint) -> Result<(), TableError> {
+        let mut patterns = std::mem::take(&mut self.scratch);
+        patterns.clear();
+        for (pi, p) in fp.functions.iter().enumerate() {
+            let cached = self.last_ids.get(pi).copied().filter(|&id| {
+                let f = &self.functions[id as usize];
+                f.kind == p.kind && f.name == p.name
+            });
+            let function = match cached.or_else(|| self.function_index(p.kind, &p.name)) {
+                Some(id) => id,
+                None => match self.add_function(TableFunction {
                     kind: p.kind,
                     name: p.name.clone(),
                     resource: p.resource,
-                });
-                (functions.len() - 1) as u32
-            });
-        }
-        let mut t = Self::new(functions, fps.len())?;
-        let mut patterns = Vec::new();
-        for fp in fps {
-            patterns.clear();
-            patterns.extend(fp.functions.iter().map(|p| TablePattern {
-                function: ids[&(p.kind, p.name.as_str())],
+                }) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        self.scratch = patterns;
+                        return Err(e);
+                    }
+                },
+            };
+            if pi < self.last_ids.len() {
+                self.last_ids[pi] = function;
+            } else {
+                self.last_ids.push(function);
+            }
+            patterns.push(TablePattern {
+                function,
                 beta: p.beta as f32,
                 mu: p.mu as f32,
                 sigma: p.sigma as f32,
                 util_source: p.util_source,
                 critical_us: p.critical_us as f32,
                 total_us: p.total_us as f32,
-            }));
-            t.push_worker(
-                &TableWorker {
-                    worker: fp.worker,
-                    host: fp.host.as_deref(),
-                    group: fp.group.as_deref(),
-                    source: &fp.source,
-                    utilization_source: fp.utilization_source,
-                    window_us: fp.window_us,
-                    total_floor: fp.total_floor,
-                    omitted: &fp.omitted,
-                },
-                &patterns,
-            )?;
+            });
+        }
+        let r = self.push_worker(
+            &TableWorker {
+                worker: fp.worker,
+                host: fp.host.as_deref(),
+                group: fp.group.as_deref(),
+                source: &fp.source,
+                utilization_source: fp.utilization_source,
+                window_us: fp.window_us,
+                total_floor: fp.total_floor,
+                omitted: &fp.omitted,
+            },
+            &patterns,
+        );
+        self.scratch = patterns;
+        r
+    }
+
+    /// The table of `fps`, functions in order of first appearance (one per
+    /// kind and name, with the resource of its first pattern), values
+    /// rounded to `f32`.
+    pub fn from_fingerprints(fps: &[Fingerprint]) -> Result<Self, TableError> {
+        let mut t = Self::with_capacity(fps.len());
+        for fp in fps {
+            t.push_fingerprint(fp)?;
         }
         Ok(t)
     }
 
-    /// The id of a string, added when new. `slot` (0: host, 1: group, 2:
-    /// source) remembers the last id of each field: consecutive workers
-    /// usually share their host, group and source. Ids past `u32::MAX - 1`
-    /// strings read as unknown.
+    /// The id of a host (`slot` 0) or group (1), added when new; the last
+    /// id of each is remembered, as consecutive workers usually share
+    /// them. Ids past `u32::MAX - 1` strings read as unknown.
     fn intern(&mut self, s: Option<&str>, slot: usize) -> u32 {
         let Some(s) = s else { return NONE };
         let last = self.last_string[slot];
@@ -376,10 +572,6 @@ impl FingerprintTable {
 
     pub(crate) fn group_id(&self, i: usize) -> u32 {
         self.group[i]
-    }
-
-    pub(crate) fn source_id(&self, i: usize) -> u32 {
-        self.source[i]
     }
 
     /// Worker `i`'s omitted hashes.

@@ -1373,3 +1373,59 @@ fn table_errors() {
     assert_eq!(r.workers, 1);
     assert!(r.warnings.iter().any(|w| w.contains("listed twice")));
 }
+
+#[test]
+fn a_table_grown_one_fingerprint_at_a_time_gives_the_same_report() {
+    for seed in 0..100 {
+        let (fps, world) = random_job(seed);
+        // Unknown size, then a known one: columns start late and grow.
+        for mut t in [
+            FingerprintTable::default(),
+            FingerprintTable::with_capacity(fps.len()),
+        ] {
+            for fp in &fps {
+                t.push_fingerprint(fp).expect("push");
+            }
+            let cfg = LocalizeConfig::default();
+            assert_eq!(
+                localize(&fps, &cfg, world),
+                localize_table(&t, &cfg, world),
+                "seed {seed}"
+            );
+            for (i, fp) in fps.iter().enumerate() {
+                assert_eq!(t.rank(i), fp.worker);
+                assert_eq!(t.source(i), fp.source);
+                assert_eq!(t.host(i), fp.host.as_deref());
+                for p in &fp.functions {
+                    let id = t.function_index(p.kind, &p.name).expect("function");
+                    assert_eq!(t.functions()[id as usize].name, p.name);
+                    let got = t.pattern_of(i, id).expect("pattern");
+                    if !p.sigma.is_nan()
+                        && fp.functions.iter().filter(|q| q.name == p.name).count() == 1
+                    {
+                        assert_eq!(f64::from(got.beta), p.beta);
+                        assert_eq!(f64::from(got.sigma), p.sigma);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_function_only_late_workers_ran_starts_its_column_there() {
+    let mut fps = healthy_job(50, 0.03);
+    fps[49]
+        .functions
+        .push(pat(FunctionKind::Python, "late.py(1): f", 0.5, 0.5, 0.1));
+    let mut t = FingerprintTable::default();
+    for fp in &fps {
+        t.push_fingerprint(fp).expect("push");
+    }
+    let late = t
+        .function_index(FunctionKind::Python, "late.py(1): f")
+        .expect("late");
+    assert!(t.pattern_of(48, late).is_none());
+    assert!(t.pattern_of(49, late).is_some());
+    assert_eq!(t.columns[late as usize].flags.len(), 1);
+}
