@@ -985,7 +985,6 @@ fn build_finding<S: Source + ?Sized>(
         name,
     } = *bucket;
     let src = ctx.src;
-    let cfg = ctx.cfg;
     let g = members.len();
     let n = hi - lo;
     let mem = &cols.member[lo..hi];
@@ -1065,50 +1064,123 @@ fn build_finding<S: Source + ?Sized>(
     // The resource over the rest of each worker's critical-path work: this
     // function's own share is left out, so that a function that is slow by
     // itself does not make its worker look starved.
-    let resource_mu = if util_source == UtilizationSource::None {
-        None
-    } else {
-        let r = Resource::ALL
-            .iter()
-            .position(|x| *x == resource)
-            .unwrap_or(0);
-        let (mut fv, mut ov) = (Vec::new(), Vec::new());
-        let mut e = 0usize;
-        let acc = ctx.resource_acc(r);
-        for (mi, &fi) in members.iter().enumerate() {
-            let (mut sum, mut weight) = acc[fi as usize];
-            let mut flag = false;
-            if e < n && mem[e] as usize == mi {
-                let p = pattern(e);
-                if p.resource == resource && p.util_source != UtilizationSource::None {
-                    sum -= vals(e)[3] * vals(e)[1];
-                    weight -= vals(e)[3];
-                }
-                flag = is_flagged[e];
-                e += 1;
-            }
-            // Below 1 µs of other work there is nothing to compare (and
-            // the subtraction only leaves rounding).
-            if weight < 1.0 {
-                continue;
-            }
-            let v = (sum / weight).clamp(0.0, 1.0);
-            if flag {
-                fv.push(v);
-            } else {
-                ov.push(v);
-            }
-        }
-        (!fv.is_empty() && !ov.is_empty()).then(|| Stat {
-            value: median(&mut fv),
-            peers: median(&mut ov),
-            peer_count: Some(u32::try_from(ov.len()).unwrap_or(u32::MAX)),
-        })
-    };
+    let resource_mu = (util_source != UtilizationSource::None)
+        .then(|| resource_mu(bucket, &is_flagged, resource))
+        .flatten();
 
-    // Points: all flagged (thinned evenly past max_points), then an even sample of the rest.
-    let cap = cfg.max_points;
-    let nf = flagged.len();
+    let points = finding_points(bucket, flagged.len(), &is_flagged);
+
+    let mut finding = Finding {
+        function: name.to_string(),
+        kind,
+        workers,
+        reason,
+        beta,
+        mu,
+        sigma,
+        resource,
+        util_source,
+        group: group.map(str::to_string),
+        group_workers: g,
+        hosts,
+        critical_us,
+        resource_mu,
+        hint: None,
+        source_excerpt: None,
+        points,
+        explains: 0.0,
+        consequences: Vec::new(),
+    };
+    finding.hint = hint(&finding, &ctx.job);
+    finding
+}
+
+/// The resource over the rest of each worker's critical-path work, flagged
+/// workers against the others (a finding's `resource_mu`): this
+/// function's own share is left out, so that a function that is slow by
+/// itself does not make its worker look starved. `None` without both sides.
+fn resource_mu<S: Source + ?Sized>(
+    bucket: &Bucket<'_, '_, '_, S>,
+    is_flagged: &[bool],
+    resource: Resource,
+) -> Option<Stat> {
+    let Bucket {
+        ctx,
+        members,
+        cols,
+        values,
+        lo,
+        hi,
+        ..
+    } = *bucket;
+    let src = ctx.src;
+    let n = hi - lo;
+    let mem = &cols.member[lo..hi];
+    let handle = &cols.handle[lo..hi];
+    let fp_of = |i: usize| members[mem[i] as usize] as usize;
+    let vals = |i: usize| values[i].0;
+    let pattern = |i: usize| src.pattern(fp_of(i), handle[i]);
+    let r = Resource::ALL
+        .iter()
+        .position(|x| *x == resource)
+        .unwrap_or(0);
+    let (mut fv, mut ov) = (Vec::new(), Vec::new());
+    let mut e = 0usize;
+    let acc = ctx.resource_acc(r);
+    for (mi, &fi) in members.iter().enumerate() {
+        let (mut sum, mut weight) = acc[fi as usize];
+        let mut flag = false;
+        if e < n && mem[e] as usize == mi {
+            let p = pattern(e);
+            if p.resource == resource && p.util_source != UtilizationSource::None {
+                sum -= vals(e)[3] * vals(e)[1];
+                weight -= vals(e)[3];
+            }
+            flag = is_flagged[e];
+            e += 1;
+        }
+        // Below 1 µs of other work there is nothing to compare (and
+        // the subtraction only leaves rounding).
+        if weight < 1.0 {
+            continue;
+        }
+        let v = (sum / weight).clamp(0.0, 1.0);
+        if flag {
+            fv.push(v);
+        } else {
+            ov.push(v);
+        }
+    }
+    (!fv.is_empty() && !ov.is_empty()).then(|| Stat {
+        value: median(&mut fv),
+        peers: median(&mut ov),
+        peer_count: Some(u32::try_from(ov.len()).unwrap_or(u32::MAX)),
+    })
+}
+
+/// A finding's plotted points: all flagged workers (thinned evenly past
+/// `max_points`), then an even sample of the rest; absent workers at
+/// (0, 0, 0).
+fn finding_points<S: Source + ?Sized>(
+    bucket: &Bucket<'_, '_, '_, S>,
+    nf: usize,
+    is_flagged: &[bool],
+) -> Vec<WorkerPoint> {
+    let Bucket {
+        ctx,
+        members,
+        cols,
+        values,
+        lo,
+        hi,
+        ..
+    } = *bucket;
+    let src = ctx.src;
+    let n = hi - lo;
+    let mem = &cols.member[lo..hi];
+    let vals = |i: usize| values[i].0;
+    let g = members.len();
+    let cap = ctx.cfg.max_points;
     let keep_flagged = nf.min(cap);
     let keep_others = (cap - keep_flagged).min(g - nf);
     let mut points = Vec::with_capacity(keep_flagged + keep_others);
@@ -1142,29 +1214,7 @@ fn build_finding<S: Source + ?Sized>(
         }
     }
 
-    let mut finding = Finding {
-        function: name.to_string(),
-        kind,
-        workers,
-        reason,
-        beta,
-        mu,
-        sigma,
-        resource,
-        util_source,
-        group: group.map(str::to_string),
-        group_workers: g,
-        hosts,
-        critical_us,
-        resource_mu,
-        hint: None,
-        source_excerpt: None,
-        points,
-        explains: 0.0,
-        consequences: Vec::new(),
-    };
-    finding.hint = hint(&finding, &ctx.job);
-    finding
+    points
 }
 
 /// Localizes abnormal (function, workers) in a job from its workers'
