@@ -162,197 +162,216 @@ fn is_gc(frames: &[String]) -> bool {
 ///   host↔device copies or synchronization on the critical path.
 pub fn hint(f: &Finding, job: &Job) -> Option<String> {
     let all = on_all_workers(f);
+    match f.kind {
+        FunctionKind::Python => python_hint(f, job, all),
+        FunctionKind::GpuKernel => gpu_kernel_hint(f, all),
+        FunctionKind::Comm => comm_hint(f, all),
+        FunctionKind::Memory => memory_hint(f, all),
+        FunctionKind::CpuOp => cpu_op_hint(f, job, all),
+    }
+}
+
+/// Python functions: starved of CPU, input loading or preprocessing, GC pauses, rank-dependent work, CPU-bound steps.
+fn python_hint(f: &Finding, job: &Job, all: bool) -> Option<String> {
     let waits_for = if job.gpus {
         "keeps the GPUs waiting"
     } else {
         "holds up the step"
     };
-    match f.kind {
-        FunctionKind::Python => {
-            let frames = lower_frames(&f.function);
-            // Starved of CPU in the rest of their work too: the host, even
-            // when the function is the DataLoader's next (a storage wait
-            // leaves the other work's CPU share alone), and whichever rule
-            // flagged it (the comparison with the peers is in resource_mu).
-            if !all && cpu_starved(f) {
-                return Some(CPU_STARVED.into());
-            }
-            if is_data_loading(&frames) {
-                // Waiting for input, or computing it in the training process?
-                let waiting = cpu_busy(f).map_or_else(|| innermost_waits(&frames), |busy| !busy);
-                return Some(if waiting {
-                    "The training loop waits for input (DataLoader next / socket receive on \
-                     the critical path): data arrives slower than it is consumed. Use more \
-                     DataLoader workers with prefetching and pin_memory, cache or pre-shard \
-                     the data locally, or read from a faster (parallel) file system."
-                        .into()
+    let frames = lower_frames(&f.function);
+    // Starved of CPU in the rest of their work too: the host, even
+    // when the function is the DataLoader's next (a storage wait
+    // leaves the other work's CPU share alone), and whichever rule
+    // flagged it (the comparison with the peers is in resource_mu).
+    if !all && cpu_starved(f) {
+        return Some(CPU_STARVED.into());
+    }
+    if is_data_loading(&frames) {
+        // Waiting for input, or computing it in the training process?
+        let waiting = cpu_busy(f).map_or_else(|| innermost_waits(&frames), |busy| !busy);
+        return Some(if waiting {
+            "The training loop waits for input (DataLoader next / socket receive on \
+                 the critical path): data arrives slower than it is consumed. Use more \
+                 DataLoader workers with prefetching and pin_memory, cache or pre-shard \
+                 the data locally, or read from a faster (parallel) file system."
+                .into()
+        } else {
+            format!(
+                "Input preprocessing runs in the training process itself, inside the \
+                     DataLoader's next (CPU work, not waiting): it {waits_for}. Move it into \
+                     DataLoader workers (num_workers > 0, persistent_workers, prefetch_factor){}, \
+                     or precompute it offline.",
+                if job.gpus {
+                    " or onto the GPU (GPU transforms, DALI)"
                 } else {
-                    format!(
-                        "Input preprocessing runs in the training process itself, inside the \
-                         DataLoader's next (CPU work, not waiting): it {waits_for}. Move it into \
-                         DataLoader workers (num_workers > 0, persistent_workers, prefetch_factor){}, \
-                         or precompute it offline.",
-                        if job.gpus { " or onto the GPU (GPU transforms, DALI)" } else { "" }
-                    )
-                });
-            }
-            if is_preprocessing(&frames) {
-                return Some(format!(
-                    "CPU-heavy data preprocessing (image/array transforms) runs in the \
-                     training process: it {waits_for}. Move it into DataLoader workers \
-                     (num_workers > 0){}, or precompute it offline.",
-                    if job.gpus {
-                        " or onto the GPU (GPU transforms, DALI)"
-                    } else {
-                        ""
-                    }
-                ));
-            }
-            if is_gc(&frames) {
-                return Some(
-                    "Python garbage-collection pauses on these workers: every other worker \
-                     waits for the one collecting. Call gc.freeze() after setup and \
-                     gc.disable(), then run gc.collect() on all ranks at the same step \
-                     boundary (e.g. every 100-200 steps)."
-                        .into(),
-                );
-            }
-            if !all && on_subset(f, 0.5) && f.beta.peers < f.beta.value * 0.5 {
-                return Some(
-                    "Only these workers spend this time in this Python function, and every \
-                     other worker waits for them at the next collective: look for \
-                     rank-dependent work (logging, checkpointing, evaluation or extra \
-                     preprocessing on some ranks) or uneven data. If the function itself \
-                     does little (a context manager's __init__, an accessor), it is more \
-                     likely Python garbage-collection pauses landing in it (PerfTracker §6): \
-                     gc.freeze() after setup, then gc.collect() on all ranks at the same step."
-                        .into(),
-                );
-            }
-            if all && job.gpus {
-                return Some(
-                    "This Python function keeps the GPUs waiting on every worker: the job \
-                     is bound by CPU work in it. Profile it (py-spy, torch.profiler with \
-                     stacks), move the work to the GPU or out of the step loop, or reduce \
-                     kernel-launch overhead (torch.compile, CUDA graphs)."
-                        .into(),
-                );
-            }
-            if all {
-                return Some(
-                    "This Python function takes more of every worker's step than Python \
-                     code should: profile it (py-spy, torch.profiler with stacks) and move \
-                     the work out of the step loop or into vectorized operators."
-                        .into(),
-                );
-            }
-            None
-        }
-        FunctionKind::GpuKernel => {
-            if is_peer(f) && !all && low_mu(f) {
-                Some(
-                    "This kernel runs slower with lower SM activity on these workers than \
-                     on their peers: likely GPU throttling (power/thermal) or a degraded GPU. \
-                     Check `nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE,POWER` on their \
-                     hosts (clock throttle reasons, HW slowdown) and the DCGM/XID logs."
-                        .into(),
-                )
-            } else if is_peer(f) && !all {
-                Some(
-                    "This kernel takes a larger share of the critical path on these workers \
-                     than on their peers: check for uneven work (data/sequence-length \
-                     imbalance) or slower GPUs (`nvidia-smi -q -d PERFORMANCE`)."
-                        .into(),
-                )
-            } else {
-                None
-            }
-        }
-        FunctionKind::Comm => {
-            if is_peer(f) && !all {
-                if (f.resource == Resource::Nvlink && low_mu(f))
-                    || (f.resource == Resource::Pcie && high_mu(f))
-                {
-                    return Some(
-                        "Intra-host communication on these workers uses the link differently \
-                         from their peers: NVLink is likely degraded or down and traffic falls \
-                         back to PCIe. Check `nvidia-smi nvlink -s` and `nvidia-smi topo -m` \
-                         on their hosts."
-                            .into(),
-                    );
+                    ""
                 }
-                if f.resource == Resource::Nic && low_mu(f) && low_sigma(f) && on_subset(f, 0.25) {
-                    return Some(
-                        "Steady low NIC throughput on these workers while their peers \
-                         fluctuate (waiting for them): a slow NIC or network link on their \
-                         hosts. Check `ibstat` / `ethtool <dev>` (speed, errors), the bond, \
-                         and the switch port or optics they connect to."
-                            .into(),
-                    );
-                }
-                if low_mu(f) {
-                    return Some(
-                        "Communication is slower with lower link utilization on these workers \
-                         than on their peers: check their links (`nvidia-smi nvlink -s`, \
-                         `ibstat`, `ethtool`) and the switch ports they use."
-                            .into(),
-                    );
-                }
-                None
-            } else if all || matches!(f.reason, Reason::Unexpected) {
-                Some(
-                    "Communication takes a large share of the critical path on all workers: \
-                     it is not overlapped with computation, or the job is network-bound. \
-                     Enable overlap (DDP bucket sizes, FSDP prefetch, async tensor \
-                     parallelism), reduce communication volume, or check the cluster's \
-                     network bandwidth (nccl-tests)."
-                        .into(),
-                )
+            )
+        });
+    }
+    if is_preprocessing(&frames) {
+        return Some(format!(
+            "CPU-heavy data preprocessing (image/array transforms) runs in the \
+                 training process: it {waits_for}. Move it into DataLoader workers \
+                 (num_workers > 0){}, or precompute it offline.",
+            if job.gpus {
+                " or onto the GPU (GPU transforms, DALI)"
             } else {
-                None
+                ""
             }
+        ));
+    }
+    if is_gc(&frames) {
+        return Some(
+            "Python garbage-collection pauses on these workers: every other worker \
+                 waits for the one collecting. Call gc.freeze() after setup and \
+                 gc.disable(), then run gc.collect() on all ranks at the same step \
+                 boundary (e.g. every 100-200 steps)."
+                .into(),
+        );
+    }
+    if !all && on_subset(f, 0.5) && f.beta.peers < f.beta.value * 0.5 {
+        return Some(
+            "Only these workers spend this time in this Python function, and every \
+                 other worker waits for them at the next collective: look for \
+                 rank-dependent work (logging, checkpointing, evaluation or extra \
+                 preprocessing on some ranks) or uneven data. If the function itself \
+                 does little (a context manager's __init__, an accessor), it is more \
+                 likely Python garbage-collection pauses landing in it (PerfTracker §6): \
+                 gc.freeze() after setup, then gc.collect() on all ranks at the same step."
+                .into(),
+        );
+    }
+    if all && job.gpus {
+        return Some(
+            "This Python function keeps the GPUs waiting on every worker: the job \
+                 is bound by CPU work in it. Profile it (py-spy, torch.profiler with \
+                 stacks), move the work to the GPU or out of the step loop, or reduce \
+                 kernel-launch overhead (torch.compile, CUDA graphs)."
+                .into(),
+        );
+    }
+    if all {
+        return Some(
+            "This Python function takes more of every worker's step than Python \
+                 code should: profile it (py-spy, torch.profiler with stacks) and move \
+                 the work out of the step loop or into vectorized operators."
+                .into(),
+        );
+    }
+    None
+}
+
+/// GPU kernels slower on some workers: throttling or uneven work.
+fn gpu_kernel_hint(f: &Finding, all: bool) -> Option<String> {
+    if is_peer(f) && !all && low_mu(f) {
+        Some(
+            "This kernel runs slower with lower SM activity on these workers than \
+                 on their peers: likely GPU throttling (power/thermal) or a degraded GPU. \
+                 Check `nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE,POWER` on their \
+                 hosts (clock throttle reasons, HW slowdown) and the DCGM/XID logs."
+                .into(),
+        )
+    } else if is_peer(f) && !all {
+        Some(
+            "This kernel takes a larger share of the critical path on these workers \
+                 than on their peers: check for uneven work (data/sequence-length \
+                 imbalance) or slower GPUs (`nvidia-smi -q -d PERFORMANCE`)."
+                .into(),
+        )
+    } else {
+        None
+    }
+}
+
+/// Communication: a degraded link on some workers, or not overlapped on all.
+fn comm_hint(f: &Finding, all: bool) -> Option<String> {
+    if is_peer(f) && !all {
+        if (f.resource == Resource::Nvlink && low_mu(f))
+            || (f.resource == Resource::Pcie && high_mu(f))
+        {
+            return Some(
+                "Intra-host communication on these workers uses the link differently \
+                     from their peers: NVLink is likely degraded or down and traffic falls \
+                     back to PCIe. Check `nvidia-smi nvlink -s` and `nvidia-smi topo -m` \
+                     on their hosts."
+                    .into(),
+            );
         }
-        FunctionKind::Memory => {
-            if all || matches!(f.reason, Reason::Unexpected) {
-                Some(
-                    "Memory operations (copies/allocation) are on the critical path: \
-                     frequent host-device transfers or allocations. Use pinned memory with \
-                     non_blocking copies, keep tensors on the GPU, avoid `.item()`/`.cpu()` \
-                     in the step loop, and check allocator churn (torch.cuda.memory_stats)."
-                        .into(),
-                )
-            } else {
-                None
-            }
+        if f.resource == Resource::Nic && low_mu(f) && low_sigma(f) && on_subset(f, 0.25) {
+            return Some(
+                "Steady low NIC throughput on these workers while their peers \
+                     fluctuate (waiting for them): a slow NIC or network link on their \
+                     hosts. Check `ibstat` / `ethtool <dev>` (speed, errors), the bond, \
+                     and the switch port or optics they connect to."
+                    .into(),
+            );
         }
-        FunctionKind::CpuOp => {
-            if f.function.to_lowercase().contains("synchronize") {
-                Some(
-                    "The GPUs idle while the CPU synchronizes: excessive synchronization \
-                     (`.item()`, `.cpu()`, `torch.cuda.synchronize()`, host-side checks). \
-                     Remove syncs from the step loop."
-                        .into(),
-                )
-            } else if !all && cpu_starved(f) {
-                Some(CPU_STARVED.into())
-            } else if is_annotation(&f.function) {
-                (all || matches!(f.reason, Reason::Unexpected)).then(|| {
-                    "This is a user-annotated region (record_function), not one operator: \
-                     its critical-path time is whatever runs inside it. Look at the findings \
-                     for the functions within it, or profile with stacks to see what it waits for."
-                        .into()
-                })
-            } else if (all || matches!(f.reason, Reason::Unexpected)) && job.gpus {
-                Some(
-                    "A CPU operator keeps the GPUs waiting: the job is CPU/launch-bound. \
-                     Check CPU affinity and contention, and reduce launch overhead \
-                     (torch.compile, CUDA graphs, larger batches)."
-                        .into(),
-                )
-            } else {
-                None
-            }
+        if low_mu(f) {
+            return Some(
+                "Communication is slower with lower link utilization on these workers \
+                     than on their peers: check their links (`nvidia-smi nvlink -s`, \
+                     `ibstat`, `ethtool`) and the switch ports they use."
+                    .into(),
+            );
         }
+        None
+    } else if all || matches!(f.reason, Reason::Unexpected) {
+        Some(
+            "Communication takes a large share of the critical path on all workers: \
+                 it is not overlapped with computation, or the job is network-bound. \
+                 Enable overlap (DDP bucket sizes, FSDP prefetch, async tensor \
+                 parallelism), reduce communication volume, or check the cluster's \
+                 network bandwidth (nccl-tests)."
+                .into(),
+        )
+    } else {
+        None
+    }
+}
+
+/// Memory operations on the critical path.
+fn memory_hint(f: &Finding, all: bool) -> Option<String> {
+    if all || matches!(f.reason, Reason::Unexpected) {
+        Some(
+            "Memory operations (copies/allocation) are on the critical path: \
+                 frequent host-device transfers or allocations. Use pinned memory with \
+                 non_blocking copies, keep tensors on the GPU, avoid `.item()`/`.cpu()` \
+                 in the step loop, and check allocator churn (torch.cuda.memory_stats)."
+                .into(),
+        )
+    } else {
+        None
+    }
+}
+
+/// CPU operators: synchronization, starvation, annotations, launch-bound jobs.
+fn cpu_op_hint(f: &Finding, job: &Job, all: bool) -> Option<String> {
+    if f.function.to_lowercase().contains("synchronize") {
+        Some(
+            "The GPUs idle while the CPU synchronizes: excessive synchronization \
+                 (`.item()`, `.cpu()`, `torch.cuda.synchronize()`, host-side checks). \
+                 Remove syncs from the step loop."
+                .into(),
+        )
+    } else if !all && cpu_starved(f) {
+        Some(CPU_STARVED.into())
+    } else if is_annotation(&f.function) {
+        (all || matches!(f.reason, Reason::Unexpected)).then(|| {
+            "This is a user-annotated region (record_function), not one operator: \
+                 its critical-path time is whatever runs inside it. Look at the findings \
+                 for the functions within it, or profile with stacks to see what it waits for."
+                .into()
+        })
+    } else if (all || matches!(f.reason, Reason::Unexpected)) && job.gpus {
+        Some(
+            "A CPU operator keeps the GPUs waiting: the job is CPU/launch-bound. \
+                 Check CPU affinity and contention, and reduce launch overhead \
+                 (torch.compile, CUDA graphs, larger batches)."
+                .into(),
+        )
+    } else {
+        None
     }
 }
 
