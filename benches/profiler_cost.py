@@ -48,7 +48,7 @@ while True:
 
 
 def profilers(a, pid, out):
-    d = str(a.on)
+    d = str(int(a.on))  # py-spy takes whole seconds
     w = [a.whyslow, "profile", "--pid", str(pid), "--hz", "99", "--duration", d]
     yield "whyslow profile (perf engine)", w + ["-o", out + "/w-perf.folded"]
     yield "whyslow profile (eBPF engine)", w + ["--engine", "ebpf", "-o", out + "/w-ebpf.folded"]
@@ -65,7 +65,7 @@ def main():
     ap.add_argument("--whyslow", default="target/release/whyslow")
     ap.add_argument("--py-spy", default=shutil.which("py-spy") or "")
     ap.add_argument("--python", default=sys.executable, help="a Python with torch for the target")
-    ap.add_argument("--on", type=float, default=6.0)
+    ap.add_argument("--on", type=int, default=6)
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--busy", type=int, default=os.cpu_count(), help="busy loops beside the target")
     a = ap.parse_args()
@@ -89,11 +89,14 @@ def main():
             diffs, cpu = [], []
             for _ in range(a.pairs):
                 off = statistics.mean(read_for(a.on))
-                p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                err = open(os.path.join(out, "stderr.txt"), "w+")
+                p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
                 on = statistics.mean(read_for(a.on))
                 _, status, ru = os.wait4(p.pid, 0)
                 if status != 0:
-                    print("| %s | failed (status %d) | |" % (name, status), flush=True)
+                    err.seek(0)
+                    why = [l.strip() for l in err.read().splitlines() if l.strip()][:1]
+                    print("| %s | failed (status %d: %s) | |" % (name, status, " ".join(why)[:150]), flush=True)
                     break
                 cpu.append((ru.ru_utime + ru.ru_stime) / a.on)
                 diffs.append((off - on) / off)
