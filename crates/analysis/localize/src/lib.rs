@@ -833,6 +833,24 @@ struct Bucket<'x, 'a, 'c, S: Source + ?Sized> {
     name: &'x str,
 }
 
+impl<S: Source + ?Sized> Bucket<'_, '_, '_, S> {
+    /// The group member index of each of the bucket's entries (sorted).
+    fn mem(&self) -> &[u32] {
+        &self.cols.member[self.lo..self.hi]
+    }
+
+    /// (β, μ, σ, critical µs) of entry `i`, as read with the bucket.
+    fn vals(&self, i: usize) -> [f64; 4] {
+        self.values[i].0
+    }
+
+    /// Entry `i`'s own pattern, from its fingerprint.
+    fn pattern(&self, i: usize) -> source::Pat<'_> {
+        let fp = self.members[self.mem()[i] as usize] as usize;
+        self.ctx.src.pattern(fp, self.cols.handle[self.lo + i])
+    }
+}
+
 /// What a (group, function) bucket says off the critical path: each
 /// worker's run time in the function as a share of its window, and μ, σ.
 struct Evidence<'x> {
@@ -1104,22 +1122,10 @@ fn resource_mu<S: Source + ?Sized>(
     is_flagged: &[bool],
     resource: Resource,
 ) -> Option<Stat> {
-    let Bucket {
-        ctx,
-        members,
-        cols,
-        values,
-        lo,
-        hi,
-        ..
-    } = *bucket;
-    let src = ctx.src;
-    let n = hi - lo;
-    let mem = &cols.member[lo..hi];
-    let handle = &cols.handle[lo..hi];
-    let fp_of = |i: usize| members[mem[i] as usize] as usize;
-    let vals = |i: usize| values[i].0;
-    let pattern = |i: usize| src.pattern(fp_of(i), handle[i]);
+    let (ctx, members) = (bucket.ctx, bucket.members);
+    let n = bucket.hi - bucket.lo;
+    let mem = bucket.mem();
+    let vals = |i: usize| bucket.vals(i);
     let r = Resource::ALL
         .iter()
         .position(|x| *x == resource)
@@ -1131,7 +1137,7 @@ fn resource_mu<S: Source + ?Sized>(
         let (mut sum, mut weight) = acc[fi as usize];
         let mut flag = false;
         if e < n && mem[e] as usize == mi {
-            let p = pattern(e);
+            let p = bucket.pattern(e);
             if p.resource == resource && p.util_source != UtilizationSource::None {
                 sum -= vals(e)[3] * vals(e)[1];
                 weight -= vals(e)[3];
@@ -1166,19 +1172,11 @@ fn finding_points<S: Source + ?Sized>(
     nf: usize,
     is_flagged: &[bool],
 ) -> Vec<WorkerPoint> {
-    let Bucket {
-        ctx,
-        members,
-        cols,
-        values,
-        lo,
-        hi,
-        ..
-    } = *bucket;
+    let (ctx, members) = (bucket.ctx, bucket.members);
     let src = ctx.src;
-    let n = hi - lo;
-    let mem = &cols.member[lo..hi];
-    let vals = |i: usize| values[i].0;
+    let n = bucket.hi - bucket.lo;
+    let mem = bucket.mem();
+    let vals = |i: usize| bucket.vals(i);
     let g = members.len();
     let cap = ctx.cfg.max_points;
     let keep_flagged = nf.min(cap);
