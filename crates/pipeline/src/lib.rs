@@ -87,6 +87,10 @@ pub enum Refusal {
     /// Nothing to judge.
     #[error("no fingerprint to judge")]
     NoEvidence,
+    /// The localization parameters cannot be used
+    /// ([`LocalizeConfig::validate`]), whichever door built them.
+    #[error("localization parameters: {0}")]
+    BadPolicy(String),
     /// The inputs come from more than one job (PerfTracker §4.3 compares
     /// the workers of one job).
     #[error(
@@ -283,6 +287,10 @@ pub fn check_traces(
 /// their columnar form ([`whyslow_localize::localize_table`]; values are
 /// read as `f32`).
 pub fn analyze_job(evidence: JobEvidence, policy: &JobPolicy) -> Result<Report, Refusal> {
+    policy
+        .localize
+        .validate()
+        .map_err(|e| Refusal::BadPolicy(e.to_string()))?;
     let JobEvidence {
         fingerprints: mut fps,
         iterations,

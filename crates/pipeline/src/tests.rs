@@ -323,3 +323,29 @@ fn the_table_finds_what_the_fingerprints_do_on_the_fixtures() {
     }
     assert!(findings >= 5, "the fixtures have findings ({findings})");
 }
+
+/// A policy whose localization parameters cannot be used is refused by
+/// `analyze_job` itself, whichever door built it (a TOML file is checked as
+/// it is read; the Python package and tests build configs in code).
+#[test]
+fn a_bad_localization_policy_is_refused_whichever_door_built_it() {
+    let bad = |edit: fn(&mut LocalizeConfig)| {
+        let mut policy = JobPolicy::default();
+        edit(&mut policy.localize);
+        analyze_job(evidence(vec![demo(0), demo(1)]), &policy)
+    };
+    for edit in [
+        (|c: &mut LocalizeConfig| c.delta = 0.0) as fn(&mut LocalizeConfig),
+        |c| c.k = f64::NAN,
+        |c| c.max_peers = 0,
+        |c| c.beta_min = -0.1,
+        |c| c.expected.get_mut(whyslow_model::FunctionKind::Python).beta = (0.5, 0.1),
+    ] {
+        match bad(edit) {
+            Err(Refusal::BadPolicy(why)) => assert!(why.contains("expected"), "{why}"),
+            other => panic!("not refused: {:?}", other.map(|r| r.findings.len())),
+        }
+    }
+    // The defaults pass.
+    assert!(bad(|_| {}).is_ok());
+}

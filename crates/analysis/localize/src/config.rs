@@ -387,6 +387,53 @@ impl LocalizeConfig {
         Ok(cfg)
     }
 
+    /// Whether the parameters can be used, whichever door built them (a TOML
+    /// file is checked as it is read, [`Self::from_toml_str`]; a config built
+    /// in code, by the Python package or a test, is checked here): the same
+    /// rules — δ > 0; k, β_min, margins, floors and effects finite and ≥ 0;
+    /// at least one peer; every expected range and override [low, high]
+    /// finite with low ≤ high; an override names a substring.
+    pub fn validate(&self) -> Result<(), LocalizeError> {
+        check_num("delta", self.delta, 0.0, true)?;
+        for (what, v) in [
+            ("k", self.k),
+            ("beta_min", self.beta_min),
+            ("min_margin", self.min_margin),
+            ("norm_floor", self.norm_floor),
+            ("zero_floor", self.zero_floor),
+            ("min_effect", self.min_effect),
+            ("min_ratio", self.min_ratio),
+            ("min_util_diff", self.min_util_diff),
+        ] {
+            check_num(what, v, 0.0, false)?;
+        }
+        if self.max_peers == 0 {
+            return Err(LocalizeError::Invalid(
+                "max_peers = 0: expected at least 1".into(),
+            ));
+        }
+        let pair = |what: String, (l, r): (f64, f64)| check_pair(&what, Some([l, r])).map(|_| ());
+        for kind in FunctionKind::ALL {
+            let e = self.expected.get(kind);
+            pair(format!("expected.{kind}.beta"), e.beta)?;
+            pair(format!("expected.{kind}.mu"), e.mu)?;
+            pair(format!("expected.{kind}.sigma"), e.sigma)?;
+        }
+        for (i, o) in self.overrides.iter().enumerate() {
+            if o.contains.is_empty() {
+                return Err(LocalizeError::Invalid(format!(
+                    "override[{i}].contains is empty: expected a substring of function names"
+                )));
+            }
+            for (what, p) in [("beta", o.beta), ("mu", o.mu), ("sigma", o.sigma)] {
+                if let Some(p) = p {
+                    pair(format!("override[{i}].{what}"), p)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// R_f of one function: the first matching override applied to its kind's range.
     pub fn range_for(&self, kind: FunctionKind, name: &str) -> ExpectedRange {
         let mut r = self.expected.get(kind);
