@@ -170,17 +170,23 @@ impl Column {
         self.index(row).map_or(0, |k| self.flags[k])
     }
 
-    /// Room for `n` more slots, so that a column whose size is known
-    /// grows in one allocation.
-    fn reserve(&mut self, n: usize) {
-        self.flags.reserve(n);
-        for v in [
+    /// The value columns (β, μ, σ, critical and total µs), which grow
+    /// together.
+    fn value_columns(&mut self) -> [&mut Vec<f32>; 5] {
+        [
             &mut self.beta,
             &mut self.mu,
             &mut self.sigma,
             &mut self.critical_us,
             &mut self.total_us,
-        ] {
+        ]
+    }
+
+    /// Room for `n` more slots, so that a column whose size is known
+    /// grows in one allocation.
+    fn reserve(&mut self, n: usize) {
+        self.flags.reserve(n);
+        for v in self.value_columns() {
             v.reserve(n);
         }
     }
@@ -199,13 +205,7 @@ impl Column {
         if k > self.flags.len() {
             // Workers between without the function: empty slots.
             self.flags.resize(k, 0);
-            for v in [
-                &mut self.beta,
-                &mut self.mu,
-                &mut self.sigma,
-                &mut self.critical_us,
-                &mut self.total_us,
-            ] {
+            for v in self.value_columns() {
                 v.resize(k, 0.0);
             }
         }
