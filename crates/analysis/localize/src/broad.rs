@@ -23,7 +23,8 @@ use whyslow_model::{
 };
 
 use crate::source::Source;
-use crate::{clean, median, LocalizeConfig};
+use crate::stats::{clean, median};
+use crate::LocalizeConfig;
 
 /// The function name of a finding of this check.
 pub const ALL_GPU_KERNELS: &str = "all GPU compute kernels";

@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 
 use whyslow_model::{Fingerprint, FunctionKind, Resource, UtilizationSource};
 
+use crate::columns::{GroupColumns, Interner};
 use crate::table::{util_of, FingerprintTable};
-use crate::{GroupColumns, Interner, LocalizeConfig};
+use crate::LocalizeConfig;
 
 /// One function pattern P_{f,w} (PerfTracker §4.2–4.3) as the localizer
 /// reads it, values widened to f64.

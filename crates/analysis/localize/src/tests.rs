@@ -1,7 +1,12 @@
 //! Tests of the localizer (PerfTracker §4.3).
 
 use super::*;
-use whyslow_model::{FunctionPattern, FINGERPRINT_FORMAT, FINGERPRINT_VERSION};
+use crate::stats::{median, median_mad, sample_indices};
+use whyslow_model::rng::SplitMix64;
+use whyslow_model::{
+    Finding, FunctionPattern, Reason, Relation, Resource, Stat, UtilizationSource,
+    FINGERPRINT_FORMAT, FINGERPRINT_VERSION,
+};
 
 /// Deterministic jitter in [-1, 1].
 fn jitter(seed: u64) -> f64 {
