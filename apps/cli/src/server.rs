@@ -3,12 +3,14 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
-use whyslow_server::{AppState, ClickHouseConfig, ClickHouseStore, SqliteStore, Store};
+use whyslow_server::objects::ObjectLocation;
+use whyslow_server::{
+    ClickHouseConfig, ClickHouseStore, Config, FixConfig, SqliteStore, StoreChoice, Tls,
+};
 
 /// `whyslow server`.
 #[derive(Args, Debug)]
@@ -120,20 +122,12 @@ impl ClickHouseArgs {
     }
 }
 
-/// The store `--data` or `--clickhouse` names, and how to say which.
-fn open_store(data: Option<&PathBuf>, ch: &ClickHouseArgs) -> Result<(Box<dyn Store>, String)> {
+/// The store `--data` or `--clickhouse` names.
+fn store_choice(data: Option<&PathBuf>, ch: &ClickHouseArgs) -> Result<StoreChoice> {
     match (data, &ch.clickhouse) {
         (Some(_), Some(_)) => anyhow::bail!("give --data DIR or --clickhouse URL, not both"),
-        (None, Some(url)) => {
-            let store = ClickHouseStore::open(ch.config(url, &ch.clickhouse_database))
-                .with_context(|| format!("opening the ClickHouse store at {url}"))?;
-            Ok((Box::new(store), format!("ClickHouse {url}, database {}", ch.clickhouse_database)))
-        }
-        (Some(dir), None) => {
-            let store = SqliteStore::open(dir)
-                .with_context(|| format!("opening the store in {}", dir.display()))?;
-            Ok((Box::new(store), format!("data {}", dir.display())))
-        }
+        (None, Some(url)) => Ok(StoreChoice::ClickHouse(ch.config(url, &ch.clickhouse_database))),
+        (Some(dir), None) => Ok(StoreChoice::Embedded(dir.clone())),
         (None, None) => anyhow::bail!(
             "--data DIR (the embedded store) or --clickhouse URL is required (where the server keeps its data)"
         ),
@@ -175,11 +169,6 @@ enum TokenCommand {
     },
 }
 
-fn open_symbols(dir: &std::path::Path) -> Result<whyslow_server::symbols::SymbolStore> {
-    whyslow_server::symbols::SymbolStore::open(dir)
-        .with_context(|| format!("opening the symbol store {}", dir.display()))
-}
-
 /// Runs `whyslow server …`.
 pub fn run(args: ServerArgs) -> Result<u8> {
     match args.command {
@@ -188,7 +177,7 @@ pub fn run(args: ServerArgs) -> Result<u8> {
             clickhouse,
             tenant,
         })) => {
-            let (store, _) = open_store(data.as_ref(), &clickhouse)?;
+            let (store, _) = store_choice(data.as_ref(), &clickhouse)?.open()?;
             let token = store.create_token(&tenant)?;
             eprintln!("whyslow: new token for tenant {tenant:?} (shown once; the server keeps only its hash):");
             println!("{token}");
@@ -242,85 +231,60 @@ pub fn run(args: ServerArgs) -> Result<u8> {
                 Err(e) => anyhow::bail!("{e}"),
             }
         }
-        None => {
-            let (store, data) = open_store(args.data.as_ref(), &args.clickhouse)?;
-            let objects = args.objects.open()?.map(Arc::new);
-            let symbols = match (&objects, &args.symbols, &args.data) {
-                (Some(o), _, _) => {
-                    // Index copies are local; per data directory, or per
-                    // process without one (tenant ids are per store).
-                    let cache = match &args.data {
-                        Some(d) => d.join("symbol-cache"),
-                        None => std::env::temp_dir()
-                            .join(format!("whyslow-symbol-cache-{}", std::process::id())),
-                    };
-                    Some(
-                        whyslow_server::symbols::SymbolStore::with_objects(
-                            o.clone(),
-                            "symbols",
-                            &cache,
-                        )
-                        .with_context(|| format!("opening the symbol store in {}", o.location()))?,
-                    )
-                }
-                (None, Some(dir), _) => Some(open_symbols(dir)?),
-                (None, None, Some(data)) => Some(open_symbols(&data.join("symbols"))?),
-                (None, None, None) => None,
-            };
-            let data = match &objects {
-                Some(o) => format!("{data}; objects in {}", o.location()),
-                None => data,
-            };
-            let fix = if args.suggest_fix {
-                anyhow::ensure!(
-                    args.llm_timeout.is_finite() && args.llm_timeout > 0.0,
-                    "--llm-timeout {}: want seconds > 0",
-                    args.llm_timeout
-                );
-                let endpoint = whyslow_pipeline::suggest::endpoint_from_env()
-                    .map_err(|e| anyhow::anyhow!("--suggest-fix: {e}"))?;
-                eprintln!(
-                    "whyslow server: session pages may ask {} at {} for fixes",
-                    endpoint.model, endpoint.base
-                );
-                Some(whyslow_server::fix::FixSetting::new(
-                    endpoint,
-                    args.source_root.clone(),
-                    args.llm_timeout,
-                    whyslow_fix::DEFAULT_MAX_CODE_BYTES,
-                ))
-            } else {
-                None
-            };
-            let state = Arc::new(AppState {
-                retention_days: args.clickhouse.retention_days,
-                compact_after_s: args.compact_after,
-                store,
-                symbols,
-                raw: objects,
-                metrics: Default::default(),
-                fix,
-                tokens: Default::default(),
-            });
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            let tls = match (&args.tls_cert, &args.tls_key) {
-                (Some(cert), Some(key)) => Some(whyslow_server::Tls {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                }),
-                _ => None,
-            };
-            let scheme = if tls.is_some() { "https" } else { "http" };
-            rt.block_on(whyslow_server::serve(state, args.listen, tls, |addr| {
-                eprintln!("whyslow: server listening on {scheme}://{addr} ({data})");
-            }))
-            .with_context(|| format!("serving on {}", args.listen))?;
-            eprintln!("whyslow: server stopped");
-            Ok(0)
-        }
+        None => serve(args),
     }
+}
+
+/// `whyslow server` without a subcommand: the service until SIGINT/SIGTERM.
+fn serve(args: ServerArgs) -> Result<u8> {
+    let fix = if args.suggest_fix {
+        let endpoint = whyslow_pipeline::suggest::endpoint_from_env()
+            .map_err(|e| anyhow::anyhow!("--suggest-fix: {e}"))?;
+        eprintln!(
+            "whyslow server: session pages may ask {} at {} for fixes",
+            endpoint.model, endpoint.base
+        );
+        Some(FixConfig {
+            endpoint,
+            source_roots: args.source_root.clone(),
+            timeout_s: args.llm_timeout,
+        })
+    } else {
+        None
+    };
+    let objects = match &args.objects.object_store {
+        Some(url) => Some(ObjectLocation::parse(
+            url,
+            args.objects.s3_endpoint.as_deref(),
+        )?),
+        None => None,
+    };
+    let config = Config {
+        store: store_choice(args.data.as_ref(), &args.clickhouse)?,
+        symbols: args.symbols.clone(),
+        objects,
+        compact_after_s: args.compact_after,
+        retention_days: args.clickhouse.retention_days,
+        fix,
+    };
+    let (state, data) = config.open()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Tls {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    rt.block_on(whyslow_server::serve(state, args.listen, tls, |addr| {
+        eprintln!("whyslow: server listening on {scheme}://{addr} ({data})");
+    }))
+    .with_context(|| format!("serving on {}", args.listen))?;
+    eprintln!("whyslow: server stopped");
+    Ok(0)
 }

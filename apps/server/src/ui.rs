@@ -759,11 +759,13 @@ async fn diff_flamegraph(
     let st = state.clone();
     match tokio::task::spawn_blocking(move || crate::diff_flamegraph(&st, t, &job, &q)).await {
         Ok(Ok(svg)) => ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response(),
-        Ok(Err((StatusCode::NOT_FOUND, e))) => not_found(&e),
-        Ok(Err((StatusCode::BAD_REQUEST, e))) => {
-            (StatusCode::BAD_REQUEST, page("Bad request", &esc(&e))).into_response()
-        }
-        Ok(Err((_, e))) => server_error(&e),
+        Ok(Err(e)) if e.status == StatusCode::NOT_FOUND => not_found(&e.message),
+        Ok(Err(e)) if e.status == StatusCode::BAD_REQUEST => (
+            StatusCode::BAD_REQUEST,
+            page("Bad request", &esc(&e.message)),
+        )
+            .into_response(),
+        Ok(Err(e)) => server_error(&e.message),
         Err(e) => server_error(&e.to_string()),
     }
 }
@@ -901,7 +903,10 @@ async fn session_fix(
     let (j, s) = (job.clone(), session.clone());
     match tokio::task::spawn_blocking(move || crate::session_fix(&st, t, &j, &s)).await {
         Ok(Ok(_)) => Redirect::to(&here).into_response(),
-        Ok(Err((code, why))) => (
+        Ok(Err(crate::ApiError {
+            status: code,
+            message: why,
+        })) => (
             code,
             page(
                 "No fix",

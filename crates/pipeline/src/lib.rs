@@ -30,6 +30,7 @@
 
 mod evidence;
 mod inputs;
+pub mod stored;
 pub mod suggest;
 pub mod verify;
 

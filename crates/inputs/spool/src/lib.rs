@@ -70,25 +70,22 @@ pub fn jsonl_records<T: serde::de::DeserializeOwned>(
             path: f.clone(),
             source,
         })?;
-        let text = String::from_utf8_lossy(&text);
-        let mut bad = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            match serde_json::from_str::<T>(line) {
-                Ok(r) => out.push(r),
-                Err(e) => bad.push(format!("line {}: {e}", n + 1)),
-            }
-        }
-        if !bad.is_empty() {
+        let mut file = whyslow_codec::JsonlValues::<T>::default();
+        file.push_batch(&String::from_utf8_lossy(&text));
+        if !file.bad.is_empty() {
             notes.push(format!(
                 "{}: {} line(s) skipped ({})",
                 f.display(),
-                bad.len(),
-                bad.into_iter().take(3).collect::<Vec<_>>().join("; ")
+                file.bad.len(),
+                file.bad
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ")
             ));
         }
+        out.append(&mut file.values);
     }
     Ok(out)
 }
