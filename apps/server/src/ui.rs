@@ -34,27 +34,20 @@ const COOKIE: &str = "whyslow_token";
 const SIGN_IN_MAX_AGE_S: u64 = 7 * 24 * 3600;
 
 fn page(title: &str, body: &str) -> Html<String> {
-    Html(format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{t} · whyslow</title><style>{STYLE}</style></head><body>\
-         <nav><a href=\"/ui/\">whyslow</a> · <a href=\"/ui/logout\">sign out</a></nav>\
-         <main><h1>{t}</h1>{body}</main></body></html>",
-        t = esc(title),
+    // One layout for every page (whyslow_report::layout): the server's
+    // pages and the command line's reports look alike.
+    use whyslow_report::layout::{self, NavLink};
+    Html(layout::page(
+        title,
+        Some("/ui/"),
+        &[
+            NavLink::new("/ui/", "Jobs"),
+            NavLink::new("/ui/logout", "Sign out"),
+        ],
+        "",
+        layout::trusted(body),
     ))
 }
-
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}\
-nav{background:#24292f;padding:.6em 1.2em}nav a{color:#fff;text-decoration:none}\
-main{padding:1em 1.5em;max-width:70em}table{border-collapse:collapse}\
-td,th{border-bottom:1px solid #ddd;padding:.35em .9em;text-align:left}\
-th{background:#f3f4f6}.muted{color:#666}.error{color:#b00020}\
-th a{color:inherit}.badge{display:inline-block;padding:.05em .5em;border-radius:.7em;\
-font-size:.85em;font-weight:600;color:#fff;background:#6b7280}.badge.hang{background:#b00020}\
-.badge.slow{background:#b45309}.badge.healthy{background:#15803d}\
-.verdict{border-left:.35em solid #6b7280;background:#f9fafb;padding:.6em 1em;margin:1em 0}\
-.verdict.hang{border-color:#b00020}.verdict.slow{border-color:#b45309}.verdict.healthy{border-color:#15803d}\
-.verdict p{margin:.3em 0}.filter{margin:.5em 0 1em}";
 
 /// A query value as a URL wants it.
 fn url_escape(s: &str) -> String {

@@ -276,8 +276,7 @@ pub fn render_diagnose_html(
     let mut body = String::new();
     let _ = write!(
         body,
-        "<h1>{}</h1><section class=\"verdict {h}\" aria-label=\"verdict\"><p><b>{}</b></p><p>Layer: <b>{}</b>{}</p></section>",
-        escape(title),
+        "<section class=\"verdict {h}\" aria-label=\"verdict\"><p class=\"headline\">{}</p><p>Layer: <b>{}</b>{}</p></section>",
         escape(&status.line),
         escape(&r.layer),
         deciding_measure(r)
@@ -355,20 +354,7 @@ pub fn render_diagnose_html(
         "<details><summary>The whole report as text (notes, every row)</summary><pre>{}</pre></details>",
         escape(summary)
     );
-    format!(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{t}</title>\
-         <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}}\
-         pre{{background:#f6f6f6;padding:1em;overflow-x:auto;white-space:pre-wrap}}\
-         table{{border-collapse:collapse;margin:.5em 0}}td,th{{border-bottom:1px solid #ddd;padding:.3em .7em;text-align:left;vertical-align:top}}\
-         th{{background:#f3f4f6}}code{{word-break:break-all}}\
-         .verdict{{border-left:.35em solid #6b7280;background:#f9fafb;padding:.6em 1em}}\
-         .verdict.slow{{border-color:#b45309}}.verdict.healthy{{border-color:#15803d}}.verdict.hang{{border-color:#b00020}}\
-         .bar{{display:inline-block;height:.7em;background:#b45309;vertical-align:middle}}.bar.peers{{background:#9ca3af}}\
-         iframe.flame{{width:100%;height:620px;border:1px solid #ccc}}</style>\
-         </head><body>{body}</body></html>\n",
-        t = escape(title)
-    )
+    crate::layout::page(title, None, &[], "", crate::layout::trusted(body))
 }
 
 /// The diagnosis as text for the terminal (and the HTML page's summary).

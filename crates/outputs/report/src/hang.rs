@@ -276,20 +276,8 @@ pub fn hang_html(title: &str, r: &HangReport) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>\
-<meta name='viewport' content='width=device-width, initial-scale=1'><title>{}</title>\
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}}\
-table{{border-collapse:collapse;margin:.5em 0}}td,th{{border-bottom:1px solid #ddd;padding:.3em .7em;text-align:left;vertical-align:top}}\
-th{{background:#f3f4f6}}pre{{background:#f6f6f6;padding:.5em;margin:.2em 0;white-space:pre-wrap}}.culprit{{color:#a00;font-weight:600}}\
-.verdict{{border-left:.35em solid #15803d;background:#f9fafb;padding:.6em 1em}}.verdict.hang{{border-color:#b00020}}\
-svg{{max-width:100%;height:auto}}</style></head><body>",
-        escape(title)
-    );
-    let _ = write!(
-        s,
-        "<h1>{}</h1><section class='verdict{}' aria-label='verdict'><p><b>{}</b></p></section>",
-        escape(title),
-        if r.hang { " hang" } else { "" },
+        "<section class='verdict{}' aria-label='verdict'><p class='headline'>{}</p></section>",
+        if r.hang { " hang" } else { " healthy" },
         escape(&r.verdict)
     );
     if !r.culprits.is_empty() {
@@ -362,6 +350,11 @@ svg{{max-width:100%;height:auto}}</style></head><body>",
         }
         s.push_str("</ul>");
     }
-    s.push_str("</body></html>\n");
-    s
+    crate::layout::page(
+        title,
+        None,
+        &[],
+        ".culprit{color:#a40e26;font-weight:600}pre{margin:.2em 0}",
+        crate::layout::trusted(s),
+    )
 }

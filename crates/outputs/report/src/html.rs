@@ -461,21 +461,17 @@ fn cdf(f: &Finding) -> String {
 }
 
 const CSS: &str = r#"
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1f2328;background:#f6f8fa}
-h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:0 0 6px;word-break:break-all}
+h2{word-break:break-all}
 .meta{color:#57606a;margin-bottom:16px}
-table{border-collapse:collapse;background:#fff;width:100%;margin-bottom:20px}
-th,td{border:1px solid #d0d7de;padding:6px 8px;text-align:left;vertical-align:top}
-th{background:#eaeef2} td.fn{word-break:break-all;max-width:420px}
+table{margin-bottom:20px}
+th,td{border:1px solid #d0d7de} td.fn{word-break:break-all;max-width:420px}
 .up{color:#cf222e;font-weight:600} .card{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:14px;margin-bottom:18px}
 .stack{color:#57606a;font-family:ui-monospace,monospace;font-size:12px;word-break:break-all}
 .hint{background:#fff8c5;border:1px solid #d4a72c;border-radius:4px;padding:8px;margin:8px 0}
-pre{background:#f6f8fa;border:1px solid #d0d7de;padding:8px;overflow:auto;font-size:12px}
 .plots{display:flex;flex-wrap:wrap;gap:12px}
 svg .tick{font-size:10px;fill:#57606a} svg .axis{font-size:11px;fill:#1f2328} svg .lbl{font-size:10px;fill:#cf222e}
 svg .ok{fill:#8c959f;fill-opacity:.6} svg .onset{font-size:11px;fill:#9a6700} svg .bad{fill:#cf222e}
 .not-measured{color:#57606a;font-style:italic;max-width:340px}
-.verdict{font-size:16px;font-weight:600;color:#cf222e}
 .glossary{margin-top:24px} .glossary dt{font-weight:600} .glossary dd{margin:0 0 6px 16px}
 .ok-msg{font-size:16px;color:#1a7f37;font-weight:600}
 .warn-msg{font-size:16px;color:#b35900;font-weight:600}
@@ -524,9 +520,16 @@ pub struct HtmlOptions {
 /// [`render_html`] with links to the files written beside the page.
 pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
     let mut out = String::new();
-    out.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>whyslow report</title><style>");
-    out.push_str(CSS);
-    out.push_str("</style></head><body>\n<h1>whyslow: why is this training job slow?</h1>\n");
+    // The verdict first (issue 46), then what it rests on.
+    let health = match report.verdict {
+        Verdict::CouldNotJudge => "unknown",
+        _ if report.findings.is_empty() => "healthy",
+        _ => "slow",
+    };
+    out.push_str(
+        &crate::layout::verdict_card(health, &crate::verdict_line(report), maud::html! {})
+            .into_string(),
+    );
     let missing = if report.missing_workers.is_empty() {
         "none".to_string()
     } else {
@@ -558,26 +561,9 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
         out.push_str(&cross_layer_section(d, opts.diagnosis_file.as_deref()));
     }
     out.push_str(&fix_section(report));
-    if report.verdict == Verdict::CouldNotJudge {
-        let _ = writeln!(
-            out,
-            r#"<p class="warn-msg">{}</p>"#,
-            escape(&crate::verdict_line(report))
-        );
-        out.push_str(&iteration_section(report));
-    } else if report.findings.is_empty() {
-        let _ = writeln!(
-            out,
-            r#"<p class="ok-msg">{}</p>"#,
-            escape(&crate::verdict_line(report))
-        );
+    if report.findings.is_empty() || report.verdict == Verdict::CouldNotJudge {
         out.push_str(&iteration_section(report));
     } else {
-        let _ = writeln!(
-            out,
-            r#"<p class="verdict">{}</p>"#,
-            escape(&crate::verdict_line(report))
-        );
         out.push_str(&findings_table(report));
         out.push_str(&iteration_section(report));
         let via = divergent_frames(&report.findings);
@@ -593,8 +579,14 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
         out.push_str("</ul>\n");
     }
     out.push_str(GLOSSARY);
-    out.push_str("<p class=\"meta\">Method: PerfTracker §4.3 (expected ranges and differential distance over runtime behavior patterns β, μ, σ).</p>\n</body></html>\n");
-    out
+    out.push_str("<p class=\"meta\">Method: PerfTracker §4.3 (expected ranges and differential distance over runtime behavior patterns β, μ, σ).</p>\n");
+    crate::layout::page(
+        "Why is this training job slow?",
+        None,
+        &[],
+        CSS,
+        crate::layout::trusted(out),
+    )
 }
 
 /// The model's proposal (`--suggest-fix`) or why there is none.

@@ -14,6 +14,7 @@ pub mod flows;
 mod format;
 pub mod hang;
 mod html;
+pub mod layout;
 mod lines;
 mod perfetto;
 pub mod status;

@@ -26,13 +26,8 @@ pub fn render_lines_page(
     y_label: &str,
 ) -> String {
     let svg = line_chart_svg(series, x_label, y_label);
-    format!(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{t}</title>\
-         <style>body{{font-family:sans-serif;margin:2em}}pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style>\
-         </head><body><h1>{t}</h1><pre>{s}</pre>{svg}</body></html>\n",
-        t = escape(title),
-        s = escape(summary)
-    )
+    let body = format!("<pre>{}</pre>{svg}", escape(summary));
+    crate::layout::page(title, None, &[], "", crate::layout::trusted(body))
 }
 
 /// A line chart of `series` as one inline SVG element (flagged series red

@@ -355,7 +355,7 @@ fn html_says_not_measured_instead_of_plotting_zero_utilization() {
     assert!(h.contains("utilization not measured: no μ/σ plots"), "{h}");
     assert!(h.contains("What β, μ, σ and the reasons mean"));
     assert!(
-        h.contains(r#"<p class="verdict">Rank 3 is slow: aten::mm takes "#),
+        h.contains(r#"<section class="verdict slow" aria-label="verdict"><p class="headline">Rank 3 is slow: aten::mm takes "#),
         "{h}"
     );
 }
