@@ -400,7 +400,7 @@ fn a_late_ranks_softirq_load_is_the_os_layer_and_plain_lateness_is_unexplained()
         );
         assert!(
             html[verdict..]
-                .starts_with("class=\"verdict slow\" aria-label=\"verdict\"><p><b>Rank 1 is late")
+                .starts_with("class=\"verdict slow\" aria-label=\"verdict\"><p class=\"headline\">Rank 1 is late")
                 && html.contains("Layer: <b>os</b> — softirq_NET_RX_per_cpu_s on rank 1: "),
             "{}",
             &html[verdict..verdict + 600]
