@@ -7,7 +7,6 @@
 //! stored twice).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -73,8 +72,8 @@ async fn archive(
     })
     .await?;
     let m = &state.metrics;
-    m.raw_archived.fetch_add(1, Ordering::Relaxed);
-    m.raw_archived_bytes.fetch_add(len, Ordering::Relaxed);
+    m.raw_archived.inc();
+    m.raw_archived_bytes.inc_by(len);
     Ok(())
 }
 
@@ -113,8 +112,8 @@ pub async fn post_fingerprint(
     })
     .await?;
     let m = &state.metrics;
-    m.fingerprints.fetch_add(1, Ordering::Relaxed);
-    m.fingerprint_bytes.fetch_add(len, Ordering::Relaxed);
+    m.fingerprints.inc();
+    m.fingerprint_bytes.inc_by(len);
     Ok((
         StatusCode::CREATED,
         Json(json!({ "job": job.as_str(), "session": session.as_str(), "worker": worker })),
@@ -187,12 +186,11 @@ pub async fn post_profile(
     let stored = blocking(move || Ok(st.store.put_profile(t, &j, &m, &bytes)?)).await?;
     let m = &state.metrics;
     if stored {
-        m.profiles.fetch_add(1, Ordering::Relaxed);
-        m.profile_bytes
-            .fetch_add(body.len() as u64, Ordering::Relaxed);
-        m.profile_samples.fetch_add(meta.samples, Ordering::Relaxed);
+        m.profiles.inc();
+        m.profile_bytes.inc_by(body.len() as u64);
+        m.profile_samples.inc_by(meta.samples);
     } else {
-        m.profile_duplicates.fetch_add(1, Ordering::Relaxed);
+        m.profile_duplicates.inc();
     }
     Ok((
         stored_status(stored),
@@ -277,7 +275,7 @@ async fn post_text_batch(
     let kind = how.store_as;
     let stored = blocking(move || Ok(st.store.put_batch(t, &j, kind, &b, &text)?)).await?;
     if stored {
-        counter_of(&state, how.store_as).fetch_add(parsed.items, Ordering::Relaxed);
+        counter_of(&state, how.store_as).inc_by(parsed.items);
     }
     let mut answer = parsed.summary;
     if let Some(o) = answer.as_object_mut() {
@@ -288,7 +286,7 @@ async fn post_text_batch(
     Ok((stored_status(stored), Json(answer)))
 }
 
-fn counter_of(state: &AppState, kind: BatchKind) -> &AtomicU64 {
+fn counter_of(state: &AppState, kind: BatchKind) -> &prometheus_client::metrics::counter::Counter {
     let m = &state.metrics;
     match kind {
         BatchKind::Collectives => &m.collective_records,
@@ -447,7 +445,7 @@ pub async fn put_symbol_part(
             Json(json!({ "complete": false, "received": received, "of": of })),
         ),
         symbols::PartStatus::Indexed { symbols } => {
-            state.metrics.symbol_files.fetch_add(1, Ordering::Relaxed);
+            state.metrics.symbol_files.inc();
             (
                 StatusCode::CREATED,
                 Json(json!({ "complete": true, "symbols": symbols })),

@@ -24,7 +24,7 @@
 //! - `GET /api/v1/functions?kind=&jobs=&from=&to=&base_from=&base_to=` —
 //!   the tenant's top functions by share over a time range across its jobs,
 //!   with the change against a baseline range, answered by the store;
-//! - `GET /healthz`, `GET /metrics` (Prometheus text) and
+//! - `GET /healthz`, `GET /metrics` (OpenMetrics text) and
 //!   `GET /api/v1/openapi.json` (this API's OpenAPI 3 description,
 //!   `api/openapi.json`) need no token.
 //!

@@ -1,161 +1,101 @@
-//! The service's own counters on `/metrics` (Prometheus text), beside the
-//! per-job gauges of [`crate::verdicts`]: requests by outcome, counted once
-//! for every `/api` request by [`count_requests`], and what was ingested.
+//! The service's own counters on `/metrics`, beside the per-job gauges of
+//! [`crate::verdicts`]: requests by outcome, counted once for every `/api`
+//! request by [`count_requests`], and what was ingested. Encoded by
+//! `prometheus-client` (OpenMetrics text; names, help and label values
+//! escaped by the library, not by hand).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use crate::{verdicts, AppState};
 
-/// Counters exported on `/metrics`.
+/// Counters exported on `/metrics` (each `NAME_total`).
 #[derive(Debug, Default)]
 pub struct Metrics {
-    pub(crate) requests: AtomicU64,
-    pub(crate) unauthorized: AtomicU64,
-    pub(crate) not_found: AtomicU64,
-    pub(crate) bad_requests: AtomicU64,
-    pub(crate) server_errors: AtomicU64,
-    pub(crate) fingerprints: AtomicU64,
-    pub(crate) fingerprint_bytes: AtomicU64,
-    pub(crate) reports: AtomicU64,
-    pub(crate) profiles: AtomicU64,
-    pub(crate) profile_bytes: AtomicU64,
-    pub(crate) profile_samples: AtomicU64,
-    pub(crate) profile_duplicates: AtomicU64,
-    pub(crate) symbol_files: AtomicU64,
-    pub(crate) collective_records: AtomicU64,
-    pub(crate) os_readings: AtomicU64,
-    pub(crate) flow_analyses: AtomicU64,
-    pub(crate) hang_reports: AtomicU64,
-    pub(crate) raw_archived: AtomicU64,
-    pub(crate) raw_archived_bytes: AtomicU64,
-    pub(crate) profiles_compacted: AtomicU64,
-    pub(crate) compactions: AtomicU64,
+    pub(crate) requests: Counter,
+    pub(crate) unauthorized: Counter,
+    pub(crate) not_found: Counter,
+    pub(crate) bad_requests: Counter,
+    pub(crate) server_errors: Counter,
+    pub(crate) fingerprints: Counter,
+    pub(crate) fingerprint_bytes: Counter,
+    pub(crate) reports: Counter,
+    pub(crate) profiles: Counter,
+    pub(crate) profile_bytes: Counter,
+    pub(crate) profile_samples: Counter,
+    pub(crate) profile_duplicates: Counter,
+    pub(crate) symbol_files: Counter,
+    pub(crate) collective_records: Counter,
+    pub(crate) os_readings: Counter,
+    pub(crate) flow_analyses: Counter,
+    pub(crate) hang_reports: Counter,
+    pub(crate) raw_archived: Counter,
+    pub(crate) raw_archived_bytes: Counter,
+    pub(crate) profiles_compacted: Counter,
+    pub(crate) compactions: Counter,
     /// What was concluded of each job (per-job gauges).
     pub jobs: verdicts::JobVerdicts,
 }
 
 impl Metrics {
-    fn render(&self) -> String {
-        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut s = String::new();
+    /// The counters, the embedded store's segment usage (`bytes`, `files`)
+    /// and the jobs' gauges, as OpenMetrics text.
+    pub fn render(&self, (bytes, files): (u64, u64)) -> String {
+        let mut registry = Registry::default();
+        // Registered without `_total`: the library adds it to counters.
+        for (name, help, counter) in [
+            ("whyslow_server_requests", "HTTP requests served", &self.requests),
+            ("whyslow_server_unauthorized", "requests refused for a missing or unknown token", &self.unauthorized),
+            ("whyslow_server_not_found", "requests for jobs or sessions the tenant does not have", &self.not_found),
+            ("whyslow_server_bad_requests", "requests with a body or name that could not be used", &self.bad_requests),
+            ("whyslow_server_errors", "requests that failed inside the server", &self.server_errors),
+            ("whyslow_server_fingerprints_ingested", "fingerprints stored", &self.fingerprints),
+            ("whyslow_server_fingerprint_bytes", "bytes of fingerprints stored", &self.fingerprint_bytes),
+            ("whyslow_server_reports", "reports computed", &self.reports),
+            ("whyslow_server_profiles_ingested", "stack profiles stored", &self.profiles),
+            ("whyslow_server_profile_bytes", "bytes of stack profiles stored (as uploaded)", &self.profile_bytes),
+            ("whyslow_server_profile_samples", "samples in the stack profiles stored", &self.profile_samples),
+            ("whyslow_server_profile_duplicates", "profile uploads whose batch was stored before (retries)", &self.profile_duplicates),
+            ("whyslow_server_symbol_files_indexed", "uploaded ELF files indexed for symbols", &self.symbol_files),
+            ("whyslow_server_collective_records_ingested", "collective records stored (the agents' gloo and NCCL tracers)", &self.collective_records),
+            ("whyslow_server_os_readings_ingested", "OS signal readings stored (the agents' OS and TCP counters)", &self.os_readings),
+            ("whyslow_server_flow_analyses_ingested", "flow analyses stored (`whyslow flows analyze --format json`)", &self.flow_analyses),
+            ("whyslow_server_hang_reports_ingested", "hang reports stored (the online package's, after a stall)", &self.hang_reports),
+            ("whyslow_server_raw_uploads_archived", "uploads kept as they came in the object store (--object-store)", &self.raw_archived),
+            ("whyslow_server_raw_upload_bytes_archived", "bytes of uploads kept in the object store", &self.raw_archived_bytes),
+            ("whyslow_server_profiles_compacted", "stack profiles moved into columnar segments (the embedded store)", &self.profiles_compacted),
+            ("whyslow_server_compactions", "columnar segments written (the embedded store) or hourly profile rollups computed (ClickHouse)", &self.compactions),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
         for (name, help, v) in [
             (
-                "whyslow_server_requests_total",
-                "HTTP requests served",
-                c(&self.requests),
+                "whyslow_server_segment_bytes",
+                "bytes of the columnar profile segments on disk (the embedded store)",
+                bytes,
             ),
             (
-                "whyslow_server_unauthorized_total",
-                "requests refused for a missing or unknown token",
-                c(&self.unauthorized),
-            ),
-            (
-                "whyslow_server_not_found_total",
-                "requests for jobs or sessions the tenant does not have",
-                c(&self.not_found),
-            ),
-            (
-                "whyslow_server_bad_requests_total",
-                "requests with a body or name that could not be used",
-                c(&self.bad_requests),
-            ),
-            (
-                "whyslow_server_errors_total",
-                "requests that failed inside the server",
-                c(&self.server_errors),
-            ),
-            (
-                "whyslow_server_fingerprints_ingested_total",
-                "fingerprints stored",
-                c(&self.fingerprints),
-            ),
-            (
-                "whyslow_server_fingerprint_bytes_total",
-                "bytes of fingerprints stored",
-                c(&self.fingerprint_bytes),
-            ),
-            (
-                "whyslow_server_reports_total",
-                "reports computed",
-                c(&self.reports),
-            ),
-            (
-                "whyslow_server_profiles_ingested_total",
-                "stack profiles stored",
-                c(&self.profiles),
-            ),
-            (
-                "whyslow_server_profile_bytes_total",
-                "bytes of stack profiles stored (as uploaded)",
-                c(&self.profile_bytes),
-            ),
-            (
-                "whyslow_server_profile_samples_total",
-                "samples in the stack profiles stored",
-                c(&self.profile_samples),
-            ),
-            (
-                "whyslow_server_profile_duplicates_total",
-                "profile uploads whose batch was stored before (retries)",
-                c(&self.profile_duplicates),
-            ),
-            (
-                "whyslow_server_symbol_files_indexed_total",
-                "uploaded ELF files indexed for symbols",
-                c(&self.symbol_files),
-            ),
-            (
-                "whyslow_server_collective_records_ingested_total",
-                "collective records stored (the agents' gloo and NCCL tracers)",
-                c(&self.collective_records),
-            ),
-            (
-                "whyslow_server_os_readings_ingested_total",
-                "OS signal readings stored (the agents' OS and TCP counters)",
-                c(&self.os_readings),
-            ),
-            (
-                "whyslow_server_flow_analyses_ingested_total",
-                "flow analyses stored (`whyslow flows analyze --format json`)",
-                c(&self.flow_analyses),
-            ),
-            (
-                "whyslow_server_hang_reports_ingested_total",
-                "hang reports stored (the online package's, after a stall)",
-                c(&self.hang_reports),
-            ),
-            (
-                "whyslow_server_raw_uploads_archived_total",
-                "uploads kept as they came in the object store (--object-store)",
-                c(&self.raw_archived),
-            ),
-            (
-                "whyslow_server_raw_upload_bytes_archived_total",
-                "bytes of uploads kept in the object store",
-                c(&self.raw_archived_bytes),
-            ),
-            (
-                "whyslow_server_profiles_compacted_total",
-                "stack profiles moved into columnar segments (the embedded store)",
-                c(&self.profiles_compacted),
-            ),
-            (
-                "whyslow_server_compactions_total",
-                "columnar segments written (the embedded store) or hourly profile rollups computed (ClickHouse)",
-                c(&self.compactions),
+                "whyslow_server_segment_files",
+                "columnar profile segment files on disk (the embedded store)",
+                files,
             ),
         ] {
-            s.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
-            ));
+            let gauge: Gauge = Gauge::default();
+            gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
+            registry.register(name, help, gauge);
         }
-        self.jobs.render(&mut s);
-        s
+        self.jobs.register(&mut registry);
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut text, &registry);
+        text
     }
 }
 
@@ -177,12 +117,12 @@ pub async fn count_requests(
 impl Metrics {
     /// One report computed.
     pub fn count_report(&self) {
-        self.reports.fetch_add(1, Ordering::Relaxed);
+        self.reports.inc();
     }
 
     /// One request answered with `status`.
     pub fn count(&self, status: StatusCode) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.requests.inc();
         let counter = match status {
             StatusCode::UNAUTHORIZED => &self.unauthorized,
             StatusCode::NOT_FOUND => &self.not_found,
@@ -190,32 +130,21 @@ impl Metrics {
             c if c.is_server_error() => &self.server_errors,
             _ => return,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.inc();
     }
 }
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let st = state.clone();
-    let (bytes, files) = tokio::task::spawn_blocking(move || st.store.segment_usage())
+    let usage = tokio::task::spawn_blocking(move || st.store.segment_usage())
         .await
         .unwrap_or_default();
-    let mut text = state.metrics.render();
-    for (name, help, v) in [
-        (
-            "whyslow_server_segment_bytes",
-            "bytes of the columnar profile segments on disk (the embedded store)",
-            bytes,
-        ),
-        (
-            "whyslow_server_segment_files",
-            "columnar profile segment files on disk (the embedded store)",
-            files,
-        ),
-    ] {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
-        ));
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(usage),
+    )
 }

@@ -6,7 +6,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::objects::{ObjectLocation, Objects};
@@ -251,8 +250,8 @@ pub async fn serve(
             match tokio::task::spawn_blocking(move || st.store.compact(before)).await {
                 Ok(Ok((moved, written))) => {
                     let m = &compactor.metrics;
-                    m.profiles_compacted.fetch_add(moved, Ordering::Relaxed);
-                    m.compactions.fetch_add(written, Ordering::Relaxed);
+                    m.profiles_compacted.inc_by(moved);
+                    m.compactions.inc_by(written);
                 }
                 Ok(Err(e)) => eprintln!("whyslow: compacting profiles failed: {e}"),
                 Err(_) => {}

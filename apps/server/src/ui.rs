@@ -13,7 +13,6 @@
 //! reads the token from the fragment, which browsers never send to a server
 //! (it stays out of access logs), and submits the form.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::{Form, Path as UrlPath, Query, State};
@@ -176,11 +175,11 @@ struct LoginForm {
 }
 
 async fn login_post(State(state): State<Arc<AppState>>, Form(f): Form<LoginForm>) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.requests.inc();
     let next = safe_next(f.next.as_deref());
     let token = f.token.trim().to_string();
     if token.is_empty() || token.len() > 256 || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+        state.metrics.unauthorized.inc();
         return (
             StatusCode::UNAUTHORIZED,
             login_form(&next, Some("That is not a token.")),
@@ -206,7 +205,7 @@ async fn login_post(State(state): State<Arc<AppState>>, Form(f): Form<LoginForm>
         )
             .into_response(),
         Ok(Ok(None)) => {
-            state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+            state.metrics.unauthorized.inc();
             (
                 StatusCode::UNAUTHORIZED,
                 login_form(&next, Some("Unknown token.")),
@@ -262,7 +261,7 @@ async fn jobs_page(
     Query(query): Query<JobsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.requests.inc();
     let t = match signed_in(&state, &headers, "/ui/").await {
         Ok(t) => t,
         Err(r) => return r,
@@ -494,7 +493,7 @@ async fn diagnosis_page(
     Query(q): Query<crate::DiagnosisQuery>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.requests.inc();
     if store::check_name("job", &job).is_err() {
         return not_found("No such job.");
     }
@@ -525,7 +524,7 @@ async fn job_page(
     UrlPath(job): UrlPath<String>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.requests.inc();
     if store::check_name("job", &job).is_err() {
         return not_found("No such job.");
     }
@@ -707,7 +706,7 @@ async fn flows_perfetto(
     UrlPath(job): UrlPath<String>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.requests.inc();
     if store::check_name("job", &job).is_err() {
         return not_found("No such job.");
     }
@@ -741,7 +740,7 @@ async fn diff_flamegraph(
     Query(q): Query<crate::DiffQuery>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.requests.inc();
     if store::check_name("job", &job).is_err() {
         return not_found("No such job.");
     }
@@ -769,7 +768,7 @@ async fn flamegraph(
     Query(q): Query<crate::FlameQuery>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.requests.inc();
     if store::check_name("job", &job).is_err() {
         return not_found("No such job.");
     }
@@ -799,7 +798,7 @@ async fn session_page(
     UrlPath((job, session)): UrlPath<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.requests.inc();
     if store::check_name("job", &job).is_err() || store::check_name("session", &session).is_err() {
         return not_found("No such session.");
     }
@@ -841,7 +840,7 @@ async fn session_page(
         }
         Err(e) => return server_error(&e.to_string()),
     };
-    state.metrics.reports.fetch_add(1, Ordering::Relaxed);
+    state.metrics.reports.inc();
     let html = whyslow_report::render_html(&report);
     // The report is a whole page; the UI's bar goes on top of it.
     // The fix button: only where the operator configured a model; it posts
@@ -883,7 +882,7 @@ async fn session_fix(
     UrlPath((job, session)): UrlPath<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    state.metrics.requests.inc();
     if store::check_name("job", &job).is_err() || store::check_name("session", &session).is_err() {
         return not_found("No such session.");
     }

@@ -6,10 +6,17 @@
 //! recently, none older than [`JOB_SERIES_TTL`].
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
+use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use whyslow_model::diagnosis::DiagnoseReport;
 use whyslow_model::hang::HangReport;
 use whyslow_model::Report;
@@ -140,13 +147,25 @@ impl JobVerdicts {
             .unwrap_or(false)
     }
 
-    /// The gauges in Prometheus' text format (their HELP and TYPE even
-    /// without a job, so rules and dashboards can be checked against them).
-    pub fn render(&self, out: &mut String) {
+    /// Registers the gauges, one series per job concluded of (their HELP
+    /// and TYPE even without a job, so rules and dashboards can be checked
+    /// against them).
+    pub fn register(&self, registry: &mut Registry) {
         let jobs = self.jobs.lock().map(|j| j.clone()).unwrap_or_default();
+        registry.register_collector(Box::new(JobGauges(jobs)));
+    }
+}
+
+/// The gauges of a snapshot of the verdicts, encoded as a collector: a
+/// registered family without series would leave out its HELP.
+#[derive(Debug)]
+struct JobGauges(BTreeMap<(i64, String), Verdict>);
+
+impl Collector for JobGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         for (i, (name, help)) in GAUGES.iter().enumerate() {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for ((tenant, job), v) in &jobs {
+            let family = Family::<JobLabels, Gauge<f64, AtomicU64>>::default();
+            for ((tenant, job), v) in &self.0 {
                 let value = match i {
                     0 => v.findings.map(|n| n as f64),
                     1 => v.stragglers.map(|n| n as f64),
@@ -154,22 +173,48 @@ impl JobVerdicts {
                     _ => v.slowdown,
                 };
                 if let Some(x) = value {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{tenant=\"{tenant}\",job=\"{}\"}} {x}",
-                        escape(job)
-                    );
+                    let labels = JobLabels {
+                        tenant: *tenant,
+                        job: Escaped(job.clone()),
+                    };
+                    family.get_or_create(&labels).set(x);
                 }
             }
+            let metric = encoder.encode_descriptor(name, help, None, family.metric_type())?;
+            family.encode(metric)?;
         }
+        Ok(())
     }
 }
 
-/// A label value as Prometheus' text format wants it.
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// A job's series: its tenant and name.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobLabels {
+    tenant: i64,
+    job: Escaped,
+}
+
+/// A label value escaped as the text formats want (`\\`, `\"`, `\n`):
+/// prometheus-client writes label values as given
+/// (prometheus/client_rust#151). Job names are checked at the edge and
+/// cannot hold these characters today; the series stays parseable if that
+/// ever changes.
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+struct Escaped(String);
+
+impl EncodeLabelValue for Escaped {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -179,16 +224,18 @@ mod tests {
     #[test]
     fn gauges_are_bounded_and_render() {
         let v = JobVerdicts::default();
-        v.hang(1, "j\"1", true);
+        v.hang(1, "j\"1\\\n", true);
         v.update(1, "j2", |x| x.stragglers = Some(0));
+        let mut registry = Registry::default();
+        v.register(&mut registry);
         let mut text = String::new();
-        v.render(&mut text);
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
-            text.contains("whyslow_job_hang{tenant=\"1\",job=\"j\\\"1\"} 1"),
+            text.contains(r#"whyslow_job_hang{tenant="1",job="j\"1\\\n"} 1.0"#),
             "{text}"
         );
         assert!(
-            text.contains("whyslow_job_straggler_ranks{tenant=\"1\",job=\"j2\"} 0"),
+            text.contains("whyslow_job_straggler_ranks{tenant=\"1\",job=\"j2\"} 0.0"),
             "{text}"
         );
         assert!(text.contains("# TYPE whyslow_job_findings gauge"));
