@@ -13,7 +13,6 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 
 use whyslow_flows::{FlowConfig, FlowRecord};
-use whyslow_report::LineSeries;
 
 /// Flow subcommands.
 #[derive(Subcommand, Debug)]
@@ -120,21 +119,7 @@ fn analyze(args: FlowsAnalyzeArgs) -> Result<u8> {
     }
     let table = whyslow_report::flows::render_table(&report);
     if let Some(path) = &args.html {
-        let series: Vec<LineSeries> = whyslow_report::flows::switch_bandwidth_series(&report)
-            .into_iter()
-            .map(|s| LineSeries {
-                label: s.switch,
-                flagged: s.flagged,
-                points: s.points,
-            })
-            .collect();
-        let page = whyslow_report::render_lines_page(
-            "whyslow flows: mean DP bandwidth per switch",
-            &table,
-            &series,
-            "time since window start (s)",
-            "mean DP bandwidth (Gb/s)",
-        );
+        let page = whyslow_report::flows::render_html("whyslow flows", &report);
         fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
     }
     let mut out = io::stdout().lock();

@@ -494,3 +494,41 @@ fn the_demo_names_rank_2_first_at_the_line_the_shipped_file_has() {
     assert!(!text.contains("the file has changed since"), "{text}");
     assert!(text.contains(&format!("train.py:{line}\n")), "{text}");
 }
+
+/// Issue 46: the flows page leads with its verdict, dates instead of raw
+/// microseconds, the findings before the jobs they were judged from.
+#[test]
+fn the_flows_page_leads_with_its_findings_in_dates() {
+    let dir = whyslow_testkit::temp_dir("flows-page");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/flows/testbed-slow-uplink-50mbit");
+    let page = dir.path().join("flows.html");
+    let out = whyslow(&[
+        "flows",
+        "analyze",
+        fixture.join("flows.csv.gz").to_str().unwrap(),
+        "--topology",
+        fixture.join("topology.json").to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    let verdict = html
+        .find(r#"<section class="verdict slow" aria-label="verdict">"#)
+        .expect("a verdict card");
+    let findings = html.find("<h2>Findings</h2>").expect("findings");
+    let jobs = html
+        .find("<h2>Training jobs found in the flows</h2>")
+        .expect("jobs");
+    assert!(verdict < findings && findings < jobs, "{html}");
+    assert!(html.contains("link leaf0&lt;-&gt;spine"), "{html}");
+    assert!(
+        html.contains(" UTC</td>"),
+        "dates in the findings table: {html}"
+    );
+}

@@ -43,7 +43,7 @@ fn page(title: &str, body: &str) -> Html<String> {
             NavLink::new("/ui/", "Jobs"),
             NavLink::new("/ui/logout", "Sign out"),
         ],
-        "",
+        whyslow_report::hang::HANG_CSS,
         layout::trusted(body),
     ))
 }
@@ -659,13 +659,16 @@ async fn job_page(
 /// per-rank timelines as a Perfetto file (Fig. 4).
 fn hang_section(r: &whyslow_model::hang::HangReport) -> String {
     format!(
-        "<h2>Hang</h2><p class=\"muted\">The latest hang report of this job: after a stall          (no iteration for 5× the mean, PerfTracker §4.1) every rank's stacks and Flight          Recorder dump, and the ranks the others wait for (<code>whyslow hang</code>).</p>          <p><b>{verdict}</b></p>{graph}<pre>{table}</pre>",
-        verdict = esc(&r.verdict),
-        graph = whyslow_report::hang::waits_for_svg(r),
-        table = esc(&whyslow_report::hang::hang_table(r)),
+        "<h2>Hang</h2><p class=\"muted\">The latest hang report of this job: after a stall \
+         (no iteration for 5× the mean, PerfTracker §4.1) every rank's stacks and Flight \
+         Recorder dump, and the ranks the others wait for (<code>whyslow hang</code>).</p>{}",
+        whyslow_report::hang::hang_html_body(r)
     )
 }
 
+/// The job's latest flow analysis (LLMPrism): its findings first, with
+/// dates, then the jobs and their steps, the per-switch DP bandwidth plot
+/// (Fig. 5) and the per-rank timelines as a Perfetto file (Fig. 4).
 fn flows_section(job: &str, text: &str) -> String {
     let report = match crate::parse_flow_report(text) {
         Ok(r) => r,
@@ -676,28 +679,14 @@ fn flows_section(job: &str, text: &str) -> String {
             )
         }
     };
-    let series: Vec<whyslow_report::LineSeries> =
-        whyslow_report::flows::switch_bandwidth_series(&report)
-            .into_iter()
-            .map(|s| whyslow_report::LineSeries {
-                label: s.switch,
-                flagged: s.flagged,
-                points: s.points,
-            })
-            .collect();
-    let plot = if series.is_empty() {
-        String::new()
-    } else {
-        whyslow_report::line_chart_svg(
-            &series,
-            "time since window start (s)",
-            "mean DP bandwidth (Gb/s)",
-        )
-    };
     format!(
-        "<h2>Flows</h2><p class=\"muted\">The latest flow analysis uploaded for this job          (<code>whyslow flows analyze --format json</code>, LLMPrism): the training jobs and          their ranks found in the switches' flow records, their steps, and the switches or links          that slow them. <a href=\"/ui/jobs/{j}/flows.perfetto.json\" download>Per-rank          timelines</a> (open in <a href=\"https://ui.perfetto.dev\">ui.perfetto.dev</a>).</p>         <pre>{table}</pre>{plot}",
+        "<h2>Flows</h2><p class=\"muted\">The latest flow analysis uploaded for this job \
+         (<code>whyslow flows analyze --format json</code>, LLMPrism): the training jobs and \
+         their ranks found in the switches' flow records, their steps, and the switches or links \
+         that slow them. <a href=\"/ui/jobs/{j}/flows.perfetto.json\" download>Per-rank \
+         timelines</a> (open in <a href=\"https://ui.perfetto.dev\">ui.perfetto.dev</a>).</p>{body}",
         j = esc(job),
-        table = esc(&whyslow_report::flows::render_table(&report)),
+        body = whyslow_report::flows::render_html_body(&report).into_string(),
     )
 }
 

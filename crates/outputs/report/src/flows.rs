@@ -259,3 +259,139 @@ fn render_findings(s: &mut String, report: &FlowReport) {
         }
     }
 }
+
+/// The flow analysis as a page body (issue 46): the verdict card first
+/// (the findings, with dates), then the findings table, the jobs found
+/// with their step periods, the per-switch DP bandwidth (LLMPrism Fig. 5),
+/// each job's ranks collapsed, and the text report collapsed last. The
+/// CLI's `flows --html` and the server's job page both draw this.
+pub fn render_html_body(report: &FlowReport) -> maud::Markup {
+    use maud::html;
+    let when = |f: &whyslow_model::flow::FlowFinding| match (f.start_us, f.end_us) {
+        (Some(a), Some(b)) => whyslow_model::time::utc_span(a, b),
+        (Some(a), None) => whyslow_model::time::utc_ms(a),
+        _ => String::new(),
+    };
+    let (health, headline) = if let Some(why) = &report.could_not_judge {
+        ("unknown", format!("Could not judge: {why}."))
+    } else if report.findings.is_empty() {
+        (
+            "healthy",
+            format!(
+                "No slow step, group or switch in {} flows of {} job(s).",
+                report.flows,
+                report.jobs.len()
+            ),
+        )
+    } else {
+        let first = &report.findings[0];
+        (
+            "slow",
+            format!(
+                "{} finding(s); first: {} — {}",
+                report.findings.len(),
+                first.subject,
+                first.reason
+            ),
+        )
+    };
+    let window = format!(
+        "{} flows from {} ({} duplicate switch reports merged, {} control messages left out)",
+        report.flows,
+        whyslow_model::time::utc_span(report.window_start_us, report.window_end_us),
+        report.merged_duplicates,
+        report.control_flows
+    );
+    let series: Vec<crate::LineSeries> = switch_bandwidth_series(report)
+        .into_iter()
+        .map(|s| crate::LineSeries {
+            label: s.switch,
+            flagged: s.flagged,
+            points: s.points,
+        })
+        .collect();
+    html! {
+        (crate::layout::verdict_card(health, &headline, html! { p.muted { (window) } }))
+        @if !report.findings.is_empty() {
+            h2 { "Findings" }
+            table {
+                tr { th { "level" } th { "subject" } th { "why" } th { "when (UTC)" } }
+                @for f in &report.findings {
+                    tr {
+                        td { (finding_level(f.level)) }
+                        td { (f.subject) }
+                        td { (f.reason) }
+                        td { (when(f)) }
+                    }
+                }
+            }
+        }
+        @if !report.jobs.is_empty() {
+            h2 { "Training jobs found in the flows" }
+            table {
+                tr { th { "job" } th { "ranks" } th { "machines" } th { "step period" } th { "DP / PP pairs" } }
+                @for j in &report.jobs {
+                    tr {
+                        td { (j.id) }
+                        td { (j.members.len()) }
+                        td { (j.machines.len()) }
+                        td { @match j.step_us { Some(us) => (format!("{:.3} ms", us / 1e3)), None => "-" } }
+                        td { (pairs_of(report, j.id, PairType::Dp)) " / " (pairs_of(report, j.id, PairType::Pp)) }
+                    }
+                }
+            }
+        }
+        @if !series.is_empty() {
+            h2 { "Mean DP bandwidth per switch" }
+            (maud::PreEscaped(crate::line_chart_svg(&series, "time since window start (s)", "mean DP bandwidth (Gb/s)")))
+        }
+        @for j in &report.jobs {
+            details {
+                summary { "Job " (j.id) ": steps per rank" }
+                table {
+                    tr { th { "rank" } th { "steps" } th { "mean ms" } th { "min ms" } th { "max ms" } }
+                    @for r in report.ranks.iter().filter(|r| r.job == j.id) {
+                        @let d: Vec<f64> = r.steps.iter().map(|x| x.dur_us() as f64 / 1e3).collect();
+                        tr {
+                            td { (r.address) }
+                            td { (d.len()) }
+                            @if d.is_empty() {
+                                td { "-" } td { "-" } td { "-" }
+                            } @else {
+                                td { (format!("{:.3}", r.mean_step_us / 1e3)) }
+                                td { (format!("{:.3}", d.iter().cloned().fold(f64::INFINITY, f64::min))) }
+                                td { (format!("{:.3}", d.iter().cloned().fold(0.0, f64::max))) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        details {
+            summary { "The whole analysis as text" }
+            pre { (render_table(report)) }
+        }
+    }
+}
+
+fn finding_level(l: FindingLevel) -> &'static str {
+    match l {
+        FindingLevel::Step => "step",
+        FindingLevel::Group => "group",
+        FindingLevel::Switch => "switch",
+    }
+}
+
+fn pairs_of(report: &FlowReport, job: usize, kind: PairType) -> usize {
+    report
+        .pairs
+        .iter()
+        .filter(|p| p.job == job && p.kind == kind)
+        .count()
+}
+
+/// The flow analysis as a whole page ([`render_html_body`] in the shared
+/// layout): what `whyslow flows analyze --html` writes.
+pub fn render_html(title: &str, report: &FlowReport) -> String {
+    crate::layout::page(title, None, &[], "", render_html_body(report))
+}

@@ -273,6 +273,22 @@ fn first_sentence_then_more(text: &str) -> String {
 /// culprits, what each did, who waits for it, the waits-for graph; stacks
 /// collapsed).
 pub fn hang_html(title: &str, r: &HangReport) -> String {
+    crate::layout::page(
+        title,
+        None,
+        &[],
+        HANG_CSS,
+        crate::layout::trusted(hang_html_body(r)),
+    )
+}
+
+/// What the hang page needs beyond the shared stylesheet.
+pub const HANG_CSS: &str = ".culprit{color:#a40e26;font-weight:600}pre{margin:.2em 0}";
+
+/// The hang page's body: the verdict card, the culprits (what each did,
+/// who waits for it), the waits-for graph, the waiting ranks, stacks
+/// collapsed. The server's job page shows the same.
+pub fn hang_html_body(r: &HangReport) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
@@ -350,11 +366,5 @@ pub fn hang_html(title: &str, r: &HangReport) -> String {
         }
         s.push_str("</ul>");
     }
-    crate::layout::page(
-        title,
-        None,
-        &[],
-        ".culprit{color:#a40e26;font-weight:600}pre{margin:.2em 0}",
-        crate::layout::trusted(s),
-    )
+    s
 }
