@@ -43,6 +43,7 @@ fn server(dir: &Path) -> (axum::Router, String) {
         metrics: Default::default(),
         fix: None,
         tokens: Default::default(),
+        identities: Default::default(),
     });
     (whyslow_server::router(state), token)
 }

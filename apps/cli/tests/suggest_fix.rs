@@ -278,6 +278,7 @@ fn the_server_asks_what_the_command_line_asks() {
             metrics: Default::default(),
             fix,
             tokens: Default::default(),
+            identities: Default::default(),
         });
         (whyslow_server::router(state), token)
     };

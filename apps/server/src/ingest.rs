@@ -92,6 +92,7 @@ pub async fn post_fingerprint(
     let name = format!("{session}/worker-{worker}.json");
     archive(&state, t, &job, "fingerprints", &name, body).await?;
     let world = fp.job.as_ref().and_then(|j| j.world_size);
+    let identity = fp.job.clone();
     let (st, j, s) = (state.clone(), job.clone(), session.clone());
     blocking(move || {
         st.store.put_fingerprint(t, &j, &s, worker, &text)?;
@@ -111,6 +112,7 @@ pub async fn post_fingerprint(
         Ok(())
     })
     .await?;
+    state.identities.saw(t, &job, identity);
     let m = &state.metrics;
     m.fingerprints.inc();
     m.fingerprint_bytes.inc_by(len);

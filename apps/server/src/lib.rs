@@ -74,7 +74,7 @@ pub use profiles::{
 };
 pub use query::{
     diagnosis_evidence, diagnosis_of, job_identity, jobs_with_identity, report_of, session_fix,
-    DiagnosisQuery,
+    DiagnosisQuery, JobIdentities,
 };
 pub use serve::{serve, Config, ConfigError, FixConfig, StoreChoice, Tls};
 pub use store::{
@@ -110,6 +110,8 @@ pub struct AppState {
     pub fix: Option<fix::FixSetting>,
     /// Tokens already looked up.
     pub tokens: TokenCache,
+    /// What the scheduler calls each job, as its fingerprints said.
+    pub identities: query::JobIdentities,
 }
 
 /// Errors that axum's extractors answer by themselves (a query string or

@@ -4,7 +4,8 @@
 //! and symbol files. Every judgment is the pipeline's
 //! ([`whyslow_pipeline::stored`]): the same call the command line makes.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
@@ -42,17 +43,51 @@ pub fn job_identity(
         .find_map(|text| serde_json::from_str::<Head>(text).ok()?.job))
 }
 
+/// What the scheduler calls each job, as its latest fingerprint said:
+/// kept when a fingerprint arrives, so the jobs list is one store query,
+/// not two more per job (a job not seen since the server started is read
+/// from the store once).
+#[derive(Debug, Default)]
+pub struct JobIdentities(Mutex<HashMap<(i64, String), Option<whyslow_model::JobIdentity>>>);
+
+impl JobIdentities {
+    /// Most jobs remembered (emptied when full: the store answers again).
+    pub const MAX: usize = 100_000;
+
+    /// A fingerprint of `job` said this.
+    pub fn saw(&self, t: TenantId, job: &str, id: Option<whyslow_model::JobIdentity>) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= Self::MAX {
+            map.clear();
+        }
+        map.insert((t.0, job.to_string()), id);
+    }
+
+    fn get(&self, t: TenantId, job: &str) -> Option<Option<whyslow_model::JobIdentity>> {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&(t.0, job.to_string())).cloned()
+    }
+}
+
 /// The tenant's jobs, each with the scheduler's name and labels where its
 /// ranks gave them (`GET /api/v1/jobs`, the UI's list).
 pub fn jobs_with_identity(
-    store: &dyn Store,
+    state: &AppState,
     t: TenantId,
 ) -> Result<Vec<(JobSummary, Option<whyslow_model::JobIdentity>)>, StoreError> {
+    let store = state.store.as_ref();
     store
         .jobs(t)?
         .into_iter()
         .map(|j| {
-            let id = job_identity(store, t, &j.job)?;
+            let id = match state.identities.get(t, &j.job) {
+                Some(id) => id,
+                None => {
+                    let id = job_identity(store, t, &j.job)?;
+                    state.identities.saw(t, &j.job, id.clone());
+                    id
+                }
+            };
             Ok((j, id))
         })
         .collect()
@@ -64,7 +99,7 @@ pub async fn list_jobs(
     State(state): State<Arc<AppState>>,
 ) -> ApiResult<Json<Vec<serde_json::Value>>> {
     let st = state.clone();
-    let jobs = blocking(move || Ok(jobs_with_identity(st.store.as_ref(), t)?)).await?;
+    let jobs = blocking(move || Ok(jobs_with_identity(&st, t)?)).await?;
     let rows = jobs
         .into_iter()
         .map(|(j, id)| {

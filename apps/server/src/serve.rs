@@ -154,6 +154,7 @@ impl Config {
             metrics: Default::default(),
             fix,
             tokens: Default::default(),
+            identities: Default::default(),
         };
         Ok((Arc::new(state), said))
     }

@@ -268,7 +268,7 @@ async fn jobs_page(
     };
     let st = state.clone();
     let jobs = match tokio::task::spawn_blocking(move || {
-        let jobs = crate::jobs_with_identity(st.store.as_ref(), t)?;
+        let jobs = crate::jobs_with_identity(&st, t)?;
         // A job nothing was concluded of yet gets its latest session judged
         // now (a few per view: the rest on the next one).
         let mut judged = 0;

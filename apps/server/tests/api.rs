@@ -54,6 +54,7 @@ fn app(store: Box<dyn Store>) -> (axum::Router, String, String) {
         metrics: Default::default(),
         fix: None,
         tokens: Default::default(),
+        identities: Default::default(),
     });
     (whyslow_server::router(state), a, b)
 }
