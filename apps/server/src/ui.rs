@@ -45,8 +45,9 @@ fn page(title: &str, body: &str) -> Html<String> {
 }
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}\
-nav{background:#24292f;padding:.6em 1.2em}nav a{color:#fff;text-decoration:none}\
+nav{background:#24292f;color:#bbb;padding:.6em 1.2em}nav a{color:#fff;text-decoration:none}\
 main{padding:1em 1.5em;max-width:70em}table{border-collapse:collapse}\
+pre{white-space:pre-wrap;overflow-x:auto}\
 td,th{border-bottom:1px solid #ddd;padding:.35em .9em;text-align:left}\
 th{background:#f3f4f6}.muted{color:#666}.error{color:#b00020}\
 th a{color:inherit}.badge{display:inline-block;padding:.05em .5em;border-radius:.7em;\
