@@ -583,9 +583,13 @@ async fn job_page(
         parts.push(status::report_status(r));
         state.metrics.jobs.report(t.0, &job, r);
     }
+    if let Some(f) = flows.first().and_then(|f| crate::parse_flow_report(f).ok()) {
+        parts.push(status::flows_status(&f));
+        state.metrics.jobs.flows(t.0, &job, &f);
+    }
     let (health, lines) = status::job_status(&parts);
     let lines: String = if lines.is_empty() {
-        "<p>Nothing judged yet: no session, diagnosis or hang report.</p>".into()
+        "<p>Nothing judged yet: no session, diagnosis, hang report or flow analysis.</p>".into()
     } else {
         lines.iter().map(|l| format!("<p>{}</p>", esc(l))).collect()
     };

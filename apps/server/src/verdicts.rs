@@ -18,6 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use whyslow_model::diagnosis::DiagnoseReport;
+use whyslow_model::flow::FlowReport;
 use whyslow_model::hang::HangReport;
 use whyslow_model::Report;
 use whyslow_report::status::{self, Health, StatusLine};
@@ -34,9 +35,9 @@ struct Verdict {
     stragglers: Option<u64>,
     hang: Option<bool>,
     slowdown: Option<f64>,
-    /// What the latest report, diagnosis and hang report say, in words
-    /// (whyslow_report::status): the jobs list's status column.
-    said: [Option<StatusLine>; 3],
+    /// What the latest report, diagnosis, hang report and flow analysis
+    /// say, in words (whyslow_report::status): the jobs list's status column.
+    said: [Option<StatusLine>; 4],
     at: Instant,
 }
 
@@ -77,7 +78,7 @@ impl JobVerdicts {
             stragglers: None,
             hang: None,
             slowdown: None,
-            said: [None, None, None],
+            said: [None, None, None, None],
             at: now,
         });
         v.at = now;
@@ -125,6 +126,11 @@ impl JobVerdicts {
             v.hang = Some(r.hang);
             v.said[2] = Some(status::hang_status(r));
         });
+    }
+
+    /// A flow analysis of the job was read.
+    pub fn flows(&self, tenant: i64, job: &str, f: &FlowReport) {
+        self.update(tenant, job, |v| v.said[3] = Some(status::flows_status(f)));
     }
 
     /// What was concluded of the job, worst first; `None` when nothing

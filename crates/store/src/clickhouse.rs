@@ -1032,12 +1032,24 @@ impl Store for ClickHouseStore {
                  UNION ALL
                  SELECT job, toUInt64(0), toUInt64(0), count(),
                         toInt64(max(intDiv(uploaded_ns, 1000000000)))
-                 FROM {db}.profiles FINAL WHERE tenant = ? GROUP BY job)
+                 FROM {db}.profiles FINAL WHERE tenant = ? GROUP BY job
+                 UNION ALL
+                 SELECT job, toUInt64(0), toUInt64(0), toUInt64(0),
+                        toInt64(max(intDiv(uploaded_ns, 1000000000)))
+                 FROM (SELECT job, uploaded_ns FROM {db}.collectives WHERE tenant = ?
+                       UNION ALL SELECT job, uploaded_ns FROM {db}.os_samples WHERE tenant = ?
+                       UNION ALL SELECT job, uploaded_ns FROM {db}.flows WHERE tenant = ?
+                       UNION ALL SELECT job, uploaded_ns FROM {db}.hangs WHERE tenant = ?)
+                 GROUP BY job)
              GROUP BY job ORDER BY job"
         );
         let rows: Vec<JobRow> = self.run(&sql, || {
             self.client
                 .query(&sql)
+                .bind(tenant.0)
+                .bind(tenant.0)
+                .bind(tenant.0)
+                .bind(tenant.0)
                 .bind(tenant.0)
                 .bind(tenant.0)
                 .fetch_all()

@@ -880,6 +880,15 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
         check!(ok!(s.batches(a, &job, kind, 1)) == vec![two.clone()]);
         check!(ok!(s.batches(b, &job, kind, 10)).is_empty());
         check!(ok!(s.has_job(a, &job)) && !ok!(s.has_job(b, &job)));
+        // A job with only batches (a hang report, a flow analysis) is listed.
+        let listed = ok!(s.jobs(a));
+        let row = listed
+            .iter()
+            .find(|j| j.job == job)
+            .ok_or("conformance: a job with only batches is not listed")?;
+        check!((row.sessions, row.fingerprints, row.profiles) == (0, 0, 0));
+        check!(row.updated_unix_s > 0);
+        check!(!ok!(s.jobs(b)).iter().any(|j| j.job == job));
         check!(s.put_batch(a, &job, kind, "../x", "{}").is_err());
         for other in BatchKind::ALL.into_iter().filter(|&k| k != kind) {
             check!(ok!(s.batches(a, &job, other, 10)).is_empty());

@@ -375,7 +375,14 @@ impl Store for SqliteStore {
                  FROM fingerprints WHERE tenant = ?1 GROUP BY job
                  UNION ALL
                  SELECT job, 0, 0, COUNT(*), MAX(uploaded_unix_s)
-                 FROM profiles WHERE tenant = ?1 GROUP BY job)
+                 FROM profiles WHERE tenant = ?1 GROUP BY job
+                 UNION ALL
+                 SELECT job, 0, 0, 0, MAX(uploaded_unix_s) FROM (
+                     SELECT job, uploaded_unix_s FROM collectives WHERE tenant = ?1
+                     UNION ALL SELECT job, uploaded_unix_s FROM os_samples WHERE tenant = ?1
+                     UNION ALL SELECT job, uploaded_unix_s FROM flows WHERE tenant = ?1
+                     UNION ALL SELECT job, uploaded_unix_s FROM hangs WHERE tenant = ?1)
+                 GROUP BY job)
              GROUP BY job ORDER BY job",
         )?;
         let rows = st.query_map(params![tenant.0], |r| {

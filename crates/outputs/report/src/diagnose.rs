@@ -341,9 +341,12 @@ pub fn render_diagnose_html(
     for f in flames {
         let _ = write!(
             body,
+            // Out of the Tab order: a flame graph is worked with the mouse,
+            // and a focused frame shows no ring (Chromium matches neither
+            // :focus nor :focus-within on it), so Tab would vanish into it.
             "<h3>{}</h3><p>Width: the compared profile's samples; red: wider than in the base, \
              blue: narrower, hatched: only in the compared profile. Click to zoom.</p>\
-             <iframe class=\"flame\" title=\"{}\" srcdoc=\"{}\"></iframe>",
+             <iframe class=\"flame\" tabindex=\"-1\" title=\"{}\" srcdoc=\"{}\"></iframe>",
             escape(&f.title),
             escape(&f.title),
             escape(&f.svg)

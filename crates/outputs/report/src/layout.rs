@@ -18,15 +18,15 @@ pub const CSS: &str = "\
 body{font:15px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;color:#1f2328;background:#fff}\
 nav.top{background:#24292f;padding:.55em 1.5em;display:flex;gap:1.2em;flex-wrap:wrap;align-items:baseline}\
 nav.top a,nav.top span{color:#fff;text-decoration:none}nav.top .brand{font-weight:700}\
-nav.top a:hover{text-decoration:underline}\
+nav.top a:hover{text-decoration:underline}nav.top a:focus-visible{outline-color:#fff}\
 main{padding:1em 1.5em;max-width:1320px}\
 h1{font-size:1.45em;margin:.3em 0 .4em;overflow-wrap:anywhere}h2{font-size:1.15em;margin:1.3em 0 .4em}\
 h3{font-size:1em;margin:1em 0 .3em}\
 a{color:#0550ae}\
 a:focus-visible,button:focus-visible,summary:focus-visible,input:focus-visible,select:focus-visible{outline:3px solid #0969da;outline-offset:2px}\
 table{border-collapse:collapse;margin:.5em 0;display:block;max-width:100%;overflow-x:auto}\
-td,th{border-bottom:1px solid #d0d7de;padding:.35em .8em;text-align:left;vertical-align:top;overflow-wrap:anywhere}\
-th{background:#eef1f4}th a{color:inherit}\
+td,th{border-bottom:1px solid #d0d7de;padding:.35em .8em;text-align:left;vertical-align:top;overflow-wrap:break-word}\
+th{background:#eef1f4;white-space:nowrap}th a{color:inherit}\
 pre{background:#f6f8fa;border:1px solid #d0d7de;padding:.6em;white-space:pre-wrap;overflow-wrap:anywhere;font-size:13px}\
 code{overflow-wrap:anywhere}svg{max-width:100%;height:auto}\
 details{margin:.4em 0}summary{cursor:pointer}\

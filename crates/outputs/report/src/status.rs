@@ -2,10 +2,12 @@
 //! list and the top of its job page (issue 46: the verdict first): the
 //! latest profiling session's report (PerfTracker §4.3: which function on
 //! which ranks), the latest cross-layer diagnosis (SysOM-AI §3.1: which
-//! ranks are late and the layer), and the latest hang report. Every door
+//! ranks are late and the layer), the latest hang report, and the latest
+//! flow analysis (LLMPrism: the step, group or link). Every door
 //! that shows a job's status calls these, so they say the same thing.
 
 use whyslow_model::diagnosis::DiagnoseReport;
+use whyslow_model::flow::{FindingLevel, FlowReport};
 use whyslow_model::hang::HangReport;
 use whyslow_model::{Report, Verdict};
 
@@ -130,6 +132,66 @@ pub fn hang_status(h: &HangReport) -> StatusLine {
     }
 }
 
+/// The status by a flow analysis: what it found slowing the job, a switch
+/// or link first (the cause; slow steps and groups are its symptoms), its
+/// reason without the numbers in parentheses (the job page's table has
+/// them); healthy when it found nothing, unknown when it could not judge.
+pub fn flows_status(f: &FlowReport) -> StatusLine {
+    if let Some(why) = &f.could_not_judge {
+        return StatusLine {
+            health: Health::Unknown,
+            line: format!("The flow records cannot be judged: {why}"),
+        };
+    }
+    let first = f
+        .findings
+        .iter()
+        .find(|x| x.level == FindingLevel::Switch)
+        .or(f.findings.first());
+    let Some(first) = first else {
+        return StatusLine {
+            health: Health::Healthy,
+            line: format!(
+                "The flow records show {} job(s) and nothing slowing them.",
+                f.jobs.len()
+            ),
+        };
+    };
+    let more = match f.findings.len() - 1 {
+        0 => String::new(),
+        n => format!(" ({n} more finding(s) in the flow analysis)"),
+    };
+    StatusLine {
+        health: Health::Slow,
+        line: format!(
+            "Flow records: {}: {}.{more}",
+            first.subject,
+            without_parentheses(&first.reason).trim_end_matches('.')
+        ),
+    }
+}
+
+/// `s` without its parenthesized parts (and the space before each).
+fn without_parentheses(s: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0usize;
+    for c in s.chars() {
+        match c {
+            '(' => {
+                if depth == 0 {
+                    let kept = out.trim_end().len();
+                    out.truncate(kept);
+                }
+                depth += 1;
+            }
+            ')' if depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// A job's status from its parts: the worst health, and the lines worst
 /// first (a hang, then what is slow, then what is healthy).
 pub fn job_status(parts: &[StatusLine]) -> (Health, Vec<String>) {
@@ -160,6 +222,44 @@ mod tests {
         assert_eq!(h, Health::Hang);
         assert_eq!(lines, ["b", "c", "a"]);
         assert_eq!(job_status(&[]).0, Health::Unknown);
+    }
+
+    #[test]
+    fn a_flow_analysis_names_the_link_before_its_symptoms() {
+        use whyslow_model::flow::FlowFinding;
+        let finding = |level, subject: &str, reason: &str| FlowFinding {
+            level,
+            subject: subject.into(),
+            reason: reason.into(),
+            job: None,
+            value: 2.0,
+            threshold: 1.2,
+            start_us: None,
+            end_us: None,
+        };
+        let mut f: FlowReport = serde_json::from_str(
+            r#"{"version":1,"flows":0,"merged_duplicates":0,"window_start_us":0,"window_end_us":0,
+                "jobs":[],"pairs":[],"ranks":[],"findings":[],"switches":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(flows_status(&f).health, Health::Healthy);
+        f.findings.push(finding(
+            FindingLevel::Step,
+            "job 0 step 26",
+            "step took 579 ms",
+        ));
+        f.findings.push(finding(
+            FindingLevel::Switch,
+            "link leaf0<->spine",
+            "flows take longer (leaf0 → spine: ×1.28 (0.17 Gb/s)): the link is throttled",
+        ));
+        let s = flows_status(&f);
+        assert_eq!(s.health, Health::Slow);
+        assert_eq!(
+            s.line,
+            "Flow records: link leaf0<->spine: flows take longer: the link is throttled. \
+             (1 more finding(s) in the flow analysis)"
+        );
     }
 
     #[test]
