@@ -68,23 +68,6 @@ pub fn conformance(s: &dyn Store) -> Result<(), String> {
 fn conformance_profiles(s: &dyn Store, a: TenantId, b: TenantId) -> Result<(), String> {
     // Profiles: a batch is stored once; newest first; per tenant; what
     // comes back is the profile that went in.
-    let meta = |batch: &str, t: i64| ProfileMeta {
-        batch: batch.into(),
-        kind: "cpu".into(),
-        rank: Some("0".into()),
-        host: Some("h0".into()),
-        start_unix_ns: t,
-        samples: 10,
-    };
-    let work = |at_s: i64, stacks: &[(&str, u64)]| {
-        use whyslow_model::stack::{Frame, StackProfileBuilder};
-        let mut b = StackProfileBuilder::new();
-        for (leaf, n) in stacks {
-            let ids = vec![b.frame(Frame::label("main")), b.frame(Frame::label(*leaf))];
-            b.add(ids, *n);
-        }
-        whyslow_codec::to_pprof(&b.finish(99.0, (at_s * 1_000_000_000) as u64, 1_000_000_000))
-    };
     let totals = |ps: Vec<StoredProfile>| -> Vec<u64> {
         ps.into_iter()
             .map(|p| p.into_profile(1 << 24).map_or(0, |p| p.total()))
@@ -159,6 +142,11 @@ fn conformance_profiles(s: &dyn Store, a: TenantId, b: TenantId) -> Result<(), S
         .ok_or("conformance: job2 is not listed")?;
     check!((job2.sessions, job2.fingerprints, job2.profiles) == (0, 0, 2));
     check!(s.put_profile(a, "job2", &meta("../x", 3), b"x").is_err());
+    conformance_hours(s, a, b)
+}
+
+/// [`conformance`]'s part for hour profiles (baselines).
+fn conformance_hours(s: &dyn Store, a: TenantId, b: TenantId) -> Result<(), String> {
     // Hour profiles (baselines): the profiles that began in one hour,
     // merged, the same before and after the store's compaction, and a late
     // profile counted once it is there. A few hours ago: within retention.
@@ -362,4 +350,27 @@ fn conformance_functions(s: &dyn Store, a: TenantId, b: TenantId) -> Result<(), 
     q.jobs = vec!["../x".into()];
     check!(s.functions(a, &q).is_err());
     Ok(())
+}
+
+/// A CPU profile's metadata as the checks upload it.
+fn meta(batch: &str, t: i64) -> ProfileMeta {
+    ProfileMeta {
+        batch: batch.into(),
+        kind: "cpu".into(),
+        rank: Some("0".into()),
+        host: Some("h0".into()),
+        start_unix_ns: t,
+        samples: 10,
+    }
+}
+
+/// A pprof profile that began at `at_s` with `main;leaf` stacks.
+fn work(at_s: i64, stacks: &[(&str, u64)]) -> Vec<u8> {
+    use whyslow_model::stack::{Frame, StackProfileBuilder};
+    let mut b = StackProfileBuilder::new();
+    for (leaf, n) in stacks {
+        let ids = vec![b.frame(Frame::label("main")), b.frame(Frame::label(*leaf))];
+        b.add(ids, *n);
+    }
+    whyslow_codec::to_pprof(&b.finish(99.0, (at_s * 1_000_000_000) as u64, 1_000_000_000))
 }
