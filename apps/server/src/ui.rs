@@ -345,58 +345,51 @@ async fn jobs_page(
                 )
             }),
         }
-        let rows: String = shown_jobs
-            .iter()
-            .map(|(j, id, status)| {
-                let name = id.as_ref().and_then(|i| i.name.as_deref());
-                let shown = match name {
-                    Some(n) => format!(
-                        "<b>{}</b> <span class=\"muted\">{}</span>",
-                        esc(n),
-                        esc(&j.job)
-                    ),
-                    None => esc(&j.job),
-                };
-                let labels: String = id
-                    .as_ref()
-                    .map(|i| {
-                        i.labels
-                            .iter()
-                            .map(|(k, v)| format!("<code>{}={}</code> ", esc(k), esc(v)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let (health, said) = match status {
-                    Some((h, lines)) => (*h, lines.first().cloned().unwrap_or_default()),
-                    None => (Health::Unknown, "not judged yet".to_string()),
-                };
-                format!(
-                    "<tr><td><a href=\"/ui/jobs/{}\">{shown}</a></td><td><span class=\"badge {h}\">{h}</span> {}</td><td>{labels}</td><td>{}</td><td>{}</td></tr>",
-                    esc(&j.job),
-                    esc(&said),
-                    j.sessions,
-                    utc(j.updated_unix_s),
-                    h = health.as_str(),
-                )
-            })
-            .collect();
-        let sort = |key: &str, label: &str| {
-            let q = query
-                .q
-                .as_deref()
-                .map(|q| format!("&q={}", url_escape(q)))
-                .unwrap_or_default();
-            format!("<a href=\"/ui/?sort={key}{q}\">{label}</a>")
+        let sort_href = |key: &str| match query.q.as_deref() {
+            Some(q) => format!("/ui/?sort={key}&q={}", url_escape(q)),
+            None => format!("/ui/?sort={key}"),
         };
-        format!(
-            "<form class=\"filter\" method=\"get\" action=\"/ui/\"><label>Filter by name or label \
-             <input name=\"q\" value=\"{}\"></label> <button>Filter</button></form>\
-             <table class=\"jobs\"><tr><th>{}</th><th>{}</th><th>scheduler</th><th>sessions</th><th>{}</th></tr>{rows}</table>",
-            esc(query.q.as_deref().unwrap_or("")),
-            sort("name", "job"),
-            sort("status", "status"),
-            sort("updated", "last upload"),
-        )
+        maud::html! {
+            form.filter method="get" action="/ui/" {
+                label { "Filter by name or label " input name="q" value=(query.q.as_deref().unwrap_or("")); }
+                " "
+                button { "Filter" }
+            }
+            table.jobs {
+                tr {
+                    th { a href=(sort_href("name")) { "job" } }
+                    th { a href=(sort_href("status")) { "status" } }
+                    th { "scheduler" }
+                    th { "sessions" }
+                    th { a href=(sort_href("updated")) { "last upload" } }
+                }
+                @for (j, id, status) in &shown_jobs {
+                    @let (health, said) = match status {
+                        Some((h, lines)) => (*h, lines.first().cloned().unwrap_or_default()),
+                        None => (Health::Unknown, "not judged yet".to_string()),
+                    };
+                    tr {
+                        td {
+                            a href={ "/ui/jobs/" (j.job) } {
+                                @match id.as_ref().and_then(|i| i.name.as_deref()) {
+                                    Some(n) => { b { (n) } " " span.muted { (j.job) } },
+                                    None => (j.job),
+                                }
+                            }
+                        }
+                        td { span.badge.(health.as_str()) { (health.as_str()) } " " (said) }
+                        td {
+                            @if let Some(i) = id {
+                                @for (k, v) in &i.labels { code { (k) "=" (v) } " " }
+                            }
+                        }
+                        td { (j.sessions) }
+                        td { (utc(j.updated_unix_s)) }
+                    }
+                }
+            }
+        }
+        .into_string()
     };
     let body = body + &functions_section(&functions);
     page("Jobs", &body).into_response()
