@@ -367,7 +367,7 @@ def test_analyze_and_diagnose_from_a_notebook(tmp_path):
     top = report.findings[0]
     assert top.workers == [2] and "injected_slow_rank_work" in top.function, top
     assert top.beta.value > top.beta.peers
-    assert "<iframe" in report._repr_html_() and "whyslow report" in report._repr_html_()
+    assert "<iframe" in report._repr_html_() and "Why is this training job slow?" in report._repr_html_()
     assert "injected_slow_rank_work" in str(report)
     pd = pytest.importorskip("pandas", reason="to_pandas needs pandas")
     df = report.to_pandas()
