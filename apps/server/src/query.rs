@@ -54,13 +54,17 @@ impl JobIdentities {
     /// Most jobs remembered (emptied when full: the store answers again).
     pub const MAX: usize = 100_000;
 
-    /// A fingerprint of `job` said this.
+    /// A fingerprint of `job` said this (one that says nothing does not
+    /// forget what its job's other ranks said).
     pub fn saw(&self, t: TenantId, job: &str, id: Option<whyslow_model::JobIdentity>) {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() >= Self::MAX {
             map.clear();
         }
-        map.insert((t.0, job.to_string()), id);
+        let known = map.entry((t.0, job.to_string())).or_default();
+        if id.is_some() {
+            *known = id;
+        }
     }
 
     fn get(&self, t: TenantId, job: &str) -> Option<Option<whyslow_model::JobIdentity>> {
