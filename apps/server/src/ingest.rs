@@ -244,7 +244,7 @@ pub fn parse_hang_report(text: &str) -> Result<whyslow_model::hang::HangReport, 
 
 /// How one kind of text batch is filed.
 struct TextBatch {
-    /// The archive's folder and the stored kind.
+    /// The archive's folder (`raw/t<tenant>/<job>/<kind>/`).
     kind: &'static str,
     /// The archived file's extension.
     ext: &'static str,
