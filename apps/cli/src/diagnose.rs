@@ -54,9 +54,10 @@ pub struct DiagnoseArgs {
     /// Write the output (in `--format`) to FILE instead of stdout.
     #[arg(long, short = 'o', value_name = "FILE")]
     output: Option<PathBuf>,
-    /// Also write the differential flame graph of the window against the
-    /// baseline (SVG) of the first group with a regression, else of the
-    /// first group.
+    /// Also write what changed: the differential flame graph (SVG) of the
+    /// window against the baseline, CPU profiles of the group with a
+    /// regression, else of the job's ranks (the server's `diff.svg` draws
+    /// the same)
     #[arg(long)]
     diff_svg: Option<PathBuf>,
     /// Also write an HTML page: the verdict, the per-rank entry-time plot of
@@ -111,29 +112,15 @@ pub fn run(args: DiagnoseArgs) -> Result<u8> {
         Err(e) => return Err(e.into()),
     };
     if let Some(svg) = &args.diff_svg {
-        let group = d.report.regressions.first().map(|r| r.group.as_str());
-        let pair = d
-            .group_diffs
-            .iter()
-            .find(|p| group.is_none() || p.group.as_deref() == group);
-        match pair {
+        match d.what_changed(whyslow_diagnose::ProfileKind::Cpu) {
             None => eprintln!(
                 "whyslow: --diff-svg {}: not written: no rank profiles to draw a flame graph from",
                 svg.display()
             ),
             Some(pair) => {
-                let mut pair = pair.clone();
-                pair.title = format!(
-                    "group {}: {:.0}..{:.0} s against {:.0}..{:.0} s",
-                    pair.group.as_deref().unwrap_or_default(),
-                    d.report.window.0,
-                    d.report.window.1,
-                    d.report.baseline.0,
-                    d.report.baseline.1
-                );
                 write(
                     svg,
-                    whyslow_stack_output::diff_flamegraph(&pair).svg.as_bytes(),
+                    whyslow_stack_output::diff_flamegraph(pair).svg.as_bytes(),
                 )?;
                 eprintln!(
                     "whyslow: wrote the differential flame graph {}",

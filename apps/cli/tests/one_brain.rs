@@ -55,6 +55,19 @@ async fn call(
     token: &str,
     body: Vec<u8>,
 ) -> (StatusCode, serde_json::Value) {
+    let (status, bytes) = call_raw(app, method, uri, token, body).await;
+    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (status, json)
+}
+
+/// The answer's status and body as sent.
+async fn call_raw(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    token: &str,
+    body: Vec<u8>,
+) -> (StatusCode, Vec<u8>) {
     let req = Request::builder()
         .method(method)
         .uri(uri)
@@ -67,8 +80,7 @@ async fn call(
     let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
         .await
         .unwrap();
-    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-    (status, json)
+    (status, bytes.to_vec())
 }
 
 /// (function, workers) of each finding, in order.
@@ -268,12 +280,17 @@ fn the_server_diagnoses_a_recorded_spool_as_the_library_does() {
             .join("tests/fixtures/diagnose")
             .join(case)
             .join("agent");
-        let local = whyslow_diagnose::diagnose(
+        let diagnosis = whyslow_diagnose::diagnose(
             &whyslow_spool::read_spool(&spool).unwrap().evidence,
             &Default::default(),
         )
-        .unwrap()
-        .report;
+        .unwrap();
+        let changed = diagnosis
+            .what_changed(whyslow_diagnose::ProfileKind::Cpu)
+            .expect("the spool has rank profiles")
+            .title
+            .clone();
+        let local = diagnosis.report;
         let _dir_guard = whyslow_testkit::temp_dir(&format!("spool-{case}"));
         let dir = _dir_guard.path().to_path_buf();
         let (app, token) = server(&dir.join("store"));
@@ -297,8 +314,36 @@ fn the_server_diagnoses_a_recorded_spool_as_the_library_does() {
             )
             .await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
-            json
+            let (status, svg) =
+                call_raw(&app, "GET", "/api/v1/jobs/job-a/diff.svg", &token, vec![]).await;
+            let svg = String::from_utf8(svg).unwrap();
+            assert_eq!(status, StatusCode::OK, "{svg}");
+            (json, svg)
         });
+        let (central, central_svg) = central;
+        // What changed: the server's diff.svg is the command line's
+        // --diff-svg, titles apart (the server names the job).
+        let svg_file = dir.join("diff.svg");
+        let (code, _, err) = whyslow(&[
+            "diagnose",
+            spool.to_str().unwrap(),
+            "--diff-svg",
+            svg_file.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(0), "{err}");
+        let cli_svg = std::fs::read_to_string(&svg_file).unwrap();
+        let server_title = format!(
+            "job job-a: cpu, {changed} (seconds since its first profile; red: wider now, blue: narrower)"
+        );
+        assert!(
+            central_svg.contains(&server_title),
+            "{case}: {server_title}"
+        );
+        assert_eq!(
+            central_svg.replace(&server_title, "TITLE"),
+            cli_svg.replace(&changed, "TITLE"),
+            "{case}: the two doors drew different pictures"
+        );
         let _: whyslow_model::diagnosis::DiagnoseReport = serde_json::from_value(central.clone())
             .expect("the server's diagnosis is a DiagnoseReport");
         // Both through JSON text, as a client reads them (serde_json parses

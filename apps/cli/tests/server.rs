@@ -1494,10 +1494,11 @@ fn work_profile(start: u64, leaf: &str, count: u64) -> Vec<u8> {
 
 /// SysOM-AI Fig. 6–7 on the server: a job whose work moved from one function
 /// to another shows the new one red and the old one listed as gone, against
-/// the job's own first profiles or another job's; the job page embeds it.
+/// the diagnosis's baseline (the periods its verdict compared) or another
+/// job's profiles; the job page embeds it.
 #[test]
 #[ignore = "system test (./scripts/test --all): the server binary with perf events, S3 and tmpfs"]
-fn the_differential_flame_graph_shows_what_changed_since_the_job_began() {
+fn the_differential_flame_graph_shows_what_changed_since_the_baseline() {
     let data = std::env::temp_dir().join(format!("whyslow-server-diff-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
     let ta = token(&data, "team-a");
@@ -1520,24 +1521,51 @@ fn the_differential_flame_graph_shows_what_changed_since_the_job_began() {
             b"",
         )
     };
-    post("job-d", "p0", &work_profile(1_000, "matmul_old", 90));
+    // One profile: no baseline and no window to compare yet.
+    post("job-d", "p0", &work_profile(0, "matmul_old", 90));
     let (code, body) = diff("");
-    assert!(code == 404 && body.contains("at least 2"), "{code} {body}");
-    post("job-d", "p1", &work_profile(2_000, "matmul_old", 90));
-    post("job-d", "p2", &work_profile(3_000, "matmul_new", 90));
-    post("job-d", "p3", &work_profile(4_000, "matmul_new", 90));
-    // Latest 2 against the first 2: the new function is there, the old one
-    // listed as gone, the unchanged one not red.
+    assert!(
+        code == 404 && body.contains("baseline or its window"),
+        "{code} {body}"
+    );
+    post(
+        "job-d",
+        "p1",
+        &work_profile(1_000_000_000, "matmul_old", 90),
+    );
+    post(
+        "job-d",
+        "p2",
+        &work_profile(2_000_000_000, "matmul_new", 90),
+    );
+    post(
+        "job-d",
+        "p3",
+        &work_profile(3_000_000_000, "matmul_new", 90),
+    );
+    // The diagnosis's window (the last third: p3) against its baseline (the
+    // first third: p0): the new function is there, the old one listed as
+    // gone, the unchanged one not red; the same periods `diagnose` judged.
     let (code, svg) = diff("?kind=cpu");
     assert_eq!(code, 200, "{svg}");
     assert!(
         svg.contains("matmul_new") && svg.contains("matmul_old"),
         "{svg}"
     );
-    assert!(
-        svg.contains("latest 2 profiles against its first 2"),
-        "{svg}"
+    assert!(svg.contains("3..4 s against the baseline 0..1 s"), "{svg}");
+    let (_, diagnosis) = srv.request("GET", "/api/v1/jobs/job-d/diagnosis", Some(&ta), b"");
+    let report: serde_json::Value = serde_json::from_str(&diagnosis).unwrap();
+    assert_eq!(
+        report["window"][0].as_f64().map(f64::round),
+        Some(3.0),
+        "{diagnosis}"
     );
+    assert_eq!(
+        report["baseline"][1].as_f64().map(f64::round),
+        Some(1.0),
+        "{diagnosis}"
+    );
+    assert_eq!(diff("?kind=offcpu").0, 404, "no off-CPU profiles");
     // Against another job of the tenant, and not another tenant's.
     post("job-e", "q0", &work_profile(1_000, "matmul_old", 90));
     let (code, svg) = diff("?base_job=job-e&limit=1");

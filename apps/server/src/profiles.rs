@@ -87,10 +87,11 @@ fn merged_side(
 pub struct DiffQuery {
     /// `cpu` (default), `offcpu` or `host`.
     pub kind: Option<String>,
-    /// Profiles on each side (default and most: [`MAX_FLAME_PROFILES`]).
+    /// With `base_job` or `base_hour`: the job's latest profiles merged
+    /// (and `base_job`'s) (default and most: [`MAX_FLAME_PROFILES`]).
     pub limit: Option<usize>,
-    /// Compare with this job's latest profiles instead of the job's own
-    /// first ones.
+    /// Compare with this job's latest profiles instead of the diagnosis's
+    /// baseline of the job.
     pub base_job: Option<String>,
     /// Compare with the profiles (of `base_job`, else of the job) that began
     /// in the hour starting at this Unix time (rounded down to the hour):
@@ -98,11 +99,13 @@ pub struct DiffQuery {
     pub base_hour: Option<i64>,
 }
 
-/// The differential flame graph (SysOM-AI Fig. 6–7) of a job's latest
-/// profiles of `kind` against a baseline: by default the job's own first
-/// profiles — a temporal baseline, how it ran at the start — the same
-/// number on each side and at most half of the job's profiles each, so the
-/// two never overlap; with `base_job`, that job's latest `limit`. Frames
+/// The differential flame graph (SysOM-AI Fig. 6–7) of a job's profiles
+/// of `kind`: by default what changed since the job ran well — the
+/// diagnosis's judged window against its temporal baseline, the periods
+/// its verdict compared ([`whyslow_diagnose::Diagnosis::what_changed`],
+/// the same picture as `whyslow diagnose --diff-svg`); with `base_job`,
+/// the job's latest `limit` against that job's latest `limit`; with
+/// `base_hour`, against one hour of the job (or of `base_job`). Frames
 /// wider now are red, narrower blue, paths only in one side marked.
 /// Errors: 400 for a bad question, 404 without profiles to compare.
 pub fn diff_flamegraph(
@@ -165,48 +168,20 @@ pub fn diff_flamegraph(
             },
         ));
     }
-    let (base, new, title) = match q.base_job.as_deref() {
-        None => {
-            let total = state
-                .store
-                .profile_count(tenant, job, &kind)
-                .map_err(internal)?;
-            if total < 2 {
-                return Err(ApiError::not_found(format!(
-                        "a differential flame graph needs at least 2 {kind} profiles of job {job:?}; it has {total}"
-                    )));
-            }
-            let n = limit.min((total / 2) as usize);
-            let side = |order| {
-                merged_side(state, tenant, job, &kind, n, order)
-                    .map_err(internal)?
-                    .map(|(p, _)| p)
-                    .ok_or_else(|| {
-                        ApiError::not_found(format!("no {kind} profiles of job {job:?}"))
-                    })
-            };
-            let new = side(Order::NewestFirst)?;
-            let base = side(Order::OldestFirst)?;
-            let title = format!(
-                "job {job}: {kind}, latest {n} profiles against its first {n} (red: wider now, blue: narrower)"
-            );
-            (base, new, title)
-        }
-        Some(other) => {
-            store::check_name("job", other).map_err(|e| bad(e.to_string()))?;
-            let side = |j: &str| {
-                merged_side(state, tenant, j, &kind, limit, Order::NewestFirst)
-                    .map_err(internal)?
-                    .ok_or_else(|| ApiError::not_found(format!("no {kind} profiles of job {j:?}")))
-            };
-            let (new, n_new) = side(job)?;
-            let (base, n_base) = side(other)?;
-            let title = format!(
-                "job {job}: {kind}, latest {n_new} profiles against job {other}'s latest {n_base} (red: wider in {job}, blue: narrower)"
-            );
-            (base, new, title)
-        }
+    let Some(other) = q.base_job.as_deref() else {
+        return what_changed(state, tenant, job, &kind);
     };
+    store::check_name("job", other).map_err(|e| bad(e.to_string()))?;
+    let side = |j: &str| {
+        merged_side(state, tenant, j, &kind, limit, Order::NewestFirst)
+            .map_err(internal)?
+            .ok_or_else(|| ApiError::not_found(format!("no {kind} profiles of job {j:?}")))
+    };
+    let (new, n_new) = side(job)?;
+    let (base, n_base) = side(other)?;
+    let title = format!(
+        "job {job}: {kind}, latest {n_new} profiles against job {other}'s latest {n_base} (red: wider in {job}, blue: narrower)"
+    );
     Ok(whyslow_stack_output::to_diff_flamegraph_svg(
         &base,
         &new,
@@ -215,6 +190,34 @@ pub fn diff_flamegraph(
             ..Default::default()
         },
     ))
+}
+
+/// The job's own baseline: the diagnosis's window against its baseline
+/// over what the store holds, symbolized.
+fn what_changed(state: &AppState, tenant: TenantId, job: &str, kind: &str) -> ApiResult<String> {
+    let k = whyslow_diagnose::ProfileKind::from_name(kind)
+        .ok_or_else(|| ApiError::bad_request(format!("kind {kind:?}: not a profile kind")))?;
+    let d = crate::diagnosis_of(state.store.as_ref(), tenant, job, &Default::default())
+        .map_err(ApiError::internal)?
+        .map_err(|e| ApiError::not_found(format!("job {job:?}: {e}")))?;
+    let no_profiles = || ApiError::not_found(format!("no {kind} profiles of job {job:?}"));
+    let pair = d.what_changed(k).ok_or_else(no_profiles)?;
+    if pair.base.stacks.is_empty() && pair.test.stacks.is_empty() {
+        return Err(ApiError::not_found(format!(
+            "no {kind} profiles of job {job:?} lie in its baseline or its window ({})",
+            pair.title
+        )));
+    }
+    let mut pair = pair.clone();
+    if let Some(s) = &state.symbols {
+        s.symbolize(tenant, &mut pair.base);
+        s.symbolize(tenant, &mut pair.test);
+    }
+    pair.title = format!(
+        "job {job}: {kind}, {} (seconds since its first profile; red: wider now, blue: narrower)",
+        pair.title
+    );
+    Ok(whyslow_stack_output::diff_flamegraph(&pair).svg)
 }
 
 /// `?kind=&limit=` of the flame graph routes.

@@ -206,7 +206,7 @@ async fn profiles_flame_graphs_and_the_cross_job_function_query_answer_alike_on_
             svg.contains("<svg") && svg.contains("gemm") && svg.contains("latest 3 profiles"),
             "{name}"
         );
-        // Differential: the job's latest against its first.
+        // Differential: the diagnosis's window against its baseline.
         let (code, diff) = call(&app, "GET", "/api/v1/jobs/job-1/diff.svg", &a, vec![]).await;
         assert_eq!(
             code,

@@ -153,8 +153,57 @@ pub struct Diagnosis {
     /// baseline (at most 4 of each).
     pub flames: Vec<FlamePair>,
     /// Each group's window against its baseline, whether or not either is
-    /// empty (the command line's `--diff-svg`).
+    /// empty.
     pub group_diffs: Vec<FlamePair>,
+    /// The job's window against its baseline for each kind of profile it
+    /// has (see [`Diagnosis::what_changed`]).
+    pub job_diffs: Vec<(ProfileKind, FlamePair)>,
+}
+
+/// Which profiles a window-against-baseline picture compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProfileKind {
+    /// The ranks' on-CPU profiles.
+    Cpu,
+    /// The ranks' off-CPU (blocked-time) profiles.
+    OffCpu,
+    /// Node-wide profiles: every process of the host.
+    Host,
+}
+
+impl ProfileKind {
+    /// Every kind, in the order pages show them.
+    pub const ALL: [ProfileKind; 3] = [ProfileKind::Cpu, ProfileKind::OffCpu, ProfileKind::Host];
+
+    /// The name the command line, the API and the stores use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProfileKind::Cpu => "cpu",
+            ProfileKind::OffCpu => "offcpu",
+            ProfileKind::Host => "host",
+        }
+    }
+
+    /// The kind named `name` (`cpu`, `offcpu`, `host`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+impl Diagnosis {
+    /// What changed since the job ran well: the job's judged window against
+    /// its temporal baseline (SysOM-AI §3.1, Fig. 7), for profiles of
+    /// `kind`, over the same periods the verdict compared. For CPU
+    /// profiles, the group whose functions rose (the verdict's), else the
+    /// job's one group, else all its ranks. The one answer to "what
+    /// changed" of every door: `whyslow diagnose --diff-svg` and the
+    /// server's `diff.svg`. `None` when the job has no profile of `kind`.
+    pub fn what_changed(&self, kind: ProfileKind) -> Option<&FlamePair> {
+        self.job_diffs
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, pair)| pair)
+    }
 }
 
 /// A late rank as the steps below see it.

@@ -40,7 +40,7 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use job::{
     diagnose, judge_network, link_rank, parse_range, DiagnoseConfig, DiagnoseError, Diagnosis,
-    FlamePair, LateGroup,
+    FlamePair, LateGroup, ProfileKind,
 };
 use serde::{Deserialize, Serialize};
 pub use whyslow_model::diagnosis::{DiagnoseEvidence, DiagnoseReport, Regression};

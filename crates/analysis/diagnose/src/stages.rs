@@ -41,7 +41,7 @@ use crate::stragglers::{instance_periods, lateness, slow_ranks, Straggler, Strag
 use crate::{regressions, waterline, Config, Regression, Shares, WaterlineFlag};
 
 mod output;
-use output::{group_diffs, late_groups, pictures, report_of};
+use output::{group_diffs, job_diffs, late_groups, pictures, report_of};
 
 /// Runs the cross-layer diagnosis (SysOM-AI §3.1–§3.3) over `evidence`.
 pub fn diagnose(
@@ -100,6 +100,8 @@ pub fn diagnose(
     let all_lateness = lateness(records, &StragglerConfig::default());
     let diffs = group_diffs(&groups, &periods);
     let flames = pictures(&ev, &periods, &late, &host_views, &diffs);
+    let regressed = cpu.regressions.first().map(|r| r.group.clone());
+    let changed = job_diffs(&ev, &periods, &diffs, regressed.as_deref());
     let late_groups = late_groups(&all_lateness, &late.found);
     let report = report_of(
         &ev,
@@ -118,6 +120,7 @@ pub fn diagnose(
         late_groups,
         flames,
         group_diffs: diffs,
+        job_diffs: changed,
     })
 }
 

@@ -403,3 +403,85 @@ fn a_bad_period_is_refused_by_diagnose_itself() {
     .unwrap_err();
     assert_eq!(e, whyslow_diagnose::DiagnoseError::NothingToDiagnose);
 }
+
+/// A profile of `rank` in `group` over `[start_s, start_s + 3)` whose one
+/// stack ends in `leaf`; `extra` labels (`kind`, `scope`) as the agents set.
+fn timed(rank: u32, group: &str, start_s: u64, leaf: &str, extra: &[(&str, &str)]) -> StackProfile {
+    let mut b = StackProfileBuilder::new();
+    let ids = ["main", "train_step", leaf]
+        .into_iter()
+        .map(|n| b.frame(py(n)))
+        .collect();
+    b.add(ids, 90);
+    let mut p = b.finish(99.0, start_s * 1_000_000_000, 3_000_000_000);
+    p.labels.insert("rank".into(), rank.to_string());
+    p.labels.insert("group".into(), group.into());
+    for (k, v) in extra {
+        p.labels.insert((*k).into(), (*v).into());
+    }
+    p
+}
+
+fn leaves(p: &StackProfile) -> Vec<String> {
+    let mut names: Vec<String> = p
+        .stacks
+        .iter()
+        .filter_map(|s| s.frames.last())
+        .filter_map(|&f| p.frames[f as usize].name.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Issue 45: "what changed" has one meaning, the diagnosis's own periods —
+/// the window against the baseline the verdict compared (SysOM-AI §3.1,
+/// Fig. 7) — for each kind of profile the job has; the command line's
+/// `--diff-svg` and the server's `diff.svg` draw this pair. Work that moved
+/// from `old` to `new` halfway shows `old` in the baseline only and `new`
+/// in the window only, whatever the number of groups.
+#[test]
+fn what_changed_is_the_window_against_the_verdicts_baseline() {
+    for groups in [&["dp0"][..], &["dp0", "dp1"][..]] {
+        let mut ev = whyslow_diagnose::DiagnoseEvidence::default();
+        for (i, g) in groups.iter().enumerate() {
+            for step in 0..10u64 {
+                let leaf = if step < 5 { "old" } else { "new" };
+                let rank = i as u32;
+                ev.profiles.push(timed(rank, g, step * 3, leaf, &[]));
+                let wait = if step < 5 { "wait_old" } else { "wait_new" };
+                ev.profiles
+                    .push(timed(rank, g, step * 3, wait, &[("kind", "offcpu")]));
+            }
+        }
+        let d = whyslow_diagnose::diagnose(&ev, &Default::default()).unwrap();
+        let (window, baseline) = (d.report.window, d.report.baseline);
+        assert!(baseline.1 <= window.0, "{baseline:?} {window:?}");
+        let cpu = d.what_changed(whyslow_diagnose::ProfileKind::Cpu).unwrap();
+        assert_eq!(leaves(&cpu.base), ["old"], "{groups:?}");
+        assert_eq!(leaves(&cpu.test), ["new"], "{groups:?}");
+        // The group whose functions rose, when the verdict names one (here
+        // every group did, in name order: the first); else every rank.
+        match d.report.regressions.first() {
+            Some(r) => {
+                assert_eq!(cpu.group.as_deref(), Some(r.group.as_str()));
+                assert_eq!(cpu.test.total(), 3 * 90, "one rank, 3 profiles");
+            }
+            None => assert_eq!(cpu.test.total(), 3 * 90 * groups.len() as u64),
+        }
+        assert!(
+            cpu.title
+                .contains(&format!("{:.0}..{:.0} s", window.0, window.1)),
+            "{}",
+            cpu.title
+        );
+        let blocked = d
+            .what_changed(whyslow_diagnose::ProfileKind::OffCpu)
+            .unwrap();
+        assert_eq!(leaves(&blocked.base), ["wait_old"]);
+        assert_eq!(leaves(&blocked.test), ["wait_new"]);
+        assert!(d
+            .what_changed(whyslow_diagnose::ProfileKind::Host)
+            .is_none());
+    }
+}

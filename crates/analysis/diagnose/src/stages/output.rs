@@ -7,7 +7,7 @@ use whyslow_model::diagnosis::{CollectiveGroup, DiagnoseReport, GpuDiff, LossyHo
 use whyslow_model::stack::StackProfile;
 
 use super::{CpuLayer, Evidence, Judged, LateRanks, Periods};
-use crate::job::{peer_pair, rank_row, FlamePair, HostView, LateGroup};
+use crate::job::{peer_pair, rank_row, FlamePair, HostView, LateGroup, ProfileKind};
 use crate::stragglers::{GroupLateness, Straggler};
 
 /// Stage 7a: the report.
@@ -112,6 +112,52 @@ pub(super) fn group_diffs(
             }
         })
         .collect()
+}
+
+/// The job's window against its baseline per kind of profile it has: for
+/// CPU the verdict's group (the first with a regression), else the one
+/// group, else every rank; off-CPU and host profiles over the whole job.
+pub(super) fn job_diffs(
+    ev: &Evidence<'_>,
+    periods: &Periods,
+    group_diffs: &[FlamePair],
+    regressed: Option<&str>,
+) -> Vec<(ProfileKind, FlamePair)> {
+    let (window, baseline) = (periods.window, periods.baseline);
+    let pair = |what: &str, group: Option<String>, ps: &[&StackProfile]| FlamePair {
+        title: format!(
+            "{what}: {:.0}..{:.0} s against the baseline {:.0}..{:.0} s",
+            window.0, window.1, baseline.0, baseline.1
+        ),
+        group,
+        base: StackProfile::merged(ps.iter().copied().filter(|p| periods.within(p, baseline))),
+        test: StackProfile::merged(ps.iter().copied().filter(|p| periods.within(p, window))),
+    };
+    let mut out = Vec::new();
+    let cpu = match regressed {
+        Some(g) => group_diffs
+            .iter()
+            .find(|p| p.group.as_deref() == Some(g))
+            .cloned(),
+        None => None,
+    }
+    .or_else(|| match group_diffs {
+        [one] => Some(one.clone()),
+        _ => None,
+    })
+    .or_else(|| (!ev.profiles.is_empty()).then(|| pair("every rank", None, &ev.profiles)));
+    if let Some(cpu) = cpu {
+        out.push((ProfileKind::Cpu, cpu));
+    }
+    if !ev.offcpu_profiles.is_empty() {
+        let p = pair("blocked time, every rank", None, &ev.offcpu_profiles);
+        out.push((ProfileKind::OffCpu, p));
+    }
+    if !ev.host_profiles.is_empty() {
+        let p = pair("every host", None, &ev.host_profiles);
+        out.push((ProfileKind::Host, p));
+    }
+    out
 }
 
 /// Stage 7b: the differential flame graphs: each late rank against a peer
