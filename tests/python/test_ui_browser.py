@@ -557,6 +557,8 @@ def test_ui_pages_put_the_verdict_on_top_in_a_browser(tmp_path, browser_exe):
               [("rank 2", rank2), ("injected_slow_rank_work", lambda t: "injected_slow_rank_work" in t)])
         visit("diagnosis page", "/ui/jobs/%s/diagnosis.html" % SPOOL_JOB, "diagnosis.png",
               [("rank 2", rank2), ("the layer (os)", lambda t: "Layer: os" in t)])
+        back = b.cdp.eval("!!document.querySelector('nav a[href=\"/ui/jobs/%s\"]')" % SPOOL_JOB)
+        fails.check(back, "diagnosis page", "a link back to its job", "no nav link to /ui/jobs/%s" % SPOOL_JOB)
         # The spool job's own page: the same verdict on top, its flame
         # graphs below (an artifact, not in the docs).
         visit("spool job page", "/ui/jobs/%s" % SPOOL_JOB, "spool-job.png",

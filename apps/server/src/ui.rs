@@ -22,8 +22,11 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde::Deserialize;
 
+use maud::{html, Markup, PreEscaped};
+
 use crate::store::{self, TenantId};
 use crate::AppState;
+use whyslow_report::layout::{self, Nav, NavLink};
 use whyslow_report::status::{self, Health};
 
 /// The cookie that holds the signed-in tenant's token.
@@ -32,19 +35,31 @@ const COOKIE: &str = "whyslow_token";
 /// How long a sign-in lasts, seconds (a week).
 const SIGN_IN_MAX_AGE_S: u64 = 7 * 24 * 3600;
 
-fn page(title: &str, body: &str) -> Html<String> {
+/// The bar of every UI page: the jobs, then `links`, then signing out.
+fn nav(links: Vec<NavLink>) -> Nav {
+    let mut all = vec![NavLink::new("/ui/", "Jobs")];
+    all.extend(links);
+    all.push(NavLink::new("/ui/logout", "Sign out"));
+    Nav {
+        home: Some("/ui/".to_string()),
+        links: all,
+        actions: None,
+    }
+}
+
+/// The bar's link back to a job's page.
+fn job_link(job: &str) -> NavLink {
+    NavLink::new(format!("/ui/jobs/{job}"), format!("Job {job}"))
+}
+
+fn page(title: &str, body: Markup) -> Html<String> {
     // One layout for every page (whyslow_report::layout): the server's
     // pages and the command line's reports look alike.
-    use whyslow_report::layout::{self, NavLink};
-    Html(layout::page(
+    Html(layout::page_in(
+        &nav(Vec::new()),
         title,
-        Some("/ui/"),
-        &[
-            NavLink::new("/ui/", "Jobs"),
-            NavLink::new("/ui/logout", "Sign out"),
-        ],
         whyslow_report::hang::HANG_CSS,
-        layout::trusted(body),
+        body,
     ))
 }
 
@@ -58,10 +73,6 @@ fn url_escape(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-fn esc(s: &str) -> String {
-    whyslow_report::escape_html(s)
 }
 
 /// `YYYY-MM-DD HH:MM:SS UTC` of a Unix time (civil-from-days, Hinnant).
@@ -104,10 +115,7 @@ async fn signed_in(
 fn server_error(msg: &str) -> Response {
     (
         StatusCode::INTERNAL_SERVER_ERROR,
-        page(
-            "Server error",
-            &format!("<p class=\"error\">{}</p>", esc(msg)),
-        ),
+        page("Server error", html! { p.error { (msg) } }),
     )
         .into_response()
 }
@@ -117,7 +125,7 @@ fn not_found(what: &str) -> Response {
         StatusCode::NOT_FOUND,
         page(
             "Not found",
-            &format!("<p>{}</p><p><a href=\"/ui/\">Your jobs</a></p>", esc(what)),
+            html! { p { (what) } p { a href="/ui/" { "Your jobs" } } },
         ),
     )
         .into_response()
@@ -147,24 +155,36 @@ async fn login_page(Query(q): Query<NextQuery>) -> Html<String> {
     login_form(&safe_next(q.next.as_deref()), None)
 }
 
+/// Signs in from a link (`/ui/login#token=…`): the token from the
+/// fragment, which browsers never send to a server, into the form.
+const LOGIN_SCRIPT: &str = "(function(){var m=location.hash.match(/^#token=([^&]+)/);\
+if(!m)return;history.replaceState(null,'',location.pathname+location.search);\
+var f=document.getElementById('login');f.token.value=decodeURIComponent(m[1]);f.submit();})();";
+
 fn login_form(next: &str, error: Option<&str>) -> Html<String> {
-    let error = error
-        .map(|e| format!("<p class=\"error\">{}</p>", esc(e)))
-        .unwrap_or_default();
     page(
         "Sign in",
-        &format!(
-            "{error}<form id=\"login\" method=\"post\" action=\"/ui/login\">\
-             <p><label>API token of your tenant<br>\
-             <input type=\"password\" name=\"token\" size=\"60\" autocomplete=\"off\" required></label></p>\
-             <input type=\"hidden\" name=\"next\" value=\"{}\">\
-             <p><button type=\"submit\">Sign in</button></p></form>\
-             <p class=\"muted\">A token comes from <code>whyslow server token create --data DIR --tenant NAME</code>.</p>\
-             <script>(function(){{var m=location.hash.match(/^#token=([^&]+)/);\
-             if(!m)return;history.replaceState(null,'',location.pathname+location.search);\
-             var f=document.getElementById('login');f.token.value=decodeURIComponent(m[1]);f.submit();}})();</script>",
-            esc(next)
-        ),
+        html! {
+            @if let Some(e) = error {
+                p.error { (e) }
+            }
+            form id="login" method="post" action="/ui/login" {
+                p {
+                    label {
+                        "API token of your tenant" br;
+                        input type="password" name="token" size="60" autocomplete="off" required;
+                    }
+                }
+                input type="hidden" name="next" value=(next);
+                p { button type="submit" { "Sign in" } }
+            }
+            p.muted {
+                "A token comes from "
+                code { "whyslow server token create --data DIR --tenant NAME" }
+                "."
+            }
+            script { (PreEscaped(LOGIN_SCRIPT)) }
+        },
     )
 }
 
@@ -310,171 +330,216 @@ async fn jobs_page(
     .await
     .unwrap_or_else(|e| Err(e.to_string()));
     let body = if jobs.is_empty() {
-        "<p>No job has uploaded yet. Ranks upload when <code>WHYSLOW_SERVER</code> and \
-         <code>WHYSLOW_TOKEN</code> are set in the training job's environment.</p>"
-            .to_string()
+        html! {
+            p {
+                "No job has uploaded yet. Ranks upload when " code { "WHYSLOW_SERVER" } " and "
+                code { "WHYSLOW_TOKEN" } " are set in the training job's environment."
+            }
+        }
     } else {
-        // The name people know the job by first, the run id beside it, and
-        // what the scheduler says of it; its status (the verdict) beside.
-        let needle = query.q.as_deref().unwrap_or("").to_lowercase();
-        let mut shown_jobs: Vec<_> = jobs
-            .iter()
-            .filter(|(j, id)| {
-                needle.is_empty()
-                    || j.job.to_lowercase().contains(&needle)
-                    || id.as_ref().is_some_and(|i| {
-                        i.name
-                            .as_deref()
-                            .unwrap_or("")
-                            .to_lowercase()
-                            .contains(&needle)
-                            || i.labels
-                                .iter()
-                                .any(|(k, v)| format!("{k}={v}").to_lowercase().contains(&needle))
-                    })
-            })
-            .map(|(j, id)| (j, id, state.metrics.jobs.status(t.0, &j.job)))
-            .collect();
-        match query.sort.as_deref() {
-            Some("name") => shown_jobs.sort_by(|a, b| a.0.job.cmp(&b.0.job)),
-            Some("updated") => shown_jobs.sort_by_key(|x| std::cmp::Reverse(x.0.updated_unix_s)),
-            _ => shown_jobs.sort_by_key(|x| {
-                (
-                    x.2.as_ref().map_or(Health::Unknown, |s| s.0),
-                    std::cmp::Reverse(x.0.updated_unix_s),
-                )
-            }),
-        }
-        let sort_href = |key: &str| match query.q.as_deref() {
-            Some(q) => format!("/ui/?sort={key}&q={}", url_escape(q)),
-            None => format!("/ui/?sort={key}"),
-        };
-        maud::html! {
-            form.filter method="get" action="/ui/" {
-                label { "Filter by name or label " input name="q" value=(query.q.as_deref().unwrap_or("")); }
-                " "
-                button { "Filter" }
-            }
-            table.jobs {
-                tr {
-                    th { a href=(sort_href("name")) { "job" } }
-                    th { a href=(sort_href("status")) { "status" } }
-                    th { "scheduler" }
-                    th { "sessions" }
-                    th { a href=(sort_href("updated")) { "last upload" } }
-                }
-                @for (j, id, status) in &shown_jobs {
-                    @let (health, said) = match status {
-                        Some((h, lines)) => (*h, lines.first().cloned().unwrap_or_default()),
-                        None => (Health::Unknown, "not judged yet".to_string()),
-                    };
-                    tr {
-                        td {
-                            a href={ "/ui/jobs/" (j.job) } {
-                                @match id.as_ref().and_then(|i| i.name.as_deref()) {
-                                    Some(n) => { b { (n) } " " span.muted { (j.job) } },
-                                    None => (j.job),
-                                }
-                            }
-                        }
-                        td { span.badge.(health.as_str()) { (health.as_str()) } " " (said) }
-                        td {
-                            @if let Some(i) = id {
-                                @for (k, v) in &i.labels { code { (k) "=" (v) } " " }
-                            }
-                        }
-                        td { (j.sessions) }
-                        td { (utc(j.updated_unix_s)) }
-                    }
-                }
-            }
-        }
-        .into_string()
+        jobs_table(&state, t, &jobs, &query)
     };
-    let body = body + &functions_section(&functions);
-    page("Jobs", &body).into_response()
+    page("Jobs", html! { (body) (functions_section(&functions)) }).into_response()
+}
+
+/// A job and what the scheduler says of it.
+type JobRow = (
+    whyslow_store::JobSummary,
+    Option<whyslow_model::JobIdentity>,
+);
+
+/// The jobs list: the filter, then one row per job shown (its name, its
+/// status, the scheduler's labels, its sessions, its last upload).
+fn jobs_table(state: &AppState, t: TenantId, jobs: &[JobRow], query: &JobsQuery) -> Markup {
+    // The name people know the job by first, the run id beside it, and
+    // what the scheduler says of it; its status (the verdict) beside.
+    let needle = query.q.as_deref().unwrap_or("").to_lowercase();
+    let mut shown_jobs: Vec<_> = jobs
+        .iter()
+        .filter(|(j, id)| {
+            needle.is_empty()
+                || j.job.to_lowercase().contains(&needle)
+                || id.as_ref().is_some_and(|i| {
+                    i.name
+                        .as_deref()
+                        .unwrap_or("")
+                        .to_lowercase()
+                        .contains(&needle)
+                        || i.labels
+                            .iter()
+                            .any(|(k, v)| format!("{k}={v}").to_lowercase().contains(&needle))
+                })
+        })
+        .map(|(j, id)| (j, id, state.metrics.jobs.status(t.0, &j.job)))
+        .collect();
+    match query.sort.as_deref() {
+        Some("name") => shown_jobs.sort_by(|a, b| a.0.job.cmp(&b.0.job)),
+        Some("updated") => shown_jobs.sort_by_key(|x| std::cmp::Reverse(x.0.updated_unix_s)),
+        _ => shown_jobs.sort_by_key(|x| {
+            (
+                x.2.as_ref().map_or(Health::Unknown, |s| s.0),
+                std::cmp::Reverse(x.0.updated_unix_s),
+            )
+        }),
+    }
+    let sort_href = |key: &str| match query.q.as_deref() {
+        Some(q) => format!("/ui/?sort={key}&q={}", url_escape(q)),
+        None => format!("/ui/?sort={key}"),
+    };
+    html! {
+        form.filter method="get" action="/ui/" {
+            label { "Filter by name or label " input name="q" value=(query.q.as_deref().unwrap_or("")); }
+            " "
+            button { "Filter" }
+        }
+        table.jobs {
+            tr {
+                th { a href=(sort_href("name")) { "job" } }
+                th { a href=(sort_href("status")) { "status" } }
+                th { "scheduler" }
+                th { "sessions" }
+                th { a href=(sort_href("updated")) { "last upload" } }
+            }
+            @for (j, id, status) in &shown_jobs {
+                @let (health, said) = match status {
+                    Some((h, lines)) => (*h, lines.first().cloned().unwrap_or_default()),
+                    None => (Health::Unknown, "not judged yet".to_string()),
+                };
+                tr {
+                    td {
+                        a href={ "/ui/jobs/" (j.job) } {
+                            @match id.as_ref().and_then(|i| i.name.as_deref()) {
+                                Some(n) => { b { (n) } " " span.muted { (j.job) } },
+                                None => (j.job),
+                            }
+                        }
+                    }
+                    td { span.badge.(health.as_str()) { (health.as_str()) } " " (said) }
+                    td {
+                        @if let Some(i) = id {
+                            @for (k, v) in &i.labels { code { (k) "=" (v) } " " }
+                        }
+                    }
+                    td { (j.sessions) }
+                    td { (utc(j.updated_unix_s)) }
+                }
+            }
+        }
+    }
 }
 
 /// The top functions across the tenant's jobs over the last hour, against
 /// the hour before (`GET /api/v1/functions`'s defaults).
-fn functions_section(t: &Result<whyslow_store::FunctionTable, String>) -> String {
+fn functions_section(t: &Result<whyslow_store::FunctionTable, String>) -> Markup {
     let t = match t {
-        Err(e) => return format!("<p class=\"muted\">Functions across jobs: {}</p>", esc(e)),
-        Ok(t) if t.samples == 0 => return String::new(),
+        Err(e) => return html! { p.muted { "Functions across jobs: " (e) } },
+        Ok(t) if t.samples == 0 => return html! {},
         Ok(t) => t,
     };
     let pct = |x: f64| format!("{:.1} %", 100.0 * x);
-    let rows: String = t
-        .functions
-        .iter()
-        .map(|f| {
-            let change = match f.self_share_change {
-                Some(c) if c > 0.005 => {
-                    format!("<span style=\"color:#c62828\">+{:.1} pp</span>", 100.0 * c)
+    html! {
+        h2 { "Functions across your jobs" }
+        p.muted {
+            "CPU profiles of the last hour: " (t.samples) " samples in " (t.profiles)
+            " profiles, against the hour before (" (t.base_samples.unwrap_or(0)) " samples). "
+            code { "GET /api/v1/functions" } " asks the same for any range, kind and jobs."
+        }
+        table {
+            tr { th { "function" } th { "self" } th { "total" } th { "self, change" } }
+            @for f in &t.functions {
+                tr {
+                    td { code { (f.function) } }
+                    td { (pct(f.self_share)) }
+                    td { (pct(f.total_share)) }
+                    td { (share_change(f.self_share_change)) }
                 }
-                Some(c) if c < -0.005 => {
-                    format!("<span style=\"color:#1565c0\">{:.1} pp</span>", 100.0 * c)
-                }
-                Some(c) => format!("{:+.1} pp", 100.0 * c),
-                None => String::new(),
-            };
-            format!(
-                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{change}</td></tr>",
-                esc(&f.function),
-                pct(f.self_share),
-                pct(f.total_share)
-            )
-        })
-        .collect();
-    format!(
-        "<h2>Functions across your jobs</h2><p class=\"muted\">CPU profiles of the last hour: {} samples in {} profiles, against the hour before ({} samples). \
-         <code>GET /api/v1/functions</code> asks the same for any range, kind and jobs.</p>\
-         <table><tr><th>function</th><th>self</th><th>total</th><th>self, change</th></tr>{rows}</table>",
-        t.samples,
-        t.profiles,
-        t.base_samples.unwrap_or(0)
-    )
+            }
+        }
+    }
 }
 
-/// The job's stragglers (SysOM-AI §3.1) and the per-rank entry-time plot
-/// of each group (Fig. 5), from its uploaded collective records.
+/// A function's change of self share, in points: growth red, shrinking
+/// blue.
+fn share_change(change: Option<f64>) -> Markup {
+    match change {
+        Some(c) if c > 0.005 => {
+            html! { span style="color:#c62828" { (format!("+{:.1} pp", 100.0 * c)) } }
+        }
+        Some(c) if c < -0.005 => {
+            html! { span style="color:#1565c0" { (format!("{:.1} pp", 100.0 * c)) } }
+        }
+        Some(c) => html! { (format!("{:+.1} pp", 100.0 * c)) },
+        None => html! {},
+    }
+}
+
+/// The entry-time plot (SysOM-AI Fig. 5) of each group with a late rank.
+fn entry_plots(d: &whyslow_diagnose::Diagnosis) -> Vec<whyslow_report::diagnose::EntryPlot> {
+    d.late_groups
+        .iter()
+        .map(|g| {
+            whyslow_report::diagnose::EntryPlot::from_instances(
+                &g.lateness.group,
+                &g.lateness.ranks,
+                &g.lateness.instances,
+                &g.flagged,
+            )
+        })
+        .collect()
+}
+
 /// The job's cross-layer diagnosis (SysOM-AI §3.1), as `whyslow diagnose`
 /// gives it over the same data: the verdict (late ranks, the layer, the
 /// CPU/off-CPU/OS/network/GPU diffs, the regressions) and the entry-time
-/// plot of each group with a late rank; the flame graphs on their own page.
-fn diagnosis_section(job: &str, d: &whyslow_diagnose::Diagnosis) -> String {
+/// plot (Fig. 5) of each group with a late rank; the flame graphs on their
+/// own page.
+fn diagnosis_section(job: &str, d: &whyslow_diagnose::Diagnosis) -> Markup {
     let r = &d.report;
     // The same words as `whyslow diagnose --html` (whyslow_report).
     let verdict = status::diagnosis_status(r).line;
-    let measure = whyslow_report::diagnose::deciding_measure(r)
-        .map(|m| format!(" — {}", esc(&m)))
-        .unwrap_or_default();
-    let mut out = format!(
-        "<h2>Cross-layer diagnosis</h2><p class=\"muted\">From the node agents' profiles, \
-         collective records and OS signals (SysOM-AI §3.1); the same verdict as \
-         <code>whyslow diagnose</code> and <code>GET /api/v1/jobs/{j}/diagnosis</code>. \
-         <a href=\"/ui/jobs/{j}/diagnosis.html\">The whole report, with its flame graphs</a>.</p>\
-         <p><b>{}</b> Layer: <b>{}</b>{measure}.</p>\
-         <details><summary>Every row and note</summary><pre>{}</pre></details>",
-        esc(&verdict),
-        esc(&r.layer),
-        esc(&whyslow_stack_output::diagnosis_table(r)),
-        j = esc(job),
-    );
-    for g in d.late_groups.iter().take(8) {
-        let plot = whyslow_report::diagnose::EntryPlot::from_instances(
-            &g.lateness.group,
-            &g.lateness.ranks,
-            &g.lateness.instances,
-            &g.flagged,
-        );
-        out.push_str(&format!(
-            "<h3>group {}: entry into collectives, per rank</h3>{}",
-            esc(&g.lateness.group),
-            plot.svg()
-        ));
+    let measure = whyslow_report::diagnose::deciding_measure(r);
+    let plots = entry_plots(d);
+    html! {
+        h2 { "Cross-layer diagnosis" }
+        p.muted {
+            "From the node agents' profiles, collective records and OS signals (SysOM-AI §3.1); \
+             the same verdict as " code { "whyslow diagnose" } " and "
+            code { "GET /api/v1/jobs/" (job) "/diagnosis" } ". "
+            a href={ "/ui/jobs/" (job) "/diagnosis.html" } { "The whole report, with its flame graphs" }
+            "."
+        }
+        p {
+            b { (verdict) } " Layer: " b { (r.layer) }
+            @if let Some(m) = &measure { " — " (m) }
+            "."
+        }
+        details {
+            summary { "Every row and note" }
+            pre { (whyslow_stack_output::diagnosis_table(r)) }
+        }
+        @for p in plots.iter().take(8) {
+            h3 { "group " (p.group) ": entry into collectives, per rank" }
+            (PreEscaped(p.svg()))
+        }
     }
-    out
+}
+
+/// The diagnosis page of `job`: `whyslow diagnose --html`'s page
+/// (whyslow_stack_output::diagnosis_html), its bar linking back to the job.
+fn diagnosis_html(job: &str, d: &whyslow_diagnose::Diagnosis) -> String {
+    let flames: Vec<_> = d
+        .flames
+        .iter()
+        .map(whyslow_stack_output::diff_flamegraph)
+        .collect();
+    whyslow_report::diagnose::render_diagnose_page(
+        &nav(vec![job_link(job)]),
+        &format!("job {job}"),
+        &d.report,
+        &whyslow_stack_output::diagnosis_table(&d.report),
+        &entry_plots(d),
+        &flames,
+    )
 }
 
 /// `/ui/jobs/{job}/diagnosis.html`: the whole diagnosis page (the verdict,
@@ -501,7 +566,7 @@ async fn diagnosis_page(
     let (st, j) = (state.clone(), job.clone());
     let found = tokio::task::spawn_blocking(move || {
         crate::diagnosis_of(st.store.as_ref(), t, &j, &cfg)
-            .map(|d| d.map(|d| whyslow_stack_output::diagnosis_html(&format!("job {j}"), &d)))
+            .map(|d| d.map(|d| diagnosis_html(&j, &d)))
     })
     .await;
     match found {
@@ -510,6 +575,42 @@ async fn diagnosis_page(
         Ok(Err(e)) => server_error(&e.to_string()),
         Err(e) => server_error(&e.to_string()),
     }
+}
+
+/// What a job's page shows: its sessions, its profiles by kind (and how
+/// many), its diagnosis, its latest flow analysis and hang report (as
+/// uploaded) and its latest session's report.
+struct JobEvidence {
+    sessions: Vec<whyslow_store::SessionSummary>,
+    kinds: Vec<(&'static str, u64)>,
+    diagnosis: Option<whyslow_diagnose::Diagnosis>,
+    flows: Vec<String>,
+    hangs: Vec<String>,
+    report: Option<whyslow_model::Report>,
+}
+
+fn job_evidence(
+    state: &AppState,
+    t: TenantId,
+    job: &str,
+) -> Result<JobEvidence, crate::StoreError> {
+    let store = state.store.as_ref();
+    let sessions = store.sessions(t, job)?;
+    let mut kinds = Vec::new();
+    for k in crate::PROFILE_KINDS {
+        let n = store.profile_count(t, job, k)?;
+        if n > 0 {
+            kinds.push((k, n));
+        }
+    }
+    Ok(JobEvidence {
+        sessions,
+        kinds,
+        diagnosis: crate::diagnosis_of(store, t, job, &Default::default())?.ok(),
+        flows: store.batches(t, job, whyslow_store::BatchKind::Flows, 1)?,
+        hangs: store.batches(t, job, whyslow_store::BatchKind::Hangs, 1)?,
+        report: latest_report(store, t, job),
+    })
 }
 
 async fn job_page(
@@ -526,41 +627,23 @@ async fn job_page(
         Err(r) => return r,
     };
     let (st, j) = (state.clone(), job.clone());
-    let found = tokio::task::spawn_blocking(move || -> Result<_, crate::StoreError> {
-        let sessions = st.store.sessions(t, &j)?;
-        let mut kinds = Vec::new();
-        for k in crate::PROFILE_KINDS {
-            let n = st.store.profile_count(t, &j, k)?;
-            if n > 0 {
-                kinds.push((k, n));
-            }
-        }
-        let diagnosis = crate::diagnosis_of(st.store.as_ref(), t, &j, &Default::default())?.ok();
-        let report = latest_report(st.store.as_ref(), t, &j);
-        let flows = st
-            .store
-            .batches(t, &j, whyslow_store::BatchKind::Flows, 1)?;
-        let hangs = st
-            .store
-            .batches(t, &j, whyslow_store::BatchKind::Hangs, 1)?;
-        Ok((sessions, kinds, diagnosis, flows, hangs, report))
-    })
-    .await;
-    let (sessions, kinds, diagnosis, flows, hangs, report) = match found {
+    let e = match tokio::task::spawn_blocking(move || job_evidence(&st, t, &j)).await {
         Ok(Ok(x)) => x,
         Ok(Err(e)) => return server_error(&e.to_string()),
         Err(e) => return server_error(&e.to_string()),
     };
-    if sessions.is_empty()
-        && kinds.is_empty()
-        && diagnosis.is_none()
-        && flows.is_empty()
-        && hangs.is_empty()
+    if e.sessions.is_empty()
+        && e.kinds.is_empty()
+        && e.diagnosis.is_none()
+        && e.flows.is_empty()
+        && e.hangs.is_empty()
     {
         return not_found(&format!("No job {job:?}."));
     }
-    let mut body = String::new();
-    let hang = hangs.first().and_then(|h| crate::parse_hang_report(h).ok());
+    let hang = e
+        .hangs
+        .first()
+        .and_then(|h| crate::parse_hang_report(h).ok());
     // The verdict first (issue 46): what is slow, where and why, from every
     // kind of evidence the job has, worst first.
     let mut parts = Vec::new();
@@ -568,123 +651,142 @@ async fn job_page(
         parts.push(status::hang_status(r));
         state.metrics.jobs.hang_report(t.0, &job, r);
     }
-    if let Some(d) = &diagnosis {
+    if let Some(d) = &e.diagnosis {
         parts.push(status::diagnosis_status(&d.report));
         state.metrics.jobs.diagnosis(t.0, &job, &d.report);
     }
-    if let Some(r) = &report {
+    if let Some(r) = &e.report {
         parts.push(status::report_status(r));
         state.metrics.jobs.report(t.0, &job, r);
     }
-    if let Some(f) = flows.first().and_then(|f| crate::parse_flow_report(f).ok()) {
+    if let Some(f) = e
+        .flows
+        .first()
+        .and_then(|f| crate::parse_flow_report(f).ok())
+    {
         parts.push(status::flows_status(&f));
         state.metrics.jobs.flows(t.0, &job, &f);
     }
     let (health, lines) = status::job_status(&parts);
-    let lines: String = if lines.is_empty() {
-        "<p>Nothing judged yet: no session, diagnosis, hang report or flow analysis.</p>".into()
-    } else {
-        lines.iter().map(|l| format!("<p>{}</p>", esc(l))).collect()
+    let body = html! {
+        (job_verdict(health, &lines))
+        // A hang first: the job is stopped, nothing else matters as much.
+        @if let Some(r) = &hang { (hang_section(r)) }
+        @if let Some(d) = &e.diagnosis { (diagnosis_section(&job, d)) }
+        @if let Some(text) = e.flows.first() { (flows_section(&job, text)) }
+        (sessions_section(&job, &e.sessions))
+        @for (k, n) in &e.kinds { (profiles_section(&job, k, *n)) }
     };
-    body.push_str(&format!(
-        "<section class=\"verdict {h}\" aria-label=\"verdict\"><span class=\"badge {h}\">{h}</span>{lines}</section>",
-        h = health.as_str()
-    ));
-    // A hang first: the job is stopped, nothing else matters as much.
-    if let Some(r) = &hang {
-        body.push_str(&hang_section(r));
-    }
-    if let Some(d) = &diagnosis {
-        body.push_str(&diagnosis_section(&job, d));
-    }
-    if let Some(text) = flows.first() {
-        body.push_str(&flows_section(&job, text));
-    }
-    if sessions.is_empty() {
-        body.push_str("<p class=\"muted\">No fingerprints uploaded (no profiling window of the ranks yet).</p>");
-    } else {
-        let rows: String = sessions
-            .iter()
-            .map(|s| {
-                format!(
-                    "<tr><td><a href=\"/ui/jobs/{j}/sessions/{s}\">{s}</a></td><td>{}</td><td>{}</td></tr>",
-                    s.fingerprints,
-                    utc(s.updated_unix_s),
-                    j = esc(&job),
-                    s = esc(&s.session),
-                )
-            })
-            .collect();
-        body.push_str(&format!(
-            "<h2>Sessions</h2><p class=\"muted\">Each session is one profiling window of all ranks.</p>\
-             <table><tr><th>session</th><th>worker fingerprints</th><th>last upload</th></tr>{rows}</table>"
-        ));
-    }
-    for (k, n) in kinds {
-        let what = match k {
-            "cpu" => "CPU stacks of the ranks (the node agents' profiles)",
-            "offcpu" => "Time the ranks spent blocked off the CPU, by the stack that blocked",
-            _ => "Every process on the job's hosts",
-        };
-        body.push_str(&format!(
-            "<h2>{what}</h2><p class=\"muted\">Latest {max} profiles merged; click a frame to zoom. \
-             <a href=\"/ui/jobs/{j}/flamegraph.svg?kind={k}\">Open alone</a>.</p>\
-             <object type=\"image/svg+xml\" data=\"/ui/jobs/{j}/flamegraph.svg?kind={k}\" \
-             style=\"width:100%;min-height:30em\"></object>",
-            max = crate::MAX_FLAME_PROFILES,
-            j = esc(&job),
-        ));
-        if n >= 2 {
-            let each = (n / 2).min(crate::MAX_FLAME_PROFILES as u64);
-            body.push_str(&format!(
-                "<h3>What changed since the job began</h3><p class=\"muted\">The latest {each} profiles \
-                 against the job's first {each} (a temporal baseline, SysOM-AI Fig. 6–7): frames wider \
-                 now are red, narrower blue. \
-                 <a href=\"/ui/jobs/{j}/diff.svg?kind={k}\">Open alone</a>; against another job: \
-                 <code>?base_job=JOB</code>.</p>\
-                 <object type=\"image/svg+xml\" data=\"/ui/jobs/{j}/diff.svg?kind={k}\" \
-                 style=\"width:100%;min-height:30em\"></object>",
-                j = esc(&job),
-            ));
-        }
-    }
-    page(&format!("Job {job}"), &body).into_response()
+    page(&format!("Job {job}"), body).into_response()
 }
 
-/// The job's latest flow analysis (LLMPrism): its table (jobs, steps,
-/// pair types, findings), the per-switch DP bandwidth plot (Fig. 5) and the
-/// per-rank timelines as a Perfetto file (Fig. 4).
-fn hang_section(r: &whyslow_model::hang::HangReport) -> String {
-    format!(
-        "<h2>Hang</h2><p class=\"muted\">The latest hang report of this job: after a stall \
-         (no iteration for 5× the mean, PerfTracker §4.1) every rank's stacks and Flight \
-         Recorder dump, and the ranks the others wait for (<code>whyslow hang</code>).</p>{}",
-        whyslow_report::hang::hang_html_body(r)
-    )
+/// The job's verdict card: its health and what each kind of evidence says.
+fn job_verdict(health: Health, lines: &[String]) -> Markup {
+    let h = health.as_str();
+    html! {
+        section.verdict.(h) aria-label="verdict" {
+            span.badge.(h) { (h) }
+            @if lines.is_empty() {
+                p { "Nothing judged yet: no session, diagnosis, hang report or flow analysis." }
+            }
+            @for l in lines { p { (l) } }
+        }
+    }
+}
+
+/// The job's sessions: one profiling window of all ranks each.
+fn sessions_section(job: &str, sessions: &[whyslow_store::SessionSummary]) -> Markup {
+    if sessions.is_empty() {
+        return html! {
+            p.muted { "No fingerprints uploaded (no profiling window of the ranks yet)." }
+        };
+    }
+    html! {
+        h2 { "Sessions" }
+        p.muted { "Each session is one profiling window of all ranks." }
+        table {
+            tr { th { "session" } th { "worker fingerprints" } th { "last upload" } }
+            @for s in sessions {
+                tr {
+                    td { a href={ "/ui/jobs/" (job) "/sessions/" (s.session) } { (s.session) } }
+                    td { (s.fingerprints) }
+                    td { (utc(s.updated_unix_s)) }
+                }
+            }
+        }
+    }
+}
+
+/// The flame graph of the job's `n` profiles of `kind` (the latest merged),
+/// and, with two or more, what changed since the job began.
+fn profiles_section(job: &str, kind: &str, n: u64) -> Markup {
+    let what = match kind {
+        "cpu" => "CPU stacks of the ranks (the node agents' profiles)",
+        "offcpu" => "Time the ranks spent blocked off the CPU, by the stack that blocked",
+        _ => "Every process on the job's hosts",
+    };
+    let flame = format!("/ui/jobs/{job}/flamegraph.svg?kind={kind}");
+    let diff = format!("/ui/jobs/{job}/diff.svg?kind={kind}");
+    let each = (n / 2).min(crate::MAX_FLAME_PROFILES as u64);
+    html! {
+        h2 { (what) }
+        p.muted {
+            "Latest " (crate::MAX_FLAME_PROFILES) " profiles merged; click a frame to zoom. "
+            a href=(flame) { "Open alone" } "."
+        }
+        object type="image/svg+xml" data=(flame) style="width:100%;min-height:30em" {}
+        @if n >= 2 {
+            h3 { "What changed since the job began" }
+            p.muted {
+                "The latest " (each) " profiles against the job's first " (each)
+                " (a temporal baseline, SysOM-AI Fig. 6–7): frames wider now are red, narrower blue. "
+                a href=(diff) { "Open alone" } "; against another job: " code { "?base_job=JOB" } "."
+            }
+            object type="image/svg+xml" data=(diff) style="width:100%;min-height:30em" {}
+        }
+    }
+}
+
+/// The job's latest hang report: after a stall, the ranks the others wait
+/// for, what each did, the waits-for graph (`whyslow hang`'s page).
+fn hang_section(r: &whyslow_model::hang::HangReport) -> Markup {
+    html! {
+        h2 { "Hang" }
+        p.muted {
+            "The latest hang report of this job: after a stall (no iteration for 5× the mean, \
+             PerfTracker §4.1) every rank's stacks and Flight Recorder dump, and the ranks the \
+             others wait for (" code { "whyslow hang" } ")."
+        }
+        // Escaped by whyslow_report::hang, which builds it.
+        (PreEscaped(whyslow_report::hang::hang_html_body(r)))
+    }
 }
 
 /// The job's latest flow analysis (LLMPrism): its findings first, with
 /// dates, then the jobs and their steps, the per-switch DP bandwidth plot
 /// (Fig. 5) and the per-rank timelines as a Perfetto file (Fig. 4).
-fn flows_section(job: &str, text: &str) -> String {
+fn flows_section(job: &str, text: &str) -> Markup {
     let report = match crate::parse_flow_report(text) {
         Ok(r) => r,
         Err(e) => {
-            return format!(
-                "<h2>Flows</h2><p>The stored flow analysis cannot be read: {}</p>",
-                esc(&e)
-            )
+            return html! {
+                h2 { "Flows" }
+                p { "The stored flow analysis cannot be read: " (e) }
+            }
         }
     };
-    format!(
-        "<h2>Flows</h2><p class=\"muted\">The latest flow analysis uploaded for this job \
-         (<code>whyslow flows analyze --format json</code>, LLMPrism): the training jobs and \
-         their ranks found in the switches' flow records, their steps, and the switches or links \
-         that slow them. <a href=\"/ui/jobs/{j}/flows.perfetto.json\" download>Per-rank \
-         timelines</a> (open in <a href=\"https://ui.perfetto.dev\">ui.perfetto.dev</a>).</p>{body}",
-        j = esc(job),
-        body = whyslow_report::flows::render_html_body(&report).into_string(),
-    )
+    html! {
+        h2 { "Flows" }
+        p.muted {
+            "The latest flow analysis uploaded for this job ("
+            code { "whyslow flows analyze --format json" }
+            ", LLMPrism): the training jobs and their ranks found in the switches' flow records, \
+             their steps, and the switches or links that slow them. "
+            a href={ "/ui/jobs/" (job) "/flows.perfetto.json" } download { "Per-rank timelines" }
+            " (open in " a href="https://ui.perfetto.dev" { "ui.perfetto.dev" } ")."
+        }
+        (whyslow_report::flows::render_html_body(&report))
+    }
 }
 
 async fn flows_perfetto(
@@ -740,7 +842,7 @@ async fn diff_flamegraph(
         Ok(Err(e)) if e.status == StatusCode::NOT_FOUND => not_found(&e.message),
         Ok(Err(e)) if e.status == StatusCode::BAD_REQUEST => (
             StatusCode::BAD_REQUEST,
-            page("Bad request", &esc(&e.message)),
+            page("Bad request", html! { p { (e.message) } }),
         )
             .into_response(),
         Ok(Err(e)) => server_error(&e.message),
@@ -760,7 +862,13 @@ async fn flamegraph(
     }
     let (kind, limit) = match q.checked() {
         Ok(x) => x,
-        Err(e) => return (StatusCode::BAD_REQUEST, page("Bad request", &esc(&e))).into_response(),
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                page("Bad request", html! { p { (e) } }),
+            )
+                .into_response()
+        }
     };
     let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}")).await {
         Ok(t) => t,
@@ -814,12 +922,10 @@ async fn session_page(
                 StatusCode::CONFLICT,
                 page(
                     "Not judged",
-                    &format!(
-                        "<p class=\"error\">{}</p><p><a href=\"/ui/jobs/{}\">Job {}</a></p>",
-                        esc(&refusal.to_string()),
-                        esc(&job),
-                        esc(&job)
-                    ),
+                    html! {
+                        p.error { (refusal) }
+                        p { a href={ "/ui/jobs/" (job) } { "Job " (job) } }
+                    },
                 ),
             )
                 .into_response()
@@ -827,38 +933,43 @@ async fn session_page(
         Err(e) => return server_error(&e.to_string()),
     };
     state.metrics.reports.inc();
-    let html = whyslow_report::render_html(&report);
-    // The report is a whole page; the UI's bar goes on top of it.
-    // The fix button: only where the operator configured a model; it posts
-    // (the cookie is SameSite=Strict, so another site cannot press it).
-    let ask = match &state.fix {
-        Some(f) if !report.findings.is_empty() => format!(
-            "<form method=\"post\" action=\"{here}/fix\" style=\"display:inline;float:right;margin:0\">\
-             <button type=\"submit\" title=\"sends the findings{code} to {base}\">{label} {model}</button></form>",
-            here = esc(&here),
-            code = if f.source_roots.is_empty() { "" } else { " and their code" },
-            base = esc(&f.endpoint.base),
-            label = if report.fix.is_some() || report.fix_error.is_some() {
-                "Ask again:"
-            } else {
-                "Propose a fix with"
-            },
-            model = esc(&f.endpoint.model),
-        ),
-        _ => String::new(),
+    // The report as `whyslow analyze --html` draws it, under the UI's bar:
+    // the jobs, this job, this session, and the fix button.
+    let mut bar = nav(vec![
+        NavLink::new(format!("/ui/jobs/{job}"), format!("job {job}")),
+        NavLink::new(here.clone(), format!("session {session}")),
+    ]);
+    bar.actions = fix_button(state.fix.as_ref(), &report, &here);
+    let opts = whyslow_report::HtmlOptions::default();
+    Html(whyslow_report::render_html_in(&bar, &report, &opts)).into_response()
+}
+
+/// The fix button: only where the operator configured a model and there
+/// is a finding to fix; it posts (the cookie is SameSite=Strict, so another
+/// site cannot press it).
+fn fix_button(
+    fix: Option<&crate::fix::FixSetting>,
+    report: &whyslow_model::Report,
+    here: &str,
+) -> Option<Markup> {
+    let f = fix.filter(|_| !report.findings.is_empty())?;
+    let code = if f.source_roots.is_empty() {
+        ""
+    } else {
+        " and their code"
     };
-    let bar = format!(
-        "<nav style=\"background:#24292f;padding:.6em 1.2em;font-family:system-ui,sans-serif\">{ask}\
-         <a style=\"color:#fff;text-decoration:none\" href=\"/ui/\">whyslow</a>\
-         <span style=\"color:#bbb\"> › <a style=\"color:#bbb\" href=\"/ui/jobs/{j}\">job {j}</a> › session {s}</span></nav>",
-        j = esc(&job),
-        s = esc(&session)
-    );
-    let html = match html.find("<body>") {
-        Some(i) => format!("{}{bar}{}", &html[..i + 6], &html[i + 6..]),
-        None => format!("{bar}{html}"),
+    let label = if report.fix.is_some() || report.fix_error.is_some() {
+        "Ask again:"
+    } else {
+        "Propose a fix with"
     };
-    Html(html).into_response()
+    Some(html! {
+        form method="post" action={ (here) "/fix" } {
+            button type="submit" title={ "sends the findings" (code) " to " (f.endpoint.base) } {
+                (label) " " (f.endpoint.model)
+            }
+        }
+    })
 }
 
 /// The fix button's target: asks (the same call as the API's
@@ -888,11 +999,10 @@ async fn session_fix(
             code,
             page(
                 "No fix",
-                &format!(
-                    "<p class=\"error\">{}</p><p><a href=\"{}\">Back to the session</a></p>",
-                    esc(&why),
-                    esc(&here)
-                ),
+                html! {
+                    p.error { (why) }
+                    p { a href=(here) { "Back to the session" } }
+                },
             ),
         )
             .into_response(),
@@ -939,6 +1049,88 @@ mod tests {
             assert_eq!(safe_next(Some(bad)), "/ui/", "{bad:?}");
         }
         assert_eq!(safe_next(None), "/ui/");
+    }
+
+    #[test]
+    fn pages_escape_what_they_show() {
+        let Html(login) = login_form("/ui/jobs/a\"><b>", Some("<bad> & token"));
+        assert!(
+            login.contains(r#"value="/ui/jobs/a&quot;&gt;&lt;b&gt;""#),
+            "{login}"
+        );
+        assert!(login.contains(r#"<p class="error">&lt;bad&gt; &amp; token</p>"#));
+        assert!(login.contains("<form id=\"login\" method=\"post\" action=\"/ui/login\">"));
+        assert!(login.contains("decodeURIComponent(m[1]);f.submit();})();</script>"));
+        assert!(login.contains(r#"<a href="/ui/logout">Sign out</a>"#));
+
+        let v = job_verdict(Health::Slow, &["rank 2 <b>slow</b>".to_string()]).into_string();
+        assert!(v.starts_with(
+            r#"<section class="verdict slow" aria-label="verdict"><span class="badge slow">slow</span>"#
+        ));
+        assert!(v.contains("<p>rank 2 &lt;b&gt;slow&lt;/b&gt;</p>"), "{v}");
+        let none = job_verdict(Health::Unknown, &[]).into_string();
+        assert!(none.contains("Nothing judged yet"), "{none}");
+
+        let table = whyslow_store::FunctionTable {
+            samples: 10,
+            profiles: 2,
+            base_samples: Some(5),
+            base_profiles: Some(1),
+            functions: Vec::new(),
+        };
+        let f = functions_section(&Ok(table)).into_string();
+        assert!(
+            f.contains("<h2>Functions across your jobs</h2>")
+                && f.contains("10 samples in 2 profiles")
+        );
+        let err = functions_section(&Err("<x>".into())).into_string();
+        assert_eq!(
+            err,
+            r#"<p class="muted">Functions across jobs: &lt;x&gt;</p>"#
+        );
+        assert!(share_change(Some(0.5))
+            .into_string()
+            .contains(">+50.0 pp</span>"));
+        assert!(share_change(Some(-0.5))
+            .into_string()
+            .contains(">-50.0 pp</span>"));
+        assert_eq!(share_change(Some(0.001)).into_string(), "+0.1 pp");
+    }
+
+    #[test]
+    fn a_job_s_sections_link_its_pages() {
+        let p = profiles_section("j1", "offcpu", 4).into_string();
+        assert!(
+            p.contains(r#"data="/ui/jobs/j1/flamegraph.svg?kind=offcpu""#),
+            "{p}"
+        );
+        assert!(p.contains(r#"<a href="/ui/jobs/j1/diff.svg?kind=offcpu">Open alone</a>"#));
+        assert!(p.contains("The latest 2 profiles against the job's first 2"));
+        assert!(!profiles_section("j1", "cpu", 1)
+            .into_string()
+            .contains("What changed"));
+        let s = sessions_section("j1", &[]).into_string();
+        assert!(s.contains("No fingerprints uploaded"));
+        let f = flows_section("j1", "not json").into_string();
+        assert!(
+            f.starts_with("<h2>Flows</h2><p>The stored flow analysis cannot be read: "),
+            "{f}"
+        );
+        // The diagnosis page's bar leads back to its job.
+        let bar = nav(vec![job_link("j1")]);
+        let labels: Vec<_> = bar
+            .links
+            .iter()
+            .map(|l| (l.href.as_str(), l.label.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("/ui/", "Jobs"),
+                ("/ui/jobs/j1", "Job j1"),
+                ("/ui/logout", "Sign out")
+            ]
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use whyslow_model::diagnosis::{DiagnoseReport, GpuPattern, LossSide};
 
 use crate::html::escape;
+use crate::layout::Nav;
 use crate::lines::{line_chart_svg, LineSeries};
 
 /// One group's entry-time plot.
@@ -272,6 +273,19 @@ pub fn render_diagnose_html(
     plots: &[EntryPlot],
     flames: &[FlameGraph],
 ) -> String {
+    render_diagnose_page(&Nav::default(), title, r, summary, plots, flames)
+}
+
+/// [`render_diagnose_html`] under the navigation bar `nav` (the server's
+/// page links back to its job; the command line's file links nowhere).
+pub fn render_diagnose_page(
+    nav: &Nav,
+    title: &str,
+    r: &DiagnoseReport,
+    summary: &str,
+    plots: &[EntryPlot],
+    flames: &[FlameGraph],
+) -> String {
     let status = crate::status::diagnosis_status(r);
     let mut body = String::new();
     let _ = write!(
@@ -357,7 +371,7 @@ pub fn render_diagnose_html(
         "<details><summary>The whole report as text (notes, every row)</summary><pre>{}</pre></details>",
         escape(summary)
     );
-    crate::layout::page(title, None, &[], "", crate::layout::trusted(body))
+    crate::layout::page_in(nav, title, "", crate::layout::trusted(body))
 }
 
 /// The diagnosis as text for the terminal (and the HTML page's summary).
@@ -684,5 +698,25 @@ mod tests {
         assert_eq!(page.matches("<script").count(), 0);
         let empty = render_diagnose_html("t", &r, "", &[], &[]);
         assert!(empty.contains("nothing to plot") && empty.contains("No rank profiles"));
+        // A file links nowhere; the server's page leads back to its job.
+        assert!(empty.contains(
+            r#"<nav class="top" aria-label="whyslow"><span class="brand">whyslow</span></nav>"#
+        ));
+        let nav = Nav {
+            home: Some("/ui/".into()),
+            links: vec![crate::layout::NavLink::new("/ui/jobs/j<1>", "Job j<1>")],
+            actions: None,
+        };
+        let served = render_diagnose_page(&nav, "t", &r, "", &[], &[]);
+        assert!(
+            served.contains(r#"<a href="/ui/jobs/j&lt;1&gt;">Job j&lt;1&gt;</a>"#),
+            "{served}"
+        );
+        assert!(served.contains(r#"<a class="brand" href="/ui/">whyslow</a>"#));
+        assert_eq!(
+            served.replace(r#"<a class="brand" href="/ui/">whyslow</a><a href="/ui/jobs/j&lt;1&gt;">Job j&lt;1&gt;</a>"#, ""),
+            empty.replace(r#"<span class="brand">whyslow</span>"#, ""),
+            "the same page but for its bar"
+        );
     }
 }

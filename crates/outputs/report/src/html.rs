@@ -519,6 +519,12 @@ pub struct HtmlOptions {
 
 /// [`render_html`] with links to the files written beside the page.
 pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
+    render_html_in(&crate::layout::Nav::default(), report, opts)
+}
+
+/// [`render_html_with`] under the navigation bar `nav` (the server's
+/// session page: its jobs, the job, the fix button).
+pub fn render_html_in(nav: &crate::layout::Nav, report: &Report, opts: &HtmlOptions) -> String {
     let mut out = String::new();
     // The verdict first (issue 46), then what it rests on.
     let health = match report.verdict {
@@ -580,10 +586,9 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
     }
     out.push_str(GLOSSARY);
     out.push_str("<p class=\"meta\">Method: PerfTracker §4.3 (expected ranges and differential distance over runtime behavior patterns β, μ, σ).</p>\n");
-    crate::layout::page(
+    crate::layout::page_in(
+        nav,
         "Why is this training job slow?",
-        None,
-        &[],
         CSS,
         crate::layout::trusted(out),
     )

@@ -19,6 +19,7 @@ body{font:15px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:
 nav.top{background:#24292f;padding:.55em 1.5em;display:flex;gap:1.2em;flex-wrap:wrap;align-items:baseline}\
 nav.top a,nav.top span{color:#fff;text-decoration:none}nav.top .brand{font-weight:700}\
 nav.top a:hover{text-decoration:underline}nav.top a:focus-visible{outline-color:#fff}\
+nav.top form{margin:0 0 0 auto}\
 main{padding:1em 1.5em;max-width:1320px}\
 h1{font-size:1.45em;margin:.3em 0 .4em;overflow-wrap:anywhere}h2{font-size:1.15em;margin:1.3em 0 .4em}\
 h3{font-size:1em;margin:1em 0 .3em}\
@@ -59,6 +60,19 @@ impl NavLink {
     }
 }
 
+/// A page's navigation bar: where the brand links (`home`; none for a
+/// report file), then `links`, then `actions` (controls at the bar's right
+/// end, such as the server's fix button).
+#[derive(Debug, Clone, Default)]
+pub struct Nav {
+    /// Where the brand links.
+    pub home: Option<String>,
+    /// The links after it.
+    pub links: Vec<NavLink>,
+    /// Controls at the bar's right end.
+    pub actions: Option<Markup>,
+}
+
 /// A whole page: the navigation bar (`home`: where the brand links, none
 /// for a report file; then `links`), the title as the page's heading, the
 /// shared stylesheet plus `extra_css`, then `body`.
@@ -69,6 +83,16 @@ pub fn page(
     extra_css: &str,
     body: Markup,
 ) -> String {
+    let nav = Nav {
+        home: home.map(str::to_string),
+        links: links.to_vec(),
+        actions: None,
+    };
+    page_in(&nav, title, extra_css, body)
+}
+
+/// [`page`] under the navigation bar `nav`.
+pub fn page_in(nav: &Nav, title: &str, extra_css: &str, body: Markup) -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -79,15 +103,7 @@ pub fn page(
                 style { (PreEscaped(CSS)) (PreEscaped(extra_css)) }
             }
             body {
-                nav.top aria-label="whyslow" {
-                    @match home {
-                        Some(h) => a.brand href=(h) { "whyslow" },
-                        None => span.brand { "whyslow" },
-                    }
-                    @for l in links {
-                        a href=(l.href) { (l.label) }
-                    }
-                }
+                (nav_bar(nav))
                 main {
                     h1 { (title) }
                     (body)
@@ -97,6 +113,24 @@ pub fn page(
     }
     .into_string()
         + "\n"
+}
+
+/// The navigation bar.
+fn nav_bar(nav: &Nav) -> Markup {
+    html! {
+        nav.top aria-label="whyslow" {
+            @match &nav.home {
+                Some(h) => a.brand href=(h) { "whyslow" },
+                None => span.brand { "whyslow" },
+            }
+            @for l in &nav.links {
+                a href=(l.href) { (l.label) }
+            }
+            @if let Some(a) = &nav.actions {
+                (a)
+            }
+        }
+    }
 }
 
 /// The verdict card that opens a page: `health` is its class (`slow`,
@@ -143,6 +177,22 @@ mod tests {
         );
         assert!(p.contains("rank 2 &amp; more"));
         assert!(p.contains("<p>&lt;b&gt;</p>"));
+        let with_actions = page_in(
+            &Nav {
+                home: Some("/ui/".into()),
+                links: vec![NavLink::new("/ui/", "Jobs")],
+                actions: Some(html! { form method="post" action="/x" { button { "Ask" } } }),
+            },
+            "t",
+            "",
+            html! {},
+        );
+        assert!(
+            with_actions.contains(
+                r#"<a href="/ui/">Jobs</a><form method="post" action="/x"><button>Ask</button></form></nav>"#
+            ),
+            "{with_actions}"
+        );
         let file = page("r", None, &[], "x{}", trusted("<i>ok</i>"));
         assert!(file.contains(r#"<span class="brand">whyslow</span>"#));
         assert!(file.contains("<i>ok</i>"));
