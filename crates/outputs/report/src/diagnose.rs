@@ -8,7 +8,8 @@ use std::fmt::Write as _;
 
 use whyslow_model::diagnosis::{DiagnoseReport, GpuPattern, LossSide};
 
-use crate::html::escape;
+use maud::{html, Markup, PreEscaped};
+
 use crate::layout::Nav;
 use crate::lines::{line_chart_svg, LineSeries};
 
@@ -150,116 +151,177 @@ pub fn deciding_measure(r: &DiagnoseReport) -> Option<String> {
 }
 
 /// A share as a bar beside its number.
-fn bar(share: f64, class: &str) -> String {
+fn bar(share: f64, class: &str) -> Markup {
     let w = (share.clamp(0.0, 1.0) * 100.0).round();
-    format!(
-        "<span class=\"bar {class}\" style=\"width:{w}px\"></span> {:.1}%",
-        100.0 * share
-    )
+    html! {
+        span class={ "bar " (class) } style={ "width:" (w) "px" } {}
+        " " (format!("{:.1}%", 100.0 * share))
+    }
 }
 
-fn cpu_table(rows: &[whyslow_model::diagnosis::CpuDiff], what: &str) -> String {
+fn cpu_table(rows: &[whyslow_model::diagnosis::CpuDiff], what: &str) -> Markup {
     if rows.is_empty() {
-        return String::new();
+        return html! {};
     }
-    let mut t = format!(
-        "<h3>{what}</h3><table><tr><th>rank</th><th>scope</th><th>function</th>\
-         <th>its share</th><th>peers'</th><th>waterline</th></tr>"
-    );
-    for d in rows.iter().take(12) {
-        let _ = write!(
-            t,
-            "<tr><td>{}</td><td>{}</td><td title=\"{}\"><code>{}</code></td><td>{}</td><td>{}</td><td>{:.1}%</td></tr>",
-            d.rank,
-            escape(&d.scope),
-            escape(&d.stack),
-            escape(&d.function),
-            bar(d.straggler_share, "me"),
-            bar(d.peer_share, "peers"),
-            100.0 * d.threshold
-        );
+    html! {
+        h3 { (what) }
+        table {
+            tr {
+                th { "rank" } th { "scope" } th { "function" }
+                th { "its share" } th { "peers'" } th { "waterline" }
+            }
+            @for d in rows.iter().take(12) {
+                tr {
+                    td { (d.rank) }
+                    td { (d.scope) }
+                    td title=(d.stack) { code { (d.function) } }
+                    td { (bar(d.straggler_share, "me")) }
+                    td { (bar(d.peer_share, "peers")) }
+                    td { (format!("{:.1}%", 100.0 * d.threshold)) }
+                }
+            }
+        }
     }
-    t.push_str("</table>");
-    t
 }
 
 /// A late rank's OS signals above its peers', with the handler path.
-fn os_table(r: &DiagnoseReport) -> String {
-    let mut out = String::new();
+fn os_table(r: &DiagnoseReport) -> Markup {
     if r.os_diff.is_empty() {
-        return out;
+        return html! {};
     }
-    out.push_str(
-        "<h3>OS signals above the peers'</h3><table><tr><th>rank</th><th>signal</th><th>its value</th><th>peers'</th><th>threshold</th><th>handler path</th></tr>",
-    );
-    for d in r.os_diff.iter().take(12) {
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td><code>{}</code></td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td><code>{}</code></td></tr>",
-            d.rank,
-            escape(&d.diff.signal),
-            d.diff.straggler,
-            d.diff.peers,
-            d.diff.threshold,
-            escape(d.handler_stack.as_deref().unwrap_or(""))
-        );
+    html! {
+        h3 { "OS signals above the peers'" }
+        table {
+            tr {
+                th { "rank" } th { "signal" } th { "its value" } th { "peers'" }
+                th { "threshold" } th { "handler path" }
+            }
+            @for d in r.os_diff.iter().take(12) {
+                tr {
+                    td { (d.rank) }
+                    td { code { (d.diff.signal) } }
+                    td { (format!("{:.1}", d.diff.straggler)) }
+                    td { (format!("{:.1}", d.diff.peers)) }
+                    td { (format!("{:.1}", d.diff.threshold)) }
+                    td { code { (d.handler_stack.as_deref().unwrap_or("")) } }
+                }
+            }
+        }
     }
-    out.push_str("</table>");
-    out
 }
 
 /// The hosts that lose segments or sit behind a slow link.
-fn network_table(r: &DiagnoseReport) -> String {
-    let mut out = String::new();
+fn network_table(r: &DiagnoseReport) -> Markup {
     if r.network_diff.is_empty() {
-        return out;
+        return html! {};
     }
-    out.push_str(
-        "<h3>Network: hosts that lose segments or sit behind a slow link</h3><table><tr><th>host</th><th>ranks</th><th>cause</th><th>side</th><th>stands out</th><th>measures</th></tr>",
-    );
-    for h in r.network_diff.iter().take(12) {
-        let m: Vec<String> = h
-            .measures
-            .iter()
-            .map(|m| format!("{} {:.1} (others {:.1})", m.name, m.value, m.peers))
-            .collect();
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            escape(&h.host),
-            escape(&crate::compact_ranks(&h.ranks, 30)),
-            escape(&h.cause),
-            escape(&h.side),
-            if h.stands_out { "yes" } else { "no" },
-            escape(&m.join("; "))
-        );
+    html! {
+        h3 { "Network: hosts that lose segments or sit behind a slow link" }
+        table {
+            tr {
+                th { "host" } th { "ranks" } th { "cause" } th { "side" }
+                th { "stands out" } th { "measures" }
+            }
+            @for h in r.network_diff.iter().take(12) {
+                @let m: Vec<String> = h
+                    .measures
+                    .iter()
+                    .map(|m| format!("{} {:.1} (others {:.1})", m.name, m.value, m.peers))
+                    .collect();
+                tr {
+                    td { (h.host) }
+                    td { (crate::compact_ranks(&h.ranks, 30)) }
+                    td { (h.cause) }
+                    td { (h.side) }
+                    td { @if h.stands_out { "yes" } @else { "no" } }
+                    td { (m.join("; ")) }
+                }
+            }
+        }
     }
-    out.push_str("</table>");
-    out
 }
 
 /// What rose since the baseline.
-fn regression_table(r: &DiagnoseReport) -> String {
-    let mut out = String::new();
+fn regression_table(r: &DiagnoseReport) -> Markup {
     if r.regressions.is_empty() {
-        return out;
+        return html! {};
     }
-    out.push_str(
-        "<h3>What rose since the baseline</h3><table><tr><th>group</th><th>function</th><th>before</th><th>now</th></tr>",
-    );
-    for g in r.regressions.iter().take(12) {
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td title=\"{}\"><code>{}</code></td><td>{}</td><td>{}</td></tr>",
-            escape(&g.group),
-            escape(&g.stack),
-            escape(&g.function),
-            bar(g.before_share, "peers"),
-            bar(g.after_share, "me")
-        );
+    html! {
+        h3 { "What rose since the baseline" }
+        table {
+            tr { th { "group" } th { "function" } th { "before" } th { "now" } }
+            @for g in r.regressions.iter().take(12) {
+                tr {
+                    td { (g.group) }
+                    td title=(g.stack) { code { (g.function) } }
+                    td { (bar(g.before_share, "peers")) }
+                    td { (bar(g.after_share, "me")) }
+                }
+            }
+        }
     }
-    out.push_str("</table>");
-    out
+}
+
+/// The ranks that make their groups wait.
+fn late_ranks_table(r: &DiagnoseReport) -> Markup {
+    if r.stragglers.is_empty() {
+        return html! {};
+    }
+    html! {
+        h2 { "Late ranks" }
+        table {
+            tr { th { "rank" } th { "group" } th { "late per collective" } th { "t" } }
+            @for s in &r.stragglers {
+                tr {
+                    td { (s.rank) }
+                    td { (s.group) }
+                    td { (crate::format::duration_us(s.late_us)) }
+                    td { (format!("{:.1}", s.t)) }
+                }
+            }
+        }
+    }
+}
+
+/// Each group's entry-time plot (SysOM-AI Fig. 5).
+fn entry_plots_section(plots: &[EntryPlot]) -> Markup {
+    html! {
+        h2 { "Entry into collectives, per rank" }
+        @if plots.is_empty() {
+            p { "No group with collective records from at least 3 ranks: nothing to plot." }
+        }
+        @for p in plots {
+            h3 { "group " (p.group) }
+            p {
+                "Each line is one rank: how long after the group's first rank it entered each \
+                 collective (clocks aligned on the collectives' common exits). A rank that makes \
+                 its group wait stays above the others (red)."
+            }
+            // The chart's SVG, escaped by whyslow_report::lines.
+            (PreEscaped(line_chart_svg(&p.series, "seconds", "entry after the first rank (ms)")))
+        }
+    }
+}
+
+/// The differential flame graphs (SysOM-AI Fig. 7), each in its own frame.
+fn flames_section(flames: &[FlameGraph]) -> Markup {
+    html! {
+        h2 { "Differential flame graphs" }
+        @if flames.is_empty() {
+            p { "No rank profiles to compare." }
+        }
+        @for f in flames {
+            h3 { (f.title) }
+            p {
+                "Width: the compared profile's samples; red: wider than in the base, blue: \
+                 narrower, hatched: only in the compared profile. Click to zoom."
+            }
+            // Out of the Tab order: a flame graph is worked with the mouse,
+            // and a focused frame shows no ring (Chromium matches neither
+            // :focus nor :focus-within on it), so Tab would vanish into it.
+            iframe.flame tabindex="-1" title=(f.title) srcdoc=(f.svg) {}
+        }
+    }
 }
 
 /// Renders the page (issue 46: a report, the verdict first): the verdict
@@ -287,91 +349,31 @@ pub fn render_diagnose_page(
     flames: &[FlameGraph],
 ) -> String {
     let status = crate::status::diagnosis_status(r);
-    let mut body = String::new();
-    let _ = write!(
-        body,
-        "<section class=\"verdict {h}\" aria-label=\"verdict\"><p class=\"headline\">{}</p><p>Layer: <b>{}</b>{}</p></section>",
-        escape(&status.line),
-        escape(&r.layer),
-        deciding_measure(r)
-            .map(|m| format!(" — {}", escape(&m)))
-            .unwrap_or_default(),
-        h = status.health.as_str(),
-    );
-    if let Some(h) = &r.hang {
-        let _ = write!(
-            body,
-            "<p class=\"hang\"><b>Hang:</b> {}</p>",
-            escape(&h.verdict)
-        );
-    }
-    if !r.stragglers.is_empty() {
-        body.push_str(
-            "<h2>Late ranks</h2><table><tr><th>rank</th><th>group</th><th>late per collective</th><th>t</th></tr>",
-        );
-        for s in &r.stragglers {
-            let _ = write!(
-                body,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td></tr>",
-                s.rank,
-                escape(&s.group),
-                escape(&crate::format::duration_us(s.late_us)),
-                s.t
-            );
+    let layer = html! {
+        p {
+            "Layer: " b { (r.layer) }
+            @if let Some(m) = deciding_measure(r) { " — " (m) }
         }
-        body.push_str("</table>");
-    }
-    body.push_str(&cpu_table(
-        &r.cpu_diff,
-        "CPU: paths above their group's waterline",
-    ));
-    body.push_str(&cpu_table(
-        &r.offcpu_diff,
-        "Off the CPU: blocked paths above the waterline",
-    ));
-    body.push_str(&os_table(r));
-    body.push_str(&network_table(r));
-    body.push_str(&regression_table(r));
-    body.push_str("<h2>Entry into collectives, per rank</h2>");
-    if plots.is_empty() {
-        body.push_str(
-            "<p>No group with collective records from at least 3 ranks: nothing to plot.</p>",
-        );
-    }
-    for p in plots {
-        let _ = write!(
-            body,
-            "<h3>group {}</h3><p>Each line is one rank: how long after the group's first rank it \
-             entered each collective (clocks aligned on the collectives' common exits). A rank \
-             that makes its group wait stays above the others (red).</p>{}",
-            escape(&p.group),
-            line_chart_svg(&p.series, "seconds", "entry after the first rank (ms)")
-        );
-    }
-    body.push_str("<h2>Differential flame graphs</h2>");
-    if flames.is_empty() {
-        body.push_str("<p>No rank profiles to compare.</p>");
-    }
-    for f in flames {
-        let _ = write!(
-            body,
-            // Out of the Tab order: a flame graph is worked with the mouse,
-            // and a focused frame shows no ring (Chromium matches neither
-            // :focus nor :focus-within on it), so Tab would vanish into it.
-            "<h3>{}</h3><p>Width: the compared profile's samples; red: wider than in the base, \
-             blue: narrower, hatched: only in the compared profile. Click to zoom.</p>\
-             <iframe class=\"flame\" tabindex=\"-1\" title=\"{}\" srcdoc=\"{}\"></iframe>",
-            escape(&f.title),
-            escape(&f.title),
-            escape(&f.svg)
-        );
-    }
-    let _ = write!(
-        body,
-        "<details><summary>The whole report as text (notes, every row)</summary><pre>{}</pre></details>",
-        escape(summary)
-    );
-    crate::layout::page_in(nav, title, "", crate::layout::trusted(body))
+    };
+    let body = html! {
+        (crate::layout::verdict_card(status.health.as_str(), &status.line, layer))
+        @if let Some(h) = &r.hang {
+            p.hang { b { "Hang:" } " " (h.verdict) }
+        }
+        (late_ranks_table(r))
+        (cpu_table(&r.cpu_diff, "CPU: paths above their group's waterline"))
+        (cpu_table(&r.offcpu_diff, "Off the CPU: blocked paths above the waterline"))
+        (os_table(r))
+        (network_table(r))
+        (regression_table(r))
+        (entry_plots_section(plots))
+        (flames_section(flames))
+        details {
+            summary { "The whole report as text (notes, every row)" }
+            pre { (summary) }
+        }
+    };
+    crate::layout::page_in(nav, title, "", body)
 }
 
 /// The diagnosis as text for the terminal (and the HTML page's summary).

@@ -9,6 +9,8 @@ use whyslow_model::{
     Verdict, WorkerPoint,
 };
 
+use maud::{html, Markup, PreEscaped};
+
 use crate::format::*;
 
 /// Escapes text for HTML/SVG element content and attribute values.
@@ -525,17 +527,46 @@ pub fn render_html_with(report: &Report, opts: &HtmlOptions) -> String {
 /// [`render_html_with`] under the navigation bar `nav` (the server's
 /// session page: its jobs, the job, the fix button).
 pub fn render_html_in(nav: &crate::layout::Nav, report: &Report, opts: &HtmlOptions) -> String {
-    let mut out = String::new();
     // The verdict first (issue 46), then what it rests on.
     let health = match report.verdict {
         Verdict::CouldNotJudge => "unknown",
         _ if report.findings.is_empty() => "healthy",
         _ => "slow",
     };
-    out.push_str(
-        &crate::layout::verdict_card(health, &crate::verdict_line(report), maud::html! {})
-            .into_string(),
-    );
+    let judged = !report.findings.is_empty() && report.verdict != Verdict::CouldNotJudge;
+    let via = divergent_frames(&report.findings);
+    // The plots, tables and cards below are still built as escaped text.
+    let body = html! {
+        (crate::layout::verdict_card(health, &crate::verdict_line(report), html! {}))
+        (meta_lines(report, opts))
+        @if let Some(d) = &report.cross_layer {
+            (PreEscaped(cross_layer_section(d, opts.diagnosis_file.as_deref())))
+        }
+        (fix_section(report))
+        @if judged {
+            (PreEscaped(findings_table(report)))
+        }
+        (PreEscaped(iteration_section(report)))
+        @if judged {
+            @for (i, f) in report.findings.iter().enumerate() {
+                (PreEscaped(finding_card(f, i, via[i].as_deref())))
+            }
+        }
+        @if !report.warnings.is_empty() {
+            h2.warn { "Warnings" }
+            ul { @for w in &report.warnings { li { (w) } } }
+        }
+        (PreEscaped(GLOSSARY))
+        p.meta {
+            "Method: PerfTracker §4.3 (expected ranges and differential distance over runtime \
+             behavior patterns β, μ, σ)."
+        }
+    };
+    crate::layout::page_in(nav, "Why is this training job slow?", CSS, body)
+}
+
+/// What was analyzed, and the Perfetto file written beside the page.
+fn meta_lines(report: &Report, opts: &HtmlOptions) -> Markup {
     let missing = if report.missing_workers.is_empty() {
         "none".to_string()
     } else {
@@ -545,94 +576,57 @@ pub fn render_html_in(nav: &crate::layout::Nav, report: &Report, opts: &HtmlOpti
             compact_ranks(&report.missing_workers, 80)
         )
     };
-    let _ = writeln!(
-        out,
-        r#"<div class="meta">{} workers analyzed · missing: {} · utilization: {}{}</div>"#,
-        report.workers,
-        escape(&missing),
-        escape(&report.utilization_source),
-        report
-            .hosts
-            .map(|h| format!(" · {h} hosts"))
-            .unwrap_or_default()
-    );
-    if let Some(file) = &opts.perfetto_file {
-        let _ = writeln!(
-            out,
-            r#"<div class="meta">The flagged spans, on the flagged workers and on peers: <a href="{0}" download>{0}</a> — open it in <a href="https://ui.perfetto.dev">ui.perfetto.dev</a> (Open trace file) or chrome://tracing.</div>"#,
-            escape(file)
-        );
-    }
-    if let Some(d) = &report.cross_layer {
-        out.push_str(&cross_layer_section(d, opts.diagnosis_file.as_deref()));
-    }
-    out.push_str(&fix_section(report));
-    if report.findings.is_empty() || report.verdict == Verdict::CouldNotJudge {
-        out.push_str(&iteration_section(report));
-    } else {
-        out.push_str(&findings_table(report));
-        out.push_str(&iteration_section(report));
-        let via = divergent_frames(&report.findings);
-        for (i, f) in report.findings.iter().enumerate() {
-            out.push_str(&finding_card(f, i, via[i].as_deref()));
+    html! {
+        div.meta {
+            (report.workers) " workers analyzed · missing: " (missing)
+            " · utilization: " (report.utilization_source)
+            @if let Some(h) = report.hosts { " · " (h) " hosts" }
+        }
+        @if let Some(file) = &opts.perfetto_file {
+            div.meta {
+                "The flagged spans, on the flagged workers and on peers: "
+                a href=(file) download { (file) }
+                " — open it in " a href="https://ui.perfetto.dev" { "ui.perfetto.dev" }
+                " (Open trace file) or chrome://tracing."
+            }
         }
     }
-    if !report.warnings.is_empty() {
-        out.push_str(r#"<h2 class="warn">Warnings</h2><ul>"#);
-        for w in &report.warnings {
-            let _ = write!(out, "<li>{}</li>", escape(w));
-        }
-        out.push_str("</ul>\n");
-    }
-    out.push_str(GLOSSARY);
-    out.push_str("<p class=\"meta\">Method: PerfTracker §4.3 (expected ranges and differential distance over runtime behavior patterns β, μ, σ).</p>\n");
-    crate::layout::page_in(
-        nav,
-        "Why is this training job slow?",
-        CSS,
-        crate::layout::trusted(out),
-    )
 }
 
 /// The model's proposal (`--suggest-fix`) or why there is none.
-fn fix_section(report: &Report) -> String {
-    let mut out = String::new();
-    if let Some(f) = &report.fix {
-        let applies = match (f.applies, &f.applies_error) {
-            (Some(true), _) => "the patch applies (<code>git apply fix.patch</code>)".to_string(),
-            (Some(false), Some(e)) => format!("the patch does not apply: {}", escape(e)),
-            (Some(false), None) => "the patch does not apply".to_string(),
-            (None, _) => "the model proposed no change".to_string(),
+fn fix_section(report: &Report) -> Markup {
+    let Some(f) = &report.fix else {
+        return match &report.fix_error {
+            Some(e) => html! { p."warn-msg" { "No fix proposal: " (e) } },
+            None => html! {},
         };
-        let cost = crate::format::fix_cost(f);
-        let words = if f.patch.is_some() {
-            format!("<pre>{}</pre>", escape(&f.text))
-        } else {
-            format!(
-                "<details><summary>its answer, without a diff</summary><pre>{}</pre></details>",
-                escape(&f.text)
-            )
-        };
-        let _ = writeln!(
-            out,
-            r#"<section class="fix"><h2>Proposed fix <small>(a model's proposal: {}; {})</small></h2><p>{applies}; {}.</p>{}{}</section>"#,
-            escape(&f.model),
-            escape(&crate::format::fix_verification(f)),
-            escape(&cost),
-            words,
-            f.patch
-                .as_ref()
-                .map(|p| format!("<pre class=\"patch\">{}</pre>", escape(p)))
-                .unwrap_or_default()
-        );
-    } else if let Some(e) = &report.fix_error {
-        let _ = writeln!(
-            out,
-            r#"<p class="warn-msg">No fix proposal: {}</p>"#,
-            escape(e)
-        );
+    };
+    let applies = match (f.applies, &f.applies_error) {
+        (Some(true), _) => html! { "the patch applies (" code { "git apply fix.patch" } ")" },
+        (Some(false), Some(e)) => html! { "the patch does not apply: " (e) },
+        (Some(false), None) => html! { "the patch does not apply" },
+        (None, _) => html! { "the model proposed no change" },
+    };
+    html! {
+        section.fix {
+            h2 {
+                "Proposed fix "
+                small {
+                    "(a model's proposal: " (f.model) "; "
+                    (crate::format::fix_verification(f)) ")"
+                }
+            }
+            p { (applies) "; " (crate::format::fix_cost(f)) "." }
+            @if f.patch.is_some() {
+                pre { (f.text) }
+            } @else {
+                details { summary { "its answer, without a diff" } pre { (f.text) } }
+            }
+            @if let Some(p) = &f.patch {
+                pre.patch { (p) }
+            }
+        }
     }
-    out
 }
 
 /// The findings' summary table, one row a finding.
