@@ -1,6 +1,6 @@
 //! The service's own counters on `/metrics`, beside the per-job gauges of
 //! [`crate::verdicts`]: requests by outcome, counted once for every `/api`
-//! request by [`count_requests`], and what was ingested. Encoded by
+//! and `/ui` request by [`count_requests`], and what was ingested. Encoded by
 //! `prometheus-client` (OpenMetrics text; names, help and label values
 //! escaped by the library, not by hand).
 
@@ -99,14 +99,16 @@ impl Metrics {
     }
 }
 
-/// Counts every `/api` request once, by the status it was answered with
-/// (whatever answered it: a handler, an extractor's refusal, the fallback).
+/// Counts every `/api` and `/ui` request once, by the status it was
+/// answered with (whatever answered it: a handler, an extractor's refusal,
+/// the fallback).
 pub async fn count_requests(
     State(state): State<Arc<AppState>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let api = req.uri().path().starts_with("/api/");
+    let path = req.uri().path();
+    let api = path.starts_with("/api/") || path.starts_with("/ui/");
     let resp = next.run(req).await;
     if api {
         state.metrics.count(resp.status());

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Form, Path as UrlPath, Query, State};
+use axum::extract::{Form, FromRequestParts, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -24,7 +24,8 @@ use serde::Deserialize;
 
 use maud::{html, Markup, PreEscaped};
 
-use crate::store::{self, TenantId};
+use crate::edge::{JobName, SessionId};
+use crate::store::TenantId;
 use crate::AppState;
 use whyslow_report::layout::{self, Nav, NavLink};
 use whyslow_report::status::{self, Health};
@@ -120,6 +121,29 @@ fn server_error(msg: &str) -> Response {
         .into_response()
 }
 
+/// A page's path, its names checked as the API checks them ([`JobName`],
+/// [`SessionId`]) once, here; a bad one is this UI's "not found" page,
+/// saying which name and why.
+struct Page<T>(T);
+
+impl<T, S> FromRequestParts<S> for Page<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match crate::edge::ApiPath::<T>::from_request_parts(parts, state).await {
+            Ok(crate::edge::ApiPath(v)) => Ok(Page(v)),
+            Err(e) => Err(not_found(&format!("No such page: {}.", e.message))),
+        }
+    }
+}
+
 fn not_found(what: &str) -> Response {
     (
         StatusCode::NOT_FOUND,
@@ -195,7 +219,6 @@ struct LoginForm {
 }
 
 async fn login_post(State(state): State<Arc<AppState>>, Form(f): Form<LoginForm>) -> Response {
-    state.metrics.requests.inc();
     let next = safe_next(f.next.as_deref());
     let token = f.token.trim().to_string();
     if token.is_empty() || token.len() > 256 || !token.bytes().all(|b| b.is_ascii_graphic()) {
@@ -281,7 +304,6 @@ async fn jobs_page(
     Query(query): Query<JobsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.inc();
     let t = match signed_in(&state, &headers, "/ui/").await {
         Ok(t) => t,
         Err(r) => return r,
@@ -547,14 +569,10 @@ fn diagnosis_html(job: &str, d: &whyslow_diagnose::Diagnosis) -> String {
 /// diagnose --html` writes it.
 async fn diagnosis_page(
     State(state): State<Arc<AppState>>,
-    UrlPath(job): UrlPath<String>,
+    Page(job): Page<JobName>,
     Query(q): Query<crate::DiagnosisQuery>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.inc();
-    if store::check_name("job", &job).is_err() {
-        return not_found("No such job.");
-    }
     let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}/diagnosis.html")).await {
         Ok(t) => t,
         Err(r) => return r,
@@ -615,13 +633,9 @@ fn job_evidence(
 
 async fn job_page(
     State(state): State<Arc<AppState>>,
-    UrlPath(job): UrlPath<String>,
+    Page(job): Page<JobName>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.inc();
-    if store::check_name("job", &job).is_err() {
-        return not_found("No such job.");
-    }
     let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}")).await {
         Ok(t) => t,
         Err(r) => return r,
@@ -718,7 +732,7 @@ fn sessions_section(job: &str, sessions: &[whyslow_store::SessionSummary]) -> Ma
 }
 
 /// The flame graph of the job's `n` profiles of `kind` (the latest merged),
-/// and, with two or more, what changed since the job began.
+/// and, with two or more, what changed since the job ran well (the diagnosis's window against its baseline).
 fn profiles_section(job: &str, kind: &str, n: u64) -> Markup {
     let what = match kind {
         "cpu" => "CPU stacks of the ranks (the node agents' profiles)",
@@ -727,7 +741,6 @@ fn profiles_section(job: &str, kind: &str, n: u64) -> Markup {
     };
     let flame = format!("/ui/jobs/{job}/flamegraph.svg?kind={kind}");
     let diff = format!("/ui/jobs/{job}/diff.svg?kind={kind}");
-    let each = (n / 2).min(crate::MAX_FLAME_PROFILES as u64);
     html! {
         h2 { (what) }
         p.muted {
@@ -736,10 +749,10 @@ fn profiles_section(job: &str, kind: &str, n: u64) -> Markup {
         }
         object type="image/svg+xml" data=(flame) style="width:100%;min-height:30em" {}
         @if n >= 2 {
-            h3 { "What changed since the job began" }
+            h3 { "What changed since the job ran well" }
             p.muted {
-                "The latest " (each) " profiles against the job's first " (each)
-                " (a temporal baseline, SysOM-AI Fig. 6–7): frames wider now are red, narrower blue. "
+                "The diagnosis's window against its baseline, the periods its verdict compared \
+                 (a temporal baseline, SysOM-AI Fig. 6–7): frames wider now are red, narrower blue. "
                 a href=(diff) { "Open alone" } "; against another job: " code { "?base_job=JOB" } "."
             }
             object type="image/svg+xml" data=(diff) style="width:100%;min-height:30em" {}
@@ -791,13 +804,9 @@ fn flows_section(job: &str, text: &str) -> Markup {
 
 async fn flows_perfetto(
     State(state): State<Arc<AppState>>,
-    UrlPath(job): UrlPath<String>,
+    Page(job): Page<JobName>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.inc();
-    if store::check_name("job", &job).is_err() {
-        return not_found("No such job.");
-    }
     let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}")).await {
         Ok(t) => t,
         Err(r) => return r,
@@ -824,14 +833,10 @@ async fn flows_perfetto(
 
 async fn diff_flamegraph(
     State(state): State<Arc<AppState>>,
-    UrlPath(job): UrlPath<String>,
+    Page(job): Page<JobName>,
     Query(q): Query<crate::DiffQuery>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.inc();
-    if store::check_name("job", &job).is_err() {
-        return not_found("No such job.");
-    }
     let t = match signed_in(&state, &headers, &format!("/ui/jobs/{job}")).await {
         Ok(t) => t,
         Err(r) => return r,
@@ -852,14 +857,10 @@ async fn diff_flamegraph(
 
 async fn flamegraph(
     State(state): State<Arc<AppState>>,
-    UrlPath(job): UrlPath<String>,
+    Page(job): Page<JobName>,
     Query(q): Query<crate::FlameQuery>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.inc();
-    if store::check_name("job", &job).is_err() {
-        return not_found("No such job.");
-    }
     let (kind, limit) = match q.checked() {
         Ok(x) => x,
         Err(e) => {
@@ -889,13 +890,9 @@ async fn flamegraph(
 
 async fn session_page(
     State(state): State<Arc<AppState>>,
-    UrlPath((job, session)): UrlPath<(String, String)>,
+    Page((job, session)): Page<(JobName, SessionId)>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.inc();
-    if store::check_name("job", &job).is_err() || store::check_name("session", &session).is_err() {
-        return not_found("No such session.");
-    }
     let here = format!("/ui/jobs/{job}/sessions/{session}");
     let t = match signed_in(&state, &headers, &here).await {
         Ok(t) => t,
@@ -976,13 +973,9 @@ fn fix_button(
 /// `POST …/fix`), then shows the session page with the answer.
 async fn session_fix(
     State(state): State<Arc<AppState>>,
-    UrlPath((job, session)): UrlPath<(String, String)>,
+    Page((job, session)): Page<(JobName, SessionId)>,
     headers: HeaderMap,
 ) -> Response {
-    state.metrics.requests.inc();
-    if store::check_name("job", &job).is_err() || store::check_name("session", &session).is_err() {
-        return not_found("No such session.");
-    }
     let here = format!("/ui/jobs/{job}/sessions/{session}");
     let t = match signed_in(&state, &headers, &here).await {
         Ok(t) => t,
@@ -1105,7 +1098,7 @@ mod tests {
             "{p}"
         );
         assert!(p.contains(r#"<a href="/ui/jobs/j1/diff.svg?kind=offcpu">Open alone</a>"#));
-        assert!(p.contains("The latest 2 profiles against the job's first 2"));
+        assert!(p.contains("The diagnosis's window against its baseline"));
         assert!(!profiles_section("j1", "cpu", 1)
             .into_string()
             .contains("What changed"));

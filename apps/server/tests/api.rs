@@ -378,6 +378,28 @@ async fn text_batches_are_stored_once_and_bad_uploads_are_refused_with_the_reaso
                 String::from_utf8_lossy(&first.1)
             );
         }
+        // The web UI's pages check names as the API does, answering a page
+        // that says which name and why (before asking anyone to sign in).
+        for uri in [
+            "/ui/jobs/..%2Fx",
+            "/ui/jobs/.hidden/diagnosis.html",
+            "/ui/jobs/j/sessions/s%2F1",
+            "/ui/jobs/j%20k/diff.svg?kind=cpu",
+        ] {
+            let (code, page) = request(&app, "GET", uri, &[], vec![]).await;
+            let page = String::from_utf8_lossy(&page);
+            assert_eq!(code, StatusCode::NOT_FOUND, "{name} {uri}: {page}");
+            assert!(page.contains("No such page: "), "{name} {uri}: {page}");
+            assert!(
+                page.contains("<!DOCTYPE html>") || page.contains("<!doctype html>"),
+                "{page}"
+            );
+        }
+        let (code, _) = request(&app, "GET", "/ui/jobs/j", &[], vec![]).await;
+        assert!(
+            code.is_redirection(),
+            "{name}: a good name asks to sign in: {code}"
+        );
         assert_eq!(
             call(&app, "GET", "/api/v1/jobs/j/hang", &b, vec![]).await.0,
             StatusCode::NOT_FOUND
