@@ -17,6 +17,7 @@ pub mod cfi_eval;
 pub mod ebpf;
 mod ebpf_fallback;
 mod ebpf_python;
+mod ebpf_symbols;
 mod ebpf_tables;
 pub mod elf;
 pub mod maps;
