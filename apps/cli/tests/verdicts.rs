@@ -335,7 +335,9 @@ fn the_hang_page_leads_with_the_verdict_and_draws_mutual_waits_apart() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.code().is_some(), "{stdout}{stderr}");
     let html = fs::read_to_string(&page).unwrap();
-    let verdict = html.find("aria-label='verdict'").expect("a verdict card");
+    let verdict = html
+        .find(r#"aria-label="verdict""#)
+        .expect("a verdict card");
     let culprits = html.find("<h2>Culprits</h2>").expect("culprits");
     let graph = html.find("<h2>Who waits for whom</h2>").expect("the graph");
     assert!(verdict < culprits && culprits < graph, "{html}");

@@ -4,9 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use whyslow_model::hang::{HangReport, ThreadStack};
-
-use crate::html::escape;
+use maud::{html, Markup, PreEscaped};
+use whyslow_model::hang::{Culprit, HangReport, ThreadStack, Waiting};
 
 fn clean(s: &str) -> String {
     s.chars()
@@ -133,7 +132,7 @@ fn who(rank: u32, last: Option<u32>) -> String {
 }
 
 /// The ranks a waiter waits for, listed ranks and long runs together.
-fn waits_for_label(w: &whyslow_model::hang::Waiting) -> String {
+fn waits_for_label(w: &Waiting) -> String {
     let mut parts = Vec::new();
     if !w.waits_for.is_empty() {
         parts.push(crate::compact_ranks(&w.waits_for, 120));
@@ -253,33 +252,11 @@ fn sizes_label(sizes: &[Vec<i64>]) -> String {
     format!("on tensor(s) {}", shapes.join(", "))
 }
 
-/// Long text: its first sentence, the rest behind a click.
-fn first_sentence_then_more(text: &str) -> String {
-    let cut = text
-        .find(". ")
-        .map(|i| i + 1)
-        .filter(|&i| i < text.len() && text.len() > 160);
-    match cut {
-        Some(i) => format!(
-            "{}<details><summary>more</summary>{}</details>",
-            escape(&text[..i]),
-            escape(text[i..].trim_start())
-        ),
-        None => escape(text),
-    }
-}
-
 /// A self-contained HTML page (issue 46: the verdict first, then the
 /// culprits, what each did, who waits for it, the waits-for graph; stacks
 /// collapsed).
 pub fn hang_html(title: &str, r: &HangReport) -> String {
-    crate::layout::page(
-        title,
-        None,
-        &[],
-        HANG_CSS,
-        crate::layout::trusted(hang_html_body(r)),
-    )
+    crate::layout::page(title, None, &[], HANG_CSS, hang_html_markup(r))
 }
 
 /// What the hang page needs beyond the shared stylesheet.
@@ -287,84 +264,115 @@ pub const HANG_CSS: &str = ".culprit{color:#a40e26;font-weight:600}pre{margin:.2
 
 /// The hang page's body: the verdict card, the culprits (what each did,
 /// who waits for it), the waits-for graph, the waiting ranks, stacks
-/// collapsed. The server's job page shows the same.
+/// collapsed. The server's job page shows the same ([`hang_html_markup`]
+/// as a string, escaped by the engine).
 pub fn hang_html_body(r: &HangReport) -> String {
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "<section class='verdict{}' aria-label='verdict'><p class='headline'>{}</p></section>",
-        if r.hang { " hang" } else { " healthy" },
-        escape(&r.verdict)
-    );
-    if !r.culprits.is_empty() {
-        s.push_str("<h2>Culprits</h2><table><tr><th>rank</th><th>why</th><th>where</th><th>what it did instead</th><th>waited for by</th></tr>");
-        for c in &r.culprits {
-            let stack = c
-                .stack
-                .as_ref()
-                .map(|st| {
-                    format!(
-                        "<details><summary>its stack ({} thread, {})</summary><pre>{}</pre></details>",
-                        escape(&st.thread),
-                        escape(&st.source),
-                        escape(
-                            &stack_lines(st, 12)
-                                .iter()
-                                .map(|l| l.trim_start())
-                                .collect::<Vec<_>>()
-                                .join("\n")
-                        )
-                    )
-                })
-                .unwrap_or_default();
-            let _ = write!(
-                s,
-                "<tr><td class='culprit'>{}</td><td>{}</td><td>group {} (ranks {}): {} #{} {}</td><td>{}{}</td><td>{}</td></tr>",
-                escape(&who(c.rank, c.last_rank)),
-                c.reason.as_str().replace('_', " "),
-                escape(&group_label(&c.group, &c.group_desc)),
-                escape(&crate::compact_ranks(&c.group_ranks, 60)),
-                escape(&c.op),
-                c.seq,
-                escape(&sizes_label(&c.sizes)),
-                first_sentence_then_more(&c.detail),
-                stack,
-                escape(&crate::compact_ranks(&c.waited_by, 120)),
-            );
+    hang_html_markup(r).into_string()
+}
+
+/// [`hang_html_body`] as a [`Markup`] component.
+pub fn hang_html_markup(r: &HangReport) -> Markup {
+    html! {
+        (crate::layout::verdict_card(if r.hang { "hang" } else { "healthy" }, &r.verdict, html! {}))
+        @if !r.culprits.is_empty() {
+            h2 { "Culprits" }
+            table {
+                tr {
+                    th { "rank" } th { "why" } th { "where" } th { "what it did instead" }
+                    th { "waited for by" }
+                }
+                @for c in &r.culprits { (culprit_row(c)) }
+            }
         }
-        s.push_str("</table>");
-    }
-    if !r.culprits.is_empty() || !r.waiting.is_empty() {
-        let _ = write!(
-            s,
-            "<h2>Who waits for whom</h2><p>An arrow goes from a waiting rank to a rank it waits for; culprits in red.</p>{}",
-            waits_for_svg(r)
-        );
-    }
-    if !r.waiting.is_empty() {
-        s.push_str("<details><summary><b>Waiting ranks</b> (");
-        let _ = write!(s, "{}", r.waiting.len());
-        s.push_str(")</summary><table><tr><th>rank</th><th>group</th><th>collective</th><th>waited</th><th>waits for</th></tr>");
-        for w in &r.waiting {
-            let _ = write!(
-                s,
-                "<tr><td>{}</td><td>{}</td><td>{} #{}</td><td>{}</td><td>{}</td></tr>",
-                w.rank,
-                escape(&w.group),
-                escape(&w.op),
-                w.seq,
-                w.waited_s.map(|x| format!("{x:.1} s")).unwrap_or_default(),
-                escape(&waits_for_label(w))
-            );
+        @if !r.culprits.is_empty() || !r.waiting.is_empty() {
+            h2 { "Who waits for whom" }
+            p { "An arrow goes from a waiting rank to a rank it waits for; culprits in red." }
+            // Numbers only: drawn by waits_for_svg.
+            (PreEscaped(waits_for_svg(r)))
         }
-        s.push_str("</table></details>");
-    }
-    if !r.notes.is_empty() {
-        s.push_str("<h2>Notes</h2><ul>");
-        for n in &r.notes {
-            let _ = write!(s, "<li>{}</li>", escape(n));
+        @if !r.waiting.is_empty() {
+            (waiting_table(&r.waiting))
         }
-        s.push_str("</ul>");
+        @if !r.notes.is_empty() {
+            h2 { "Notes" }
+            ul { @for n in &r.notes { li { (n) } } }
+        }
     }
-    s
+}
+
+/// A culprit's row: who, why, in which collective, what it did instead
+/// (its stack collapsed), who waits for it.
+fn culprit_row(c: &Culprit) -> Markup {
+    html! {
+        tr {
+            td.culprit { (who(c.rank, c.last_rank)) }
+            td { (c.reason.as_str().replace('_', " ")) }
+            td {
+                "group " (group_label(&c.group, &c.group_desc))
+                " (ranks " (crate::compact_ranks(&c.group_ranks, 60)) "): "
+                (c.op) " #" (c.seq) " " (sizes_label(&c.sizes))
+            }
+            td {
+                (first_sentence_then_more(&c.detail))
+                @if let Some(st) = &c.stack {
+                    details {
+                        summary { "its stack (" (st.thread) " thread, " (st.source) ")" }
+                        pre { (stack_text(st)) }
+                    }
+                }
+            }
+            td { (crate::compact_ranks(&c.waited_by, 120)) }
+        }
+    }
+}
+
+/// A stack's first frames, one a line.
+fn stack_text(st: &ThreadStack) -> String {
+    stack_lines(st, 12)
+        .iter()
+        .map(|l| l.trim_start())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Long text: its first sentence, the rest behind a click.
+fn first_sentence_then_more(text: &str) -> Markup {
+    let cut = text
+        .find(". ")
+        .map(|i| i + 1)
+        .filter(|&i| i < text.len() && text.len() > 160);
+    html! {
+        @match cut {
+            Some(i) => {
+                (text[..i])
+                details { summary { "more" } (text[i..].trim_start()) }
+            }
+            None => (text),
+        }
+    }
+}
+
+/// The waiting ranks, collapsed: each one's group, collective, how long it
+/// waited and for whom.
+fn waiting_table(waiting: &[Waiting]) -> Markup {
+    html! {
+        details {
+            summary { b { "Waiting ranks" } " (" (waiting.len()) ")" }
+            table {
+                tr {
+                    th { "rank" } th { "group" } th { "collective" } th { "waited" }
+                    th { "waits for" }
+                }
+                @for w in waiting {
+                    tr {
+                        td { (w.rank) }
+                        td { (w.group) }
+                        td { (w.op) " #" (w.seq) }
+                        td { @if let Some(x) = w.waited_s { (format!("{x:.1} s")) } }
+                        td { (waits_for_label(w)) }
+                    }
+                }
+            }
+        }
+    }
 }

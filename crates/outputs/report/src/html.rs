@@ -1,20 +1,25 @@
 //! The self-contained HTML report: summary table, per-finding scatter plots
 //! (PerfTracker Figure 13) and β CDFs (Figure 15), as inline SVG.
+//! This module draws the SVG plots (numbers and escaped labels, with
+//! `write!`) and assembles the page; its sections are maud components in
+//! `sections`, escaped by the template engine.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use whyslow_model::{
-    Finding, IterationSeries, IterationSource, IterationTimes, Relation, Report, UtilizationSource,
-    Verdict, WorkerPoint,
-};
+use whyslow_model::{Finding, IterationSeries, IterationTimes, Report, Verdict, WorkerPoint};
 
-use maud::{html, Markup, PreEscaped};
+use maud::{html, Markup};
 
 use crate::format::*;
 
-/// Escapes text for HTML/SVG element content and attribute values.
-pub fn escape(s: &str) -> String {
+mod sections;
+use sections::*;
+
+/// Escapes text for the SVG plots' element content and attribute values
+/// (the plots are drawn with `write!`; the pages around them are maud
+/// templates, escaped by the engine).
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -40,18 +45,6 @@ const MT: f64 = 16.0;
 const MB: f64 = 44.0;
 /// Flagged workers labeled by rank in a plot, at most.
 const MAX_LABELS: usize = 24;
-
-/// What the report's words mean (PerfTracker §4.2–§4.3; whyslow's additions).
-const GLOSSARY: &str = r#"<details class="glossary"><summary>What β, μ, σ and the reasons mean</summary><dl>
-<dt>β (critical-path share)</dt><dd>The share of the worker's profiling window during which this function was on its critical path: the work the iteration waited for. Peers: the median over the group's other workers.</dd>
-<dt>μ (mean utilization)</dt><dd>The function's resource (CPU, NIC, SM activity, PCIe, NVLink) averaged while it ran on the critical path, 0–100 %. Low μ with a long β: the function was starved or waiting.</dd>
-<dt>σ (utilization spread)</dt><dd>The standard deviation of that utilization: a slow link is low and steady (small σ), peers that wait and burst have a large σ.</dd>
-<dt>pp</dt><dd>Percentage points: 46.5 pp is 46.5 % of the window more than the peers.</dd>
-<dt>unexpected</dt><dd>Outside the function class's expected range (e.g. Python code over 1 % of the critical path, communication over 30 %) on most of the workers.</dd>
-<dt>differs from peers</dt><dd>Far from most other workers in (β, μ, σ) (the differential distance), and borne out off the critical path: the worker ran the function longer, or starved of its resource.</dd>
-<dt>waits for / also slower</dt><dd>Consequences folded under a cause: the other workers wait for it in a collective, or other functions are slower on the same workers.</dd>
-</dl></details>
-"#;
 
 /// Every axis is a share in [0, 1] (β, μ, σ, fraction of workers): ticks
 /// read as percentages ("25%", "0.5%"), not "0.24" or "6.7e-3".
@@ -376,49 +369,6 @@ fn job_median(series: &[IterationSeries]) -> (Vec<u64>, Vec<f64>) {
         .unzip()
 }
 
-/// The iteration-time section: the plot, and in words what it shows.
-fn iteration_section(report: &Report) -> String {
-    let Some(it) = &report.iterations else {
-        return r#"<div class="card"><h2>Iteration time</h2><p class="not-measured">Not recorded: the traces have no ProfilerStep spans (profile with torch.profiler's schedule and prof.step()).</p></div>"#.to_string() + "\n";
-    };
-    let flagged: BTreeSet<u32> = report
-        .findings
-        .iter()
-        .filter(|f| f.group_workers == 0 || f.workers.len() < f.group_workers)
-        .flat_map(|f| f.workers.iter().copied())
-        .collect();
-    let source = match it.source {
-        IterationSource::ProfilerSteps => {
-            "the traces' ProfilerStep spans (the profiled window only)"
-        }
-        IterationSource::Detector => {
-            "the online detector's history (PerfTracker §4.1), up to the profiling window"
-        }
-    };
-    let onset = match &it.onset {
-        Some(o) => format!(
-            "Iteration time rose at step {}: {:.1} ms → {:.1} ms (+{:.0}%).",
-            o.step,
-            o.before_ms,
-            o.after_ms,
-            (o.after_ms / o.before_ms - 1.0) * 100.0
-        ),
-        None => match it.source {
-            IterationSource::ProfilerSteps => {
-                "No rise within these steps: a slowdown, if any, began before the window."
-                    .to_string()
-            }
-            IterationSource::Detector => "No lasting rise in this history.".to_string(),
-        },
-    };
-    format!(
-        r#"<div class="card"><h2>Iteration time</h2><div class="plots">{}</div><p>{} <small>From {}; red: workers flagged on part of their group.</small></p></div>"#,
-        iteration_plot(it, &flagged),
-        escape(&onset),
-        source
-    ) + "\n"
-}
-
 /// CDF of β across the workers, flagged workers marked (Fig. 15).
 fn cdf(f: &Finding) -> String {
     let mut betas: Vec<(f64, bool)> = f
@@ -480,25 +430,6 @@ svg .ok{fill:#8c959f;fill-opacity:.6} svg .onset{font-size:11px;fill:#9a6700} sv
 .warn{color:#9a6700}
 "#;
 
-/// Every worker of the group is flagged: nothing to compare with.
-fn no_peers(f: &Finding) -> bool {
-    f.group_workers > 0 && f.workers.len() >= f.group_workers
-}
-
-fn stat_cell(value: f64, peers: f64, label: &str) -> String {
-    let a = arrow(value, peers);
-    if a == "=" {
-        format!("{}{label} = peers", pct(value))
-    } else {
-        format!(
-            r#"<span class="up">{}{label} {a} {}</span> vs {}"#,
-            pct(value),
-            pp(value, peers),
-            pct(peers)
-        )
-    }
-}
-
 /// Renders a self-contained HTML page (inline CSS and SVG, no scripts or
 /// external assets): a summary table of the findings, then per finding the
 /// scatter plots (β, μ) and (μ, σ) of its workers with the flagged ones red
@@ -535,28 +466,27 @@ pub fn render_html_in(nav: &crate::layout::Nav, report: &Report, opts: &HtmlOpti
     };
     let judged = !report.findings.is_empty() && report.verdict != Verdict::CouldNotJudge;
     let via = divergent_frames(&report.findings);
-    // The plots, tables and cards below are still built as escaped text.
     let body = html! {
         (crate::layout::verdict_card(health, &crate::verdict_line(report), html! {}))
         (meta_lines(report, opts))
         @if let Some(d) = &report.cross_layer {
-            (PreEscaped(cross_layer_section(d, opts.diagnosis_file.as_deref())))
+            (cross_layer_section(d, opts.diagnosis_file.as_deref()))
         }
         (fix_section(report))
         @if judged {
-            (PreEscaped(findings_table(report)))
+            (findings_table(report, &via))
         }
-        (PreEscaped(iteration_section(report)))
+        (iteration_section(report))
         @if judged {
             @for (i, f) in report.findings.iter().enumerate() {
-                (PreEscaped(finding_card(f, i, via[i].as_deref())))
+                (finding_card(f, i, via[i].as_deref()))
             }
         }
         @if !report.warnings.is_empty() {
             h2.warn { "Warnings" }
             ul { @for w in &report.warnings { li { (w) } } }
         }
-        (PreEscaped(GLOSSARY))
+        (glossary())
         p.meta {
             "Method: PerfTracker §4.3 (expected ranges and differential distance over runtime \
              behavior patterns β, μ, σ)."
@@ -627,257 +557,6 @@ fn fix_section(report: &Report) -> Markup {
             }
         }
     }
-}
-
-/// The findings' summary table, one row a finding.
-fn findings_table(report: &Report) -> String {
-    let mut out = String::new();
-    out.push_str("<table><tr><th>#</th><th>Abnormal function execution</th><th>Workers</th><th>Critical path β</th><th>Avg resource util. μ</th><th>Util. std σ</th><th>Why</th></tr>\n");
-    let via = divergent_frames(&report.findings);
-    for (i, f) in report.findings.iter().enumerate() {
-        let util = f.util_source != UtilizationSource::None;
-        let _ = writeln!(
-            out,
-            r##"<tr><td><a href="#f{n}">{n}</a></td><td class="fn"><b>{}</b>{} <small>[{}]</small></td><td>{}</td><td>{} <small>({})</small></td><td>{}</td><td>{}</td><td>{}</td></tr>"##,
-            escape(&function_title(f, 200)),
-            via[i]
-                .as_deref()
-                .map(|v| format!(" <small>via {}</small>", escape(v)))
-                .unwrap_or_default(),
-            f.kind,
-            escape(&workers_phrase(f)),
-            if no_peers(f) {
-                pct(f.beta.value)
-            } else {
-                stat_cell(f.beta.value, f.beta.peers, "")
-            },
-            escape(&if no_peers(f) {
-                duration_us(f.critical_us.value)
-            } else {
-                format!(
-                    "{} vs {}",
-                    duration_us(f.critical_us.value),
-                    duration_us(f.critical_us.peers)
-                )
-            }),
-            if !util {
-                "n/a".into()
-            } else if no_peers(f) || !f.mu.has_peers() {
-                format!("{} {}", pct(f.mu.value), f.resource.label())
-            } else {
-                stat_cell(f.mu.value, f.mu.peers, &format!(" {}", f.resource.label()))
-            },
-            if !util {
-                "n/a".into()
-            } else if no_peers(f) || !f.sigma.has_peers() {
-                pct(f.sigma.value)
-            } else {
-                stat_cell(f.sigma.value, f.sigma.peers, "")
-            },
-            reason_phrase(f.reason),
-            n = i + 1
-        );
-    }
-    out.push_str("</table>\n");
-    out
-}
-
-/// One finding's card: where it is, on whom, why, what follows, the code
-/// and its β/μ/σ plots.
-fn finding_card(f: &Finding, i: usize, via: Option<&str>) -> String {
-    let mut out = String::new();
-    let _ = write!(
-        out,
-        r#"<div class="card" id="f{}"><h2>#{} {}</h2>"#,
-        i + 1,
-        i + 1,
-        escape(&function_title(f, 300))
-    );
-    if let Some(stack) = stack_line(f, 2000) {
-        let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&stack));
-        if let Some(v) = via {
-            let _ = write!(out, "<p><b>Called through:</b> {}</p>", escape(v));
-        }
-    } else if f.function.chars().count() > 300 {
-        let _ = write!(out, r#"<div class="stack">{}</div>"#, escape(&f.function));
-    }
-    let group = f
-        .group
-        .as_deref()
-        .map(|g| format!(" · group {}", escape(g)))
-        .unwrap_or_default();
-    let _ = write!(
-        out,
-        "<p>{} on {} — {}{group}. Flagged: {}</p>",
-        f.kind,
-        escape(&workers_phrase(f)),
-        reason_phrase(f.reason),
-        escape(&compact_ranks(&f.workers, 400))
-    );
-    if let (Some(r), false) = (f.resource_mu, no_peers(f)) {
-        let label = f.resource.label();
-        let _ = write!(
-            out,
-            "<p>{label} over all critical-path {label} work: {}</p>",
-            stat_cell(r.value, r.peers, "")
-        );
-    }
-    if let Some(h) = &f.hint {
-        let _ = write!(out, r#"<div class="hint"><b>Hint:</b> {}</div>"#, escape(h));
-    }
-    if !f.consequences.is_empty() {
-        out.push_str("<ul class=\"consequences\">");
-        for c in &f.consequences {
-            let name = escape(&c.function);
-            let _ = write!(
-                out,
-                "<li>{}</li>",
-                match c.relation {
-                    Relation::WaitsFor => format!(
-                        "Workers {} wait for these workers in <b>{name}</b>: β {} vs {} here",
-                        escape(&compact_ranks(&c.workers, 200)),
-                        pct(c.beta.value),
-                        pct(c.beta.peers)
-                    ),
-                    Relation::AlsoSlower => format!(
-                        "Also slower on these workers: <b>{name}</b>, β {} vs {} on the peers",
-                        pct(c.beta.value),
-                        pct(c.beta.peers)
-                    ),
-                }
-            );
-        }
-        out.push_str("</ul>");
-    }
-    if let Some(src) = &f.source_excerpt {
-        let _ = write!(
-            out,
-            "<p>The relevant code is here:</p><pre>{}</pre>",
-            escape(src)
-        );
-    }
-    if !f.points.is_empty() {
-        if f.group_workers > f.points.len() {
-            let _ = write!(
-                out,
-                "<p><small>Plots show {} of the {} workers (all flagged ones first).</small></p>",
-                f.points.len(),
-                f.group_workers
-            );
-        }
-        let mu_label = format!("μ ({})", f.resource.label());
-        out.push_str(r#"<div class="plots">"#);
-        if f.util_source == UtilizationSource::None {
-            // μ and σ are 0 for want of data: plots of zeros would look like a finding.
-            let _ = write!(
-                out,
-                r#"<p class="not-measured">{} utilization not measured: no μ/σ plots. Sample it during the window (the Python package does at 1 kHz by default; <code>whyslow sample</code> or the sidecar agent for traces taken elsewhere).</p>"#,
-                escape(f.resource.label())
-            );
-        } else {
-            out.push_str(&scatter(
-                f,
-                "β vs μ",
-                "β (critical-path share)",
-                &mu_label,
-                |p| (p.beta, p.mu),
-            ));
-            out.push_str(&scatter(
-                f,
-                "μ vs σ",
-                &mu_label,
-                &format!("σ ({})", f.resource.label()),
-                |p| (p.mu, p.sigma),
-            ));
-        }
-        out.push_str(&cdf(f));
-        out.push_str("</div>");
-    }
-    out.push_str("</div>\n");
-    out
-}
-
-/// The node agents' verdict on the same job (SysOM-AI §3.1), joined with
-/// the fingerprints': late ranks, the layer, the top of each diff.
-fn cross_layer_section(d: &whyslow_model::diagnosis::DiagnoseReport, page: Option<&str>) -> String {
-    let mut out = String::from(r#"<section id="cross-layer"><h2>Cross-layer diagnosis</h2>"#);
-    let late: Vec<String> = d
-        .stragglers
-        .iter()
-        .map(|s| {
-            format!(
-                "rank {} (group {}, {:.1} ms late)",
-                s.rank,
-                escape(&s.group),
-                s.late_us / 1e3
-            )
-        })
-        .collect();
-    let _ = write!(
-        out,
-        "<p>{} Layer: <b>{}</b>.",
-        if late.is_empty() {
-            "No rank makes its group wait.".to_string()
-        } else {
-            format!("Late: {}.", late.join(", "))
-        },
-        escape(&d.layer)
-    );
-    if let Some(p) = page {
-        let _ = write!(
-            out,
-            r#" The node agents' whole diagnosis, with its flame graphs: <a href="{0}">{0}</a>."#,
-            escape(p)
-        );
-    }
-    out.push_str("</p><ul>");
-    let top = |what: &str, rank: u32, function: &str| {
-        format!(
-            "<li>{what}: rank {rank}: <code>{}</code></li>",
-            escape(function)
-        )
-    };
-    if let Some(c) = d.cpu_diff.first() {
-        out.push_str(&top("CPU", c.rank, &c.function));
-    }
-    if let Some(c) = d.offcpu_diff.first() {
-        out.push_str(&top("off the CPU", c.rank, &c.function));
-    }
-    if let Some(o) = d.os_diff.first() {
-        out.push_str(&top("OS", o.rank, &o.diff.signal));
-    }
-    if let Some(g) = d.gpu_diff.first() {
-        out.push_str(&top(
-            "GPU",
-            g.rank,
-            &format!("{:.2}x its peers' kernel time", g.finding.overall_ratio),
-        ));
-    }
-    if let Some(n) = d.network_diff.first() {
-        let _ = write!(
-            out,
-            "<li>network: host <code>{}</code> {}</li>",
-            escape(&n.host),
-            if n.cause == "slow" && n.resent.as_ref().is_some_and(|s| s.over_floor) {
-                "has slow connections (its queue overflows)"
-            } else if n.cause == "slow" {
-                "has slow connections (nothing lost)"
-            } else {
-                "loses TCP segments"
-            }
-        );
-    }
-    if let Some(r) = d.regressions.first() {
-        let _ = write!(
-            out,
-            "<li>since the baseline: <code>{}</code> {:.1} % → {:.1} %</li>",
-            escape(&r.function),
-            100.0 * r.before_share,
-            100.0 * r.after_share
-        );
-    }
-    out.push_str("</ul></section>\n");
-    out
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ pub mod status;
 mod table;
 
 pub use format::compact_ranks;
-pub use html::{escape as escape_html, render_html, render_html_in, render_html_with, HtmlOptions};
+pub use html::{render_html, render_html_in, render_html_with, HtmlOptions};
 pub use lines::{line_chart_svg, render_lines_page, LineSeries};
 pub use perfetto::render_perfetto;
 pub use table::render_table;

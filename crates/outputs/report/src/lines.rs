@@ -26,8 +26,11 @@ pub fn render_lines_page(
     y_label: &str,
 ) -> String {
     let svg = line_chart_svg(series, x_label, y_label);
-    let body = format!("<pre>{}</pre>{svg}", escape(summary));
-    crate::layout::page(title, None, &[], "", crate::layout::trusted(body))
+    let body = maud::html! {
+        pre { (summary) }
+        (maud::PreEscaped(svg))
+    };
+    crate::layout::page(title, None, &[], "", body)
 }
 
 /// A line chart of `series` as one inline SVG element (flagged series red

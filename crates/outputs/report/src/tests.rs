@@ -193,7 +193,8 @@ fn html_escapes_and_is_self_contained() {
     let mut r = report(vec![f]);
     r.warnings.push("a < b & c".into());
     let h = render_html(&r);
-    assert!(h.contains("void at::native::&lt;lambda&gt;&amp;(float*) &quot;q&quot; &#39;x&#39;"));
+    // Escaped by the template engine (maud), which leaves `'` as it is.
+    assert!(h.contains("void at::native::&lt;lambda&gt;&amp;(float*) &quot;q&quot; 'x'"));
     assert!(!h.contains("<script>"));
     assert!(h.contains("&lt;script&gt;"));
     assert!(h.contains("a &lt; b &amp; c"));
@@ -202,7 +203,7 @@ fn html_escapes_and_is_self_contained() {
     assert!(h.contains(r#"class="bad""#));
     assert!(h.contains(r#"<text x="#));
     assert_eq!(
-        escape_html("<a href='x'>&</a>"),
+        html::escape("<a href='x'>&</a>"),
         "&lt;a href=&#39;x&#39;&gt;&amp;&lt;/a&gt;"
     );
 }
@@ -498,4 +499,77 @@ fn perfetto_file_has_the_flagged_spans_and_peers() {
     let empty: serde_json::Value =
         serde_json::from_str(&render_perfetto(&report(vec![]), &[])).unwrap();
     assert_eq!(empty["traceEvents"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn hang_html_escapes_what_the_dumps_say_and_folds_long_text() {
+    use whyslow_model::hang::{Culprit, HangReason, HangReport, StackFrame, ThreadStack, Waiting};
+    let long = format!(
+        "Never reached <op>. {}",
+        "It waited on a lock & did \"other\" work. ".repeat(6)
+    );
+    let r = HangReport {
+        version: 1,
+        hang: true,
+        verdict: "hang: rank 1 <script>".into(),
+        culprits: vec![Culprit {
+            rank: 1,
+            group: "0".into(),
+            group_desc: "tp<&>".into(),
+            group_ranks: vec![0, 1],
+            op: "all_reduce</td>".into(),
+            seq: 7,
+            sizes: vec![vec![192, 192]],
+            reason: HangReason::NeverReached,
+            detail: long,
+            stack: Some(ThreadStack {
+                source: "py-spy".into(),
+                thread: "main<1>".into(),
+                frames: vec![StackFrame {
+                    function: "f<T>".into(),
+                    file: "a&b.py".into(),
+                    line: 3,
+                }],
+                taken_at_ns: None,
+            }),
+            waited_by: vec![0],
+            last_rank: None,
+        }],
+        waiting: vec![Waiting {
+            rank: 0,
+            group: "<g>".into(),
+            group_desc: String::new(),
+            op: "all_reduce".into(),
+            seq: 7,
+            waits_for: vec![1],
+            waits_for_ranges: vec![],
+            waited_s: Some(12.34),
+        }],
+        stuck_groups: vec![],
+        ranks: vec![],
+        min_wait_s: 5.0,
+        notes: vec!["a < b".into()],
+    };
+    let body = hang::hang_html_body(&r);
+    assert!(
+        !body.contains("<script>") && !body.contains("all_reduce</td>"),
+        "{body}"
+    );
+    assert!(body.contains(r#"<section class="verdict hang" aria-label="verdict"><p class="headline">hang: rank 1 &lt;script&gt;</p></section>"#), "{body}");
+    assert!(body.contains("<td>group tp&lt;&amp;&gt; (group 0) (ranks {0-1}): all_reduce&lt;/td&gt; #7 on tensor(s) 192×192</td>"), "{body}");
+    assert!(body.contains("<td>Never reached &lt;op&gt;.<details><summary>more</summary>It waited on a lock &amp; did &quot;other&quot; work."), "{body}");
+    assert!(
+        body.contains("<summary>its stack (main&lt;1&gt; thread, py-spy)</summary><pre>f&lt;T&gt; (a&amp;b.py:3)</pre>"),
+        "{body}"
+    );
+    assert!(
+        body.contains("<td>&lt;g&gt;</td><td>all_reduce #7</td><td>12.3 s</td><td>{1}</td>"),
+        "{body}"
+    );
+    assert!(
+        body.contains("<li>a &lt; b</li>") && body.contains("<svg"),
+        "{body}"
+    );
+    let page = hang::hang_html("hang <t>", &r);
+    assert!(page.contains(&body) && page.contains("<h1>hang &lt;t&gt;</h1>"));
 }
