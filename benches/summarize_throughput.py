@@ -42,6 +42,18 @@ def expand(src, n_events, out_dir):
     copies = max(1, round(n_events / max(1, len(evs))))
     steps = [int(m.group(1)) for e in evs for m in [re.match(r"ProfilerStep#(\d+)", str(e.get("name", "")))] if m]
     step_span = (max(steps) - min(steps) + 1) if steps else 0
+    # Each copy gets its own ids, as a longer real trace has: Python ids and
+    # their parents' (stacks are rebuilt from them), the CPU-GPU correlation
+    # and external ids, and flow events' ids. Copies sharing ids would send
+    # every child's parent lookup to the last copy: a cost no real trace has.
+    def ids_max(key, in_args=True):
+        vals = [(e.get("args") or {}).get(key) if in_args else e.get(key) for e in evs]
+        return max([v for v in vals if isinstance(v, int)] + [0]) + 1
+    shift_args = {k: ids_max(k) for k in ("Python id", "Python parent id", "External id", "correlation",
+                                         "Record function id", "Ev Idx")}
+    py_span = max(shift_args["Python id"], shift_args["Python parent id"])
+    shift_args["Python id"] = shift_args["Python parent id"] = py_span
+    ev_id_span = ids_max("id", in_args=False)
     out = []
     for k in range(copies):
         for e in evs:
@@ -51,6 +63,15 @@ def expand(src, n_events, out_dir):
                 continue
             c = dict(e)
             c["ts"] = e["ts"] + k * span
+            if isinstance(c.get("id"), int):
+                c["id"] = c["id"] + k * ev_id_span
+            a = c.get("args")
+            if isinstance(a, dict) and any(key in a for key in shift_args):
+                a = dict(a)
+                for key, width in shift_args.items():
+                    if isinstance(a.get(key), int):
+                        a[key] = a[key] + k * width
+                c["args"] = a
             name = str(c.get("name", ""))
             if step_span and name.startswith("ProfilerStep#"):
                 c["name"] = "ProfilerStep#%d" % (int(name.split("#")[1]) + k * step_span)

@@ -1,6 +1,6 @@
 //! One worker's classified function executions, as the inputs stage produces them.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -160,11 +160,25 @@ pub struct FunctionInfo {
     pub resource: Resource,
 }
 
+/// A kind's place in [`FunctionKind::ALL`].
+fn kind_slot(kind: FunctionKind) -> usize {
+    match kind {
+        FunctionKind::GpuKernel => 0,
+        FunctionKind::Memory => 1,
+        FunctionKind::Comm => 2,
+        FunctionKind::Python => 3,
+        FunctionKind::CpuOp => 4,
+    }
+}
+
 /// Interned functions of one worker, so that executions carry a 4-byte id.
 #[derive(Debug, Clone, Default)]
 pub struct FunctionTable {
     infos: Vec<FunctionInfo>,
-    index: HashMap<(FunctionKind, String), FunctionId>,
+    /// Per kind (in [`FunctionKind::ALL`]'s order), name → id: looked up by
+    /// `&str` without building a key, hashed with Fx (Python names are whole
+    /// call stacks, hundreds of bytes; SipHash over them showed in profiles).
+    index: [FxHashMap<String, FunctionId>; 5],
 }
 
 impl FunctionTable {
@@ -175,7 +189,8 @@ impl FunctionTable {
 
     /// The id of (kind, name), adding it with `resource` if new.
     pub fn intern(&mut self, kind: FunctionKind, name: &str, resource: Resource) -> FunctionId {
-        if let Some(id) = self.index.get(&(kind, name.to_string())) {
+        let index = &mut self.index[kind_slot(kind)];
+        if let Some(id) = index.get(name) {
             return *id;
         }
         let id = FunctionId(self.infos.len() as u32);
@@ -184,13 +199,13 @@ impl FunctionTable {
             kind,
             resource,
         });
-        self.index.insert((kind, name.to_string()), id);
+        index.insert(name.to_string(), id);
         id
     }
 
     /// The id of (kind, name), if interned.
     pub fn find(&self, kind: FunctionKind, name: &str) -> Option<FunctionId> {
-        self.index.get(&(kind, name.to_string())).copied()
+        self.index[kind_slot(kind)].get(name).copied()
     }
 
     /// The function behind `id`.
