@@ -205,6 +205,52 @@ fn truncated_gzip() {
     println!("{e}");
 }
 
+/// A gzip file is inflated in a second thread (`readahead`): whole, cut
+/// mid-stream or corrupted, a file reads exactly as the same bytes from a
+/// reader do: the same events, warnings and errors, at the same offsets.
+#[test]
+fn a_gzip_file_reads_as_its_bytes_do_whatever_the_damage() {
+    let mut body = String::from(r#"{"traceEvents":["#);
+    for i in 0..40_000 {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&format!(
+            r#"{{"ph":"X","cat":"cpu_op","name":"op{}","pid":1,"tid":1,"ts":{},"dur":1}}"#,
+            i % 97,
+            i * 2
+        ));
+    }
+    body.push_str("]}");
+    let z = gz(body.as_bytes());
+    let mut corrupt = z.clone();
+    let mid = corrupt.len() / 2;
+    corrupt[mid] ^= 0x55;
+    let dir = whyslow_testkit::temp_dir("readahead");
+    for (name, bytes) in [
+        ("whole", z.clone()),
+        ("cut", z[..z.len() * 2 / 3].to_vec()),
+        ("corrupt", corrupt),
+    ] {
+        let path = dir.path().join(format!("{name}.json.gz"));
+        std::fs::write(&path, &bytes).unwrap();
+        let shown = path.display().to_string();
+        for strict in [false, true] {
+            let opts = ReadOptions { strict };
+            let from_file = whyslow_ingest::read_kineto_with(&path, &opts);
+            let from_bytes = read_kineto_from_reader_with(&bytes[..], &shown, &opts);
+            match (from_file, from_bytes) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a.executions.len(), b.executions.len(), "{name}");
+                    assert_eq!(a.warnings, b.warnings, "{name}");
+                }
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{name}"),
+                (a, b) => panic!("{name} strict={strict}: file {a:?} but bytes {b:?}"),
+            }
+        }
+    }
+}
+
 /// A reader yielding `prefix`, then `n` filler bytes, then `suffix`, without
 /// holding them.
 struct Synth {

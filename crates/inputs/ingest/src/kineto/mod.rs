@@ -86,6 +86,7 @@ mod block;
 mod build;
 mod fast;
 pub(crate) mod raw;
+mod readahead;
 mod stream;
 
 use std::fs::File;
@@ -111,7 +112,17 @@ pub fn read_kineto(path: &Path) -> Result<WorkerTrace, IngestError> {
 /// Reads one Kineto trace file with `opts`.
 pub fn read_kineto_with(path: &Path, opts: &ReadOptions) -> Result<WorkerTrace, IngestError> {
     let f = File::open(path).map_err(|e| IngestError::io(path, "cannot open", &e))?;
-    read_kineto_impl(f, path, opts)
+    let mut br = BufReader::with_capacity(1 << 16, f);
+    let head = br
+        .fill_buf()
+        .map_err(|e| IngestError::io(path, "cannot read", &e))?;
+    // A file's gzip is inflated in a second thread while this one parses.
+    if head.starts_with(&[0x1f, 0x8b]) && readahead::worth_it() {
+        return readahead::with_read_ahead(MultiGzDecoder::new(br), |r| {
+            read_stream(r, path, opts, true, true)
+        });
+    }
+    read_kineto_impl(br, path, opts)
 }
 
 /// Reads a Kineto trace from any reader (plain or gzip JSON, detected by
