@@ -65,7 +65,9 @@ pub struct ProfilerArgs {
     /// maps, else validated frame-pointer steps (full stacks for code
     /// without frame pointers, such as CPython; costs compiling each
     /// module's rows once per file, when a process mapping it is first
-    /// sampled or, for large ones, when a sample lands in it; rows capped at
+    /// sampled or, for large ones, when a sample lands in it, and once per
+    /// machine with a Build-ID: kept in $WHYSLOW_CACHE_DIR, default
+    /// ~/.cache/whyslow, at most 1 GiB, empty to turn off; rows capped at
     /// 4 Mi, 64 MiB of kernel memory, modules no process maps and those not
     /// sampled for a minute evicted first). `fp`: the kernel's frame-pointer
     /// walk (8 % of frames right on CPython without frame pointers).

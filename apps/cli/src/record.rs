@@ -226,7 +226,7 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
     if unwind != ebpf::UserUnwind::FramePointer {
         let u = &stats.unwind;
         eprintln!(
-            "whyslow: eBPF {} unwinding: {} modules' rows ({} rows, at most {}; {} loads, {} evicted for room, {} put off; {} modules without, {} large or evicted ones not sampled since: not loaded), {} frames from rows, {} from frame pointers; walks: {} to the outermost frame, {} at a gap in the rows, {} at an unsupported rule ({} finished in userspace on a copied stack with {} more frames, {} not copied: ring buffer full), {} at a bad return address, {} at unreadable memory, {} cut at the depth limit, {} before the process's tables were loaded",
+            "whyslow: eBPF {} unwinding: {} modules' rows ({} rows, at most {}; {} loads ({} from the row cache), {} evicted for room, {} put off; {} modules without, {} large or evicted ones not sampled since: not loaded), {} frames from rows, {} from frame pointers; walks: {} to the outermost frame, {} at a gap in the rows, {} at an unsupported rule ({} finished in userspace on a copied stack with {} more frames, {} not copied: ring buffer full), {} at a bad return address, {} at unreadable memory, {} cut at the depth limit, {} before the process's tables were loaded",
             match unwind {
                 ebpf::UserUnwind::Dwarf => "DWARF",
                 _ => "hybrid",
@@ -235,6 +235,7 @@ fn run_ebpf_profile(args: &ProfileArgs, stop: &AtomicBool) -> Result<u8> {
             stats.tables.rows,
             stats.tables.peak_rows,
             stats.tables.loads,
+            stats.tables.cached_loads,
             stats.tables.evictions,
             stats.tables.deferred,
             stats.tables.modules_without_rows,

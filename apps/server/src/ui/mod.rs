@@ -616,8 +616,7 @@ fn hang_section(r: &whyslow_model::hang::HangReport) -> Markup {
              PerfTracker §4.1) every rank's stacks and Flight Recorder dump, and the ranks the \
              others wait for (" code { "whyslow hang" } ")."
         }
-        // Escaped by whyslow_report::hang, which builds it.
-        (PreEscaped(whyslow_report::hang::hang_html_body(r)))
+        (whyslow_report::hang::hang_html_markup(r))
     }
 }
 

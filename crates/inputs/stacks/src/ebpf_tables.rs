@@ -31,6 +31,7 @@ use aya::{Ebpf, Pod};
 
 use crate::cfi::{stream_eh_frame, CfiRow};
 use crate::ebpf::EbpfError;
+use crate::ebpf_rowcache::{CachedRow, RowCache};
 use crate::elf::{ElfModule, Segment};
 use crate::maps::{self, Mapping};
 
@@ -142,6 +143,9 @@ pub struct TableStats {
     pub deferred: u64,
     /// Largest number of rows held at once.
     pub peak_rows: u64,
+    /// Loads whose rows came from the on-disk cache (compiled by an
+    /// earlier run: [`crate::ebpf_rowcache`]) instead of `.eh_frame`.
+    pub cached_loads: u64,
 }
 
 /// One module (file) the tables know.
@@ -336,6 +340,8 @@ pub struct UnwindTables {
     /// Processes that could not be read (gone, no permission): not retried.
     failed: HashSet<u32>,
     stats: TableStats,
+    /// Rows compiled before, by Build-ID.
+    cache: RowCache,
 }
 
 impl UnwindTables {
@@ -351,6 +357,7 @@ impl UnwindTables {
             written: HashMap::new(),
             failed: HashSet::new(),
             stats: TableStats::default(),
+            cache: RowCache::from_env(),
         }
     }
 
@@ -608,13 +615,18 @@ impl UnwindTables {
             let text = m.unwind.text.as_ref().map(|(r, _)| r.start).unwrap_or(0);
             Some((&bytes[..], range.start, text))
         });
+        let build_id = module.as_ref().and_then(|m| m.build_id.as_deref());
+        let mut cached = build_id.and_then(|id| Some(id).zip(self.cache.count(id)));
+        if let Some((_, n)) = cached {
+            need = Some(n);
+        }
         let mut deferred = false;
         let placed = 'placed: {
             let Some((bytes, eh_svma, text)) = eh else {
                 break 'placed None;
             };
-            // At most two compiles: into the largest free range, then, if
-            // the rows did not fit, into room made for their known number.
+            // At most two tries: into the largest free range, then, if the
+            // rows did not fit, into room made for their known number.
             for _ in 0..2 {
                 let room = match need {
                     Some(0) => break 'placed None,
@@ -625,44 +637,44 @@ impl UnwindTables {
                         None => self.make_room(ebpf, key, 1)?,
                     },
                 };
-                let Some(room) = room else {
+                let Some((start, avail)) = room else {
                     // No room without evicting modules sampled in this
                     // drain: it waits for its next sample.
                     deferred = true;
                     break 'placed None;
                 };
-                let (start, avail) = room;
                 let mut writer = RowWriter::new(ebpf, self.capacity)?;
-                let mut n: u32 = 0;
-                let mut wide = false;
-                let mut failed = None;
-                stream_eh_frame(bytes, eh_svma, text, |r| {
-                    if r.pc > u64::from(u32::MAX) {
-                        wide = true;
-                        return false;
-                    }
-                    if n < avail {
-                        if let Err(e) = writer.put((start + n) as usize, row_c(&r)) {
-                            failed = Some(e);
-                            return false;
+                let mut put = |n: u32, row: RowC| match n < avail {
+                    true => writer.put((start + n) as usize, row),
+                    false => Ok(()),
+                };
+                let n = match cached {
+                    Some((id, _)) => match self.put_cached(id, &mut put)? {
+                        Some(n) => Some(n),
+                        // Unreadable after all: compile it.
+                        None => {
+                            cached = None;
+                            compile_rows(bytes, eh_svma, text, None, &mut put)?
                         }
+                    },
+                    None => {
+                        let rows = build_id.and_then(|id| self.cache.writer(id));
+                        compile_rows(bytes, eh_svma, text, rows, &mut put)?
                     }
-                    n = n.saturating_add(1);
-                    true
-                });
+                };
                 drop(writer);
-                if let Some(e) = failed {
-                    return Err(e);
-                }
-                if wide {
-                    break 'placed None;
-                }
+                let Some(n) = n else {
+                    break 'placed None; // addresses past 4 GiB
+                };
                 need = Some(n);
                 if n == 0 {
                     break 'placed None;
                 }
                 if n <= avail {
                     self.free.take(start, n);
+                    if cached.is_some() {
+                        self.stats.cached_loads += 1;
+                    }
                     break 'placed Some((start, n));
                 }
             }
@@ -746,6 +758,93 @@ impl UnwindTables {
     }
 }
 
+impl UnwindTables {
+    /// The module's cached rows through `put`; `None` (after maybe some
+    /// rows) when the file could not be read whole.
+    fn put_cached(
+        &self,
+        build_id: &str,
+        put: &mut impl FnMut(u32, RowC) -> Result<(), EbpfError>,
+    ) -> Result<Option<u32>, EbpfError> {
+        let mut n = 0u32;
+        let mut failed = None;
+        let read = self.cache.for_each(build_id, |r| {
+            if let Err(e) = put(n, row_from_cache(r)) {
+                failed = Some(e);
+                return false;
+            }
+            n += 1;
+            true
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(read.filter(|&m| m == n)),
+        }
+    }
+}
+
+/// Compiles `.eh_frame` rows through `put` (and into the cache's `keep`
+/// when given, kept only when every row was seen); the number of rows, or
+/// `None` when the module's addresses do not fit the program's 32 bits.
+fn compile_rows(
+    bytes: &[u8],
+    eh_svma: u64,
+    text: u64,
+    mut keep: Option<crate::ebpf_rowcache::RowWriter>,
+    put: &mut impl FnMut(u32, RowC) -> Result<(), EbpfError>,
+) -> Result<Option<u32>, EbpfError> {
+    let mut n: u32 = 0;
+    let mut wide = false;
+    let mut failed = None;
+    stream_eh_frame(bytes, eh_svma, text, |r| {
+        if r.pc > u64::from(u32::MAX) {
+            wide = true;
+            return false;
+        }
+        let row = row_c(&r);
+        if let Err(e) = put(n, row) {
+            failed = Some(e);
+            return false;
+        }
+        if let Some(k) = &mut keep {
+            k.push(row_to_cache(row));
+        }
+        n = n.saturating_add(1);
+        true
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if wide {
+        return Ok(None);
+    }
+    if let Some(k) = keep {
+        k.finish();
+    }
+    Ok(Some(n))
+}
+
+fn row_to_cache(r: RowC) -> CachedRow {
+    CachedRow {
+        pc: r.pc,
+        cfa: r.cfa,
+        rbp: r.rbp,
+        cfa_offset: r.cfa_offset,
+        rbp_offset: r.rbp_offset,
+    }
+}
+
+fn row_from_cache(r: CachedRow) -> RowC {
+    RowC {
+        pc: r.pc,
+        cfa: r.cfa,
+        rbp: r.rbp,
+        pad: 0,
+        cfa_offset: r.cfa_offset,
+        rbp_offset: r.rbp_offset,
+    }
+}
+
 fn row_c(r: &CfiRow) -> RowC {
     RowC {
         pc: r.pc as u32,
@@ -766,6 +865,50 @@ fn file_key(path: &std::path::Path) -> Option<FileKey> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 48: rows read back from the on-disk cache are the rows the
+    /// compile put, in order (this test binary's `.eh_frame`), and a second
+    /// module's compile does not disturb the first's file.
+    #[test]
+    fn cached_rows_are_the_compiled_rows() {
+        use object::{Object, ObjectSection};
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let obj = object::File::parse(&exe[..]).unwrap();
+        let eh = obj.section_by_name(".eh_frame").unwrap();
+        let text = obj.section_by_name(".text").unwrap();
+        let dir = whyslow_testkit::temp_dir("cfi-cache");
+        let cache = RowCache::at(Some(dir.path().to_path_buf()));
+        let mut compiled = Vec::new();
+        let n = compile_rows(
+            eh.data().unwrap(),
+            eh.address(),
+            text.address(),
+            cache.writer("00aa"),
+            &mut |_, r| {
+                compiled.push(row_to_cache(r));
+                Ok(())
+            },
+        )
+        .unwrap()
+        .unwrap();
+        assert!(n > 1000 && n as usize == compiled.len(), "{n}");
+        assert_eq!(cache.count("00aa"), Some(n));
+        let tables = UnwindTables {
+            cache,
+            ..UnwindTables::new(1)
+        };
+        let mut back = Vec::new();
+        let read = tables
+            .put_cached("00aa", &mut |k, r| {
+                assert_eq!(k as usize, back.len());
+                back.push(row_to_cache(r));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(read, Some(n));
+        assert_eq!(back, compiled);
+        assert_eq!(tables.put_cached("00bb", &mut |_, _| Ok(())).unwrap(), None);
+    }
 
     #[test]
     fn layouts_match_the_program() {

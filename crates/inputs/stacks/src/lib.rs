@@ -17,6 +17,7 @@ pub mod cfi_eval;
 pub mod ebpf;
 mod ebpf_fallback;
 mod ebpf_python;
+pub mod ebpf_rowcache;
 mod ebpf_symbols;
 mod ebpf_tables;
 pub mod elf;
