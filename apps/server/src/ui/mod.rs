@@ -86,6 +86,22 @@ fn server_error(msg: &str) -> Response {
         .into_response()
 }
 
+/// Runs store work off the async threads; a failure (or a panic there) is
+/// the error page.
+async fn off_thread<T, E>(
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, Response>
+where
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(x)) => Ok(x),
+        Ok(Err(e)) => Err(server_error(&e.to_string())),
+        Err(e) => Err(server_error(&e.to_string())),
+    }
+}
+
 /// A page's path, its names checked as the API checks them ([`JobName`],
 /// [`SessionId`]) once, here; a bad one is this UI's "not found" page,
 /// saying which name and why.
@@ -155,7 +171,7 @@ async fn jobs_page(
         Err(r) => return r,
     };
     let st = state.clone();
-    let jobs = match tokio::task::spawn_blocking(move || {
+    let jobs = match off_thread(move || {
         let jobs = crate::jobs_with_identity(&st, t)?;
         // A job nothing was concluded of yet gets its latest session judged
         // now (a few per view: the rest on the next one).
@@ -175,9 +191,8 @@ async fn jobs_page(
     })
     .await
     {
-        Ok(Ok(j)) => j,
-        Ok(Err(e)) => return server_error(&e.to_string()),
-        Err(e) => return server_error(&e.to_string()),
+        Ok(j) => j,
+        Err(page) => return page,
     };
     // The cross-job view a cluster's SRE opens first: which functions take
     // the CPU across the tenant's jobs now, and which grew.
@@ -487,10 +502,9 @@ async fn job_page(
         Err(r) => return r,
     };
     let (st, j) = (state.clone(), job.clone());
-    let e = match tokio::task::spawn_blocking(move || job_evidence(&st, t, &j)).await {
-        Ok(Ok(x)) => x,
-        Ok(Err(e)) => return server_error(&e.to_string()),
-        Err(e) => return server_error(&e.to_string()),
+    let e = match off_thread(move || job_evidence(&st, t, &j)).await {
+        Ok(x) => x,
+        Err(page) => return page,
     };
     if e.sessions.is_empty()
         && e.kinds.is_empty()
@@ -657,15 +671,12 @@ async fn flows_perfetto(
         Err(r) => return r,
     };
     let (st, j) = (state.clone(), job.clone());
-    let flows = match tokio::task::spawn_blocking(move || {
-        st.store.batches(t, &j, whyslow_store::BatchKind::Flows, 1)
-    })
-    .await
-    {
-        Ok(Ok(f)) => f,
-        Ok(Err(e)) => return server_error(&e.to_string()),
-        Err(e) => return server_error(&e.to_string()),
-    };
+    let flows =
+        match off_thread(move || st.store.batches(t, &j, whyslow_store::BatchKind::Flows, 1)).await
+        {
+            Ok(x) => x,
+            Err(page) => return page,
+        };
     let Some(report) = flows.first().and_then(|f| crate::parse_flow_report(f).ok()) else {
         return not_found(&format!("No flow analysis of job {job:?}."));
     };
@@ -744,10 +755,9 @@ async fn session_page(
         Err(r) => return r,
     };
     let (st, j, s) = (state.clone(), job.clone(), session.clone());
-    let fps = match tokio::task::spawn_blocking(move || st.store.fingerprints(t, &j, &s)).await {
-        Ok(Ok(f)) => f,
-        Ok(Err(e)) => return server_error(&e.to_string()),
-        Err(e) => return server_error(&e.to_string()),
+    let fps = match off_thread(move || st.store.fingerprints(t, &j, &s)).await {
+        Ok(x) => x,
+        Err(page) => return page,
     };
     if fps.is_empty() {
         return not_found(&format!("No job {job:?} session {session:?}."));
